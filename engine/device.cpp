@@ -1,0 +1,91 @@
+#include "engine/device.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+
+#include "kernels/cuda_runtime.h"
+
+namespace engine {
+
+namespace gpu = kernels::cuda;
+
+Device Device::parse(const std::string& text) {
+  if (text == "cpu") return cpu();
+  if (text == "cuda") return cuda(0);
+  if (text.rfind("cuda:", 0) == 0) {
+    const std::string idx = text.substr(5);
+    if (!idx.empty() && idx.find_first_not_of("0123456789") == std::string::npos)
+      return cuda(std::stoi(idx));
+  }
+  throw std::invalid_argument("unknown device '" + text + "' (expected cpu, cuda or cuda:N)");
+}
+
+std::string Device::str() const {
+  return is_cpu() ? "cpu" : "cuda:" + std::to_string(index);
+}
+
+bool cuda_built() { return gpu::built(); }
+int cuda_device_count() { return gpu::built() ? gpu::device_count() : 0; }
+
+Device resolve_device(const std::string& name) {
+  if (name == "auto") return cuda_device_count() > 0 ? Device::cuda(0) : Device::cpu();
+  const Device d = Device::parse(name);
+  if (d.is_cuda()) {
+    if (!cuda_built())
+      throw std::runtime_error("device '" + name +
+                               "' requested but this engine was built without CUDA");
+    const int count = cuda_device_count();
+    if (count == 0)
+      throw std::runtime_error("device '" + name + "' requested but no CUDA GPU is available");
+    if (d.index >= count)
+      throw std::runtime_error("device '" + name + "' requested but only " +
+                               std::to_string(count) + " GPU(s) exist");
+  }
+  return d;
+}
+
+void* device_alloc(Device d, std::size_t bytes) {
+  if (d.is_cuda()) {
+    gpu::set_device(d.index);
+    return gpu::alloc(bytes);
+  }
+  // 64-byte alignment for vector loads in the CPU kernels.
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+void device_free(Device d, void* p) {
+  if (d.is_cuda())
+    gpu::free(p);
+  else
+    std::free(p);
+}
+
+void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_dev.is_cpu() && src_dev.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+  } else if (dst_dev.is_cuda() && src_dev.is_cpu()) {
+    gpu::copy(dst, src, bytes, gpu::CopyKind::HostToDevice);
+  } else if (dst_dev.is_cpu() && src_dev.is_cuda()) {
+    gpu::copy(dst, src, bytes, gpu::CopyKind::DeviceToHost);
+  } else {
+    gpu::copy(dst, src, bytes, gpu::CopyKind::DeviceToDevice);
+  }
+}
+
+void device_memset_zero(Device d, void* p, std::size_t bytes) {
+  if (d.is_cuda())
+    gpu::memset_zero(p, bytes);
+  else
+    std::memset(p, 0, bytes);
+}
+
+void device_synchronize(Device d) {
+  if (d.is_cuda()) gpu::synchronize();
+}
+
+}  // namespace engine

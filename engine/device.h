@@ -1,0 +1,43 @@
+// Where a tensor lives. The CUDA backend is optional; asking for it in a CPU-only
+// build, or on a machine without a GPU, is reported with a clear error.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace engine {
+
+enum class DeviceType { CPU, CUDA };
+
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int index = 0;
+
+  static Device cpu() { return {DeviceType::CPU, 0}; }
+  static Device cuda(int i = 0) { return {DeviceType::CUDA, i}; }
+  // "cpu", "cuda", "cuda:N"; throws std::invalid_argument otherwise.
+  static Device parse(const std::string& text);
+  bool is_cpu() const { return type == DeviceType::CPU; }
+  bool is_cuda() const { return type == DeviceType::CUDA; }
+  std::string str() const;  // "cpu", "cuda:0"
+  bool operator==(const Device& o) const { return type == o.type && index == o.index; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+};
+
+// True when this build has the CUDA backend compiled in.
+bool cuda_built();
+// Number of usable GPUs (0 without CUDA or without a driver/GPU).
+int cuda_device_count();
+// Resolves a config/CLI device name: "auto" -> cuda:0 when a GPU exists, else cpu.
+// Throws std::runtime_error when "cuda" is asked for and cannot be had.
+Device resolve_device(const std::string& name);
+
+// Raw memory on a device; used by Tensor.
+void* device_alloc(Device d, std::size_t bytes);
+void device_free(Device d, void* p);
+// Copies between any two devices (host<->device, device<->device).
+void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, std::size_t bytes);
+void device_memset_zero(Device d, void* p, std::size_t bytes);
+// Waits for all queued work on the device (no-op on the CPU).
+void device_synchronize(Device d);
+
+}  // namespace engine

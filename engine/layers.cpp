@@ -1,0 +1,231 @@
+#include "engine/layers.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "engine/dispatch.h"
+
+namespace engine {
+
+using namespace kernels;
+
+namespace {
+Parameter make_param(const std::string& name, const Shape& shape) {
+  return Parameter{name, Tensor::zeros(shape), Tensor::zeros(shape)};
+}
+void move_param(Parameter& p, Device d) {
+  if (p.value.device() == d) return;
+  p.value = p.value.to(d);
+  p.grad = p.grad.to(d);
+}
+void expect_rank(const Tensor& x, int rank, const std::string& layer) {
+  if (x.rank() != rank)
+    throw std::invalid_argument(layer + ": expected a rank-" + std::to_string(rank) +
+                                " input, got " + shape_str(x.shape()));
+}
+}  // namespace
+
+// ---- Conv2d -------------------------------------------------------------------
+Conv2d::Conv2d(const std::string& name, int in_channels, int out_channels, int kernel, int pad)
+    : Layer(name), in_(in_channels), out_(out_channels), kernel_(kernel), pad_(pad),
+      weight_(make_param(name + ".weight", {out_channels, in_channels, kernel, kernel})),
+      bias_(make_param(name + ".bias", {out_channels})) {}
+
+void Conv2d::reset_parameters(Rng& rng) {
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in_ * kernel_ * kernel_));
+  init_uniform(weight_.value, bound, rng);
+  init_uniform(bias_.value, bound, rng);
+}
+
+void Conv2d::to(Device d) {
+  move_param(weight_, d);
+  move_param(bias_, d);
+}
+
+Tensor Conv2d::forward(const Tensor& x, Mode, Rng&) {
+  expect_rank(x, 4, name_);
+  const Device d = weight_.value.device();
+  ConvShape s{static_cast<int>(x.dim(0)), in_, static_cast<int>(x.dim(2)), static_cast<int>(x.dim(3)),
+              out_, kernel_, kernel_, pad_};
+  ensure(y_, {s.n, s.k, s.out_h(), s.out_w()}, d);
+  x_ = x;
+  ENGINE_DISPATCH(d, conv2d_forward, s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
+  return y_;
+}
+
+Tensor Conv2d::backward(const Tensor& dy, InputGrad need) {
+  const Device d = weight_.value.device();
+  ConvShape s{static_cast<int>(x_.dim(0)), in_, static_cast<int>(x_.dim(2)), static_cast<int>(x_.dim(3)),
+              out_, kernel_, kernel_, pad_};
+  float* dx = nullptr;
+  if (need == InputGrad::Needed) dx = ensure(dx_, x_.shape(), d).f32();
+  ENGINE_DISPATCH(d, conv2d_backward, s, x_.f32(), weight_.value.f32(), dy.f32(), dx,
+                  weight_.grad.f32(), bias_.grad.f32());
+  return need == InputGrad::Needed ? dx_ : Tensor();
+}
+
+// ---- BatchNorm2d --------------------------------------------------------------
+BatchNorm2d::BatchNorm2d(const std::string& name, int channels, float eps, float momentum)
+    : Layer(name), channels_(channels), eps_(eps), momentum_(momentum),
+      weight_(make_param(name + ".weight", {channels})), bias_(make_param(name + ".bias", {channels})),
+      running_mean_(Tensor::zeros({channels})), running_var_(Tensor::zeros({channels})) {
+  weight_.value.copy_from(Tensor::from_vector({channels}, std::vector<float>(channels, 1.0f)));
+  running_var_.copy_from(weight_.value);
+}
+
+void BatchNorm2d::to(Device d) {
+  move_param(weight_, d);
+  move_param(bias_, d);
+  if (running_mean_.device() != d) {
+    running_mean_ = running_mean_.to(d);
+    running_var_ = running_var_.to(d);
+  }
+}
+
+void BatchNorm2d::buffers(StateDict& out) const {
+  out.tensors["running_mean"] = running_mean_;
+  out.tensors["running_var"] = running_var_;
+  out.scalars["num_batches_tracked"] = num_batches_tracked_;
+}
+
+void BatchNorm2d::load_buffers(const StateDict& in) {
+  running_mean_.copy_from(in.get_tensor("running_mean"));
+  running_var_.copy_from(in.get_tensor("running_var"));
+  num_batches_tracked_ = in.get_int("num_batches_tracked");
+}
+
+Tensor BatchNorm2d::forward(const Tensor& x, Mode mode, Rng&) {
+  expect_rank(x, 4, name_);
+  const Device d = weight_.value.device();
+  BatchNormShape s{static_cast<int>(x.dim(0)), channels_, static_cast<int>(x.dim(2) * x.dim(3))};
+  ensure(y_, x.shape(), d);
+  if (mode == Mode::Train) {
+    x_ = x;
+    ensure(save_mean_, {channels_}, d);
+    ensure(save_invstd_, {channels_}, d);
+    ENGINE_DISPATCH(d, batchnorm_forward_train, s, x.f32(), weight_.value.f32(), bias_.value.f32(),
+                    eps_, momentum_, running_mean_.f32(), running_var_.f32(), save_mean_.f32(),
+                    save_invstd_.f32(), y_.f32());
+    ++num_batches_tracked_;
+  } else {
+    ENGINE_DISPATCH(d, batchnorm_forward_eval, s, x.f32(), weight_.value.f32(), bias_.value.f32(),
+                    running_mean_.f32(), running_var_.f32(), eps_, y_.f32());
+  }
+  return y_;
+}
+
+Tensor BatchNorm2d::backward(const Tensor& dy, InputGrad) {
+  const Device d = weight_.value.device();
+  BatchNormShape s{static_cast<int>(x_.dim(0)), channels_, static_cast<int>(x_.dim(2) * x_.dim(3))};
+  ensure(dx_, x_.shape(), d);
+  ENGINE_DISPATCH(d, batchnorm_backward, s, x_.f32(), dy.f32(), weight_.value.f32(),
+                  save_mean_.f32(), save_invstd_.f32(), dx_.f32(), weight_.grad.f32(),
+                  bias_.grad.f32());
+  return dx_;
+}
+
+// ---- ReLU ---------------------------------------------------------------------
+Tensor ReLU::forward(const Tensor& x, Mode, Rng&) {
+  ensure(y_, x.shape(), x.device());
+  ENGINE_DISPATCH(x.device(), relu_forward, x.numel(), x.f32(), y_.f32());
+  return y_;
+}
+
+Tensor ReLU::backward(const Tensor& dy, InputGrad) {
+  ensure(dx_, dy.shape(), dy.device());
+  ENGINE_DISPATCH(dy.device(), relu_backward, dy.numel(), y_.f32(), dy.f32(), dx_.f32());
+  return dx_;
+}
+
+// ---- MaxPool2x2 ---------------------------------------------------------------
+Tensor MaxPool2x2::forward(const Tensor& x, Mode, Rng&) {
+  expect_rank(x, 4, name_);
+  if (x.dim(2) % 2 || x.dim(3) % 2)
+    throw std::invalid_argument(name_ + ": input height and width must be even, got " +
+                                shape_str(x.shape()));
+  in_shape_ = x.shape();
+  PoolShape s{static_cast<int>(x.dim(0)), static_cast<int>(x.dim(1)), static_cast<int>(x.dim(2)),
+              static_cast<int>(x.dim(3))};
+  const Shape out{x.dim(0), x.dim(1), x.dim(2) / 2, x.dim(3) / 2};
+  ensure(y_, out, x.device());
+  ensure(argmax_, out, x.device(), DType::I32);
+  ENGINE_DISPATCH(x.device(), maxpool2x2_forward, s, x.f32(), y_.f32(), argmax_.i32());
+  return y_;
+}
+
+Tensor MaxPool2x2::backward(const Tensor& dy, InputGrad) {
+  PoolShape s{static_cast<int>(in_shape_[0]), static_cast<int>(in_shape_[1]),
+              static_cast<int>(in_shape_[2]), static_cast<int>(in_shape_[3])};
+  ensure(dx_, in_shape_, dy.device());
+  ENGINE_DISPATCH(dy.device(), maxpool2x2_backward, s, dy.f32(), argmax_.i32(), dx_.f32());
+  return dx_;
+}
+
+// ---- Flatten ------------------------------------------------------------------
+Tensor Flatten::forward(const Tensor& x, Mode, Rng&) {
+  in_shape_ = x.shape();
+  return x.reshape({x.dim(0), x.numel() / x.dim(0)});
+}
+
+Tensor Flatten::backward(const Tensor& dy, InputGrad) { return dy.reshape(in_shape_); }
+
+// ---- Dropout ------------------------------------------------------------------
+Tensor Dropout::forward(const Tensor& x, Mode mode, Rng& rng) {
+  last_mode_ = mode;
+  if (mode == Mode::Eval || p_ == 0.0f) return x;
+  ensure(y_, x.shape(), x.device());
+  ensure(keep_, x.shape(), x.device(), DType::U8);
+  const uint64_t offset = rng.take(RngStream::Dropout, static_cast<uint64_t>(x.numel()));
+  ENGINE_DISPATCH(x.device(), dropout_forward, x.numel(), x.f32(), p_, rng.stream(RngStream::Dropout),
+                  offset, y_.f32(), keep_.u8());
+  return y_;
+}
+
+Tensor Dropout::backward(const Tensor& dy, InputGrad) {
+  if (last_mode_ == Mode::Eval || p_ == 0.0f) return dy;
+  ensure(dx_, dy.shape(), dy.device());
+  ENGINE_DISPATCH(dy.device(), dropout_backward, dy.numel(), dy.f32(), keep_.u8(), p_, dx_.f32());
+  return dx_;
+}
+
+// ---- Linear -------------------------------------------------------------------
+Linear::Linear(const std::string& name, int in_features, int out_features)
+    : Layer(name), in_(in_features), out_(out_features),
+      weight_(make_param(name + ".weight", {out_features, in_features})),
+      bias_(make_param(name + ".bias", {out_features})) {}
+
+void Linear::reset_parameters(Rng& rng) {
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in_));
+  init_uniform(weight_.value, bound, rng);
+  init_uniform(bias_.value, bound, rng);
+}
+
+void Linear::to(Device d) {
+  move_param(weight_, d);
+  move_param(bias_, d);
+}
+
+Tensor Linear::forward(const Tensor& x, Mode, Rng&) {
+  expect_rank(x, 2, name_);
+  if (x.dim(1) != in_)
+    throw std::invalid_argument(name_ + ": expected " + std::to_string(in_) + " features, got " +
+                                shape_str(x.shape()));
+  const Device d = weight_.value.device();
+  LinearShape s{static_cast<int>(x.dim(0)), in_, out_};
+  ensure(y_, {s.n, out_}, d);
+  x_ = x;
+  ENGINE_DISPATCH(d, linear_forward, s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
+  return y_;
+}
+
+Tensor Linear::backward(const Tensor& dy, InputGrad need) {
+  const Device d = weight_.value.device();
+  LinearShape s{static_cast<int>(x_.dim(0)), in_, out_};
+  float* dx = nullptr;
+  if (need == InputGrad::Needed) dx = ensure(dx_, x_.shape(), d).f32();
+  ENGINE_DISPATCH(d, linear_backward, s, x_.f32(), weight_.value.f32(), dy.f32(), dx,
+                  weight_.grad.f32(), bias_.grad.f32());
+  return need == InputGrad::Needed ? dx_ : Tensor();
+}
+
+}  // namespace engine

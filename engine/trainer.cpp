@@ -1,0 +1,538 @@
+#include "engine/trainer.h"
+
+#include <atomic>
+#include <chrono>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <stdexcept>
+#include <unistd.h>
+
+#include "engine/dispatch.h"
+
+namespace engine {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+std::atomic<bool> g_stop_requested{false};
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+bool lower_is_better(const std::string& monitor) { return monitor == "val_loss"; }
+}  // namespace
+
+void request_stop() { g_stop_requested.store(true); }
+bool stop_requested() { return g_stop_requested.load(); }
+
+const char* checkpoint_kind_name(CheckpointKind k) {
+  switch (k) {
+    case CheckpointKind::Last: return "last";
+    case CheckpointKind::Best: return "best";
+    case CheckpointKind::Milestone: return "milestone";
+    case CheckpointKind::MidEpoch: return "mid-epoch";
+  }
+  return "?";
+}
+
+// ---- the trainer's own state groups ----------------------------------------------
+
+class Trainer::CounterState : public Stateful {
+ public:
+  explicit CounterState(Trainer& t) : t_(t) {}
+  StateDict state() const override {
+    StateDict d;
+    d.scalars["epoch"] = t_.epoch_;
+    d.scalars["global_step"] = t_.global_step_;
+    d.scalars["step_in_epoch"] = t_.step_in_epoch_;
+    d.scalars["epoch_shuffle_offset"] = static_cast<int64_t>(t_.epoch_shuffle_offset_);
+    d.scalars["best_metric"] = t_.best_metric_;
+    d.scalars["best_epoch"] = t_.best_epoch_;
+    d.scalars["epochs_without_improvement"] = t_.epochs_without_improvement_;
+    d.scalars["monitor"] = t_.cfg_.train.early_stopping.monitor;
+    d.tensors["epoch_sample_loss"] = t_.epoch_sample_loss_;
+    return d;
+  }
+  void load_state(const StateDict& in) override {
+    if (in.get_string("monitor") != t_.cfg_.train.early_stopping.monitor)
+      throw std::runtime_error("checkpoint monitors '" + in.get_string("monitor") +
+                               "' but the config monitors '" +
+                               t_.cfg_.train.early_stopping.monitor + "'");
+    t_.epoch_ = in.get_int("epoch");
+    t_.global_step_ = in.get_int("global_step");
+    t_.step_in_epoch_ = in.get_int("step_in_epoch");
+    t_.epoch_shuffle_offset_ = static_cast<uint64_t>(in.get_int("epoch_shuffle_offset"));
+    t_.best_metric_ = in.get_real("best_metric");
+    t_.best_epoch_ = in.get_int("best_epoch");
+    t_.epochs_without_improvement_ = in.get_int("epochs_without_improvement");
+    t_.epoch_sample_loss_.copy_from(in.get_tensor("epoch_sample_loss"));
+  }
+
+ private:
+  Trainer& t_;
+};
+
+class Trainer::MetricsState : public Stateful {
+ public:
+  explicit MetricsState(Trainer& t) : t_(t) {}
+  StateDict state() const override {
+    StateDict d;
+    auto series = [&](const char* key, double EpochMetrics::*field) {
+      std::vector<double> v;
+      for (const EpochMetrics& m : t_.history_) v.push_back(m.*field);
+      d.scalars[key] = v;
+    };
+    std::vector<double> epochs;
+    for (const EpochMetrics& m : t_.history_) epochs.push_back(static_cast<double>(m.epoch));
+    d.scalars["epoch"] = epochs;
+    series("train_loss", &EpochMetrics::train_loss);
+    series("val_loss", &EpochMetrics::val_loss);
+    series("val_acc", &EpochMetrics::val_acc);
+    series("lr", &EpochMetrics::lr);
+    series("loss_scale", &EpochMetrics::loss_scale);
+    series("epoch_seconds", &EpochMetrics::epoch_seconds);
+    return d;
+  }
+  void load_state(const StateDict& in) override {
+    const auto& epochs = in.get_series("epoch");
+    std::vector<EpochMetrics> h(epochs.size());
+    auto fill = [&](const char* key, double EpochMetrics::*field) {
+      const auto& v = in.get_series(key);
+      if (v.size() != h.size())
+        throw std::runtime_error(std::string("metrics/") + key + " has " +
+                                 std::to_string(v.size()) + " entries, metrics/epoch has " +
+                                 std::to_string(h.size()));
+      for (std::size_t i = 0; i < h.size(); ++i) h[i].*field = v[i];
+    };
+    for (std::size_t i = 0; i < h.size(); ++i) h[i].epoch = static_cast<int64_t>(epochs[i]);
+    fill("train_loss", &EpochMetrics::train_loss);
+    fill("val_loss", &EpochMetrics::val_loss);
+    fill("val_acc", &EpochMetrics::val_acc);
+    fill("lr", &EpochMetrics::lr);
+    fill("loss_scale", &EpochMetrics::loss_scale);
+    fill("epoch_seconds", &EpochMetrics::epoch_seconds);
+    t_.history_ = std::move(h);
+  }
+
+ private:
+  Trainer& t_;
+};
+
+// ---- construction ------------------------------------------------------------------
+
+Trainer::Trainer(Config cfg, Device device, TrainerObserver* observer, SplitsNeeded splits)
+    : cfg_(std::move(cfg)), device_(device), observer_(observer ? observer : &silent_),
+      rng_(cfg_.seed) {
+  data_ = load_datasets(cfg_.data, device_, splits);
+  model_ = make_model(cfg_.model.name, static_cast<float>(cfg_.model.dropout));
+  model_->reset_parameters(rng_);
+  model_->to(device_);
+  const OptimizerConfig& o = cfg_.optimizer;
+  optimizer_ = std::make_unique<AdamOptimizer>(o.name, model_->parameters(), o.lr, o.beta1,
+                                               o.beta2, o.eps, o.weight_decay);
+  scheduler_ = std::make_unique<LrScheduler>(cfg_.scheduler.name, o.lr, cfg_.effective_t_max(),
+                                             cfg_.scheduler.eta_min);
+  const LossScaleConfig& ls = cfg_.precision.loss_scale;
+  scaler_ = std::make_unique<LossScaler>(cfg_.precision.mode == "fp16", ls.init, ls.growth_factor,
+                                         ls.backoff_factor, ls.growth_interval);
+  scaler_->set_active(device_.is_cuda());
+  if (scaler_->enabled() && device_.is_cpu())
+    observer_->on_message(
+        "precision.mode fp16 needs the CUDA backend: training in fp32 on the CPU, "
+        "loss-scaler state kept unchanged");
+  counter_state_ = std::make_unique<CounterState>(*this);
+  metrics_state_ = std::make_unique<MetricsState>(*this);
+  best_metric_ = lower_is_better(cfg_.train.early_stopping.monitor)
+                     ? std::numeric_limits<double>::infinity()
+                     : -std::numeric_limits<double>::infinity();
+  epoch_sample_loss_ = Tensor::zeros({data_.train.count}, DType::F32, device_);
+}
+
+Trainer::~Trainer() = default;
+
+std::vector<std::pair<std::string, Stateful*>> Trainer::components() {
+  return {{"model", model_.get()},         {"optimizer", optimizer_.get()},
+          {"scheduler", scheduler_.get()}, {"scaler", scaler_.get()},
+          {"rng", &rng_},                  {"trainer", counter_state_.get()},
+          {"metrics", metrics_state_.get()}};
+}
+
+// ---- training ------------------------------------------------------------------------
+
+FitResult Trainer::fit(const StopPlan& stop) {
+  FitResult result;
+  fs::create_directories(cfg_.checkpoint.dir);
+  const auto& es = cfg_.train.early_stopping;
+  bool stop_early = es.patience > 0 && epochs_without_improvement_ >= es.patience;
+  while (!stop_early && epoch_ < cfg_.train.epochs) {
+    if (stop.after_epochs && epoch_ >= *stop.after_epochs) {
+      result.ending = FitResult::Ending::Stopped;
+      break;
+    }
+    const auto t0 = Clock::now();
+    bool interrupted = false;
+    train_epoch(stop, interrupted);
+    if (interrupted) {
+      result.ending = FitResult::Ending::Stopped;
+      result.epochs_done = epoch_;
+      return result;
+    }
+    end_epoch(seconds_since(t0), stop_early);
+  }
+  result.epochs_done = epoch_;
+  if (result.ending != FitResult::Ending::Stopped) {
+    if (stop_early) result.ending = FitResult::Ending::EarlyStopped;
+    result.test = evaluate(Split::Test);
+    write_metrics_jsonl(result.test);
+  }
+  return result;
+}
+
+void Trainer::train_epoch(const StopPlan& stop, bool& interrupted) {
+  const SplitData& train = data_.train;
+  const int64_t n = train.count;
+  const int batch = cfg_.data.batch_size;
+  const int64_t steps = (n + batch - 1) / batch;
+  if (step_in_epoch_ == 0) {
+    epoch_shuffle_offset_ = rng_.take(RngStream::Shuffle, Rng::permutation_draws(static_cast<int32_t>(n)));
+    epoch_sample_loss_.zero();
+  }
+  // The permutation is re-derived from its saved offset, so a mid-epoch resume sees
+  // the same order.
+  const std::vector<int32_t> perm = rng_.permutation(RngStream::Shuffle, epoch_shuffle_offset_,
+                                                     static_cast<int32_t>(n));
+  Tensor perm_host = Tensor::empty({n}, DType::I32);
+  std::copy(perm.begin(), perm.end(), perm_host.i32());
+  permutation_ = device_.is_cpu() ? perm_host : perm_host.to(device_);
+
+  optimizer_->set_lr(scheduler_->lr());
+  observer_->on_epoch_begin(epoch_ + 1, cfg_.train.epochs, steps);
+  const auto t0 = Clock::now();
+  auto last_report = t0;
+  const int64_t first_step = step_in_epoch_;
+  const auto params = model_->parameters();
+  const int classes = FashionCnn::kClasses;
+
+  while (step_in_epoch_ < steps) {
+    const int64_t start = step_in_epoch_ * batch;
+    const int b = static_cast<int>(std::min<int64_t>(batch, n - start));
+    if (!batch_x_.defined() || batch_x_.dim(0) != b) {
+      batch_x_ = Tensor::empty({b, 1, 28, 28}, DType::F32, device_);
+      batch_labels_ = Tensor::empty({b}, DType::I32, device_);
+      dlogits_ = Tensor::empty({b, classes}, DType::F32, device_);
+      sample_correct_ = Tensor::empty({b}, DType::F32, device_);
+    }
+    ENGINE_DISPATCH(device_, gather_batch, b, data_.pixels, train.images.u8(), train.labels.u8(),
+                    permutation_.i32() + start, static_cast<float>(cfg_.data.mean),
+                    static_cast<float>(cfg_.data.std), batch_x_.f32(), batch_labels_.i32());
+    Tensor logits = model_->forward(batch_x_, Mode::Train, rng_);
+    ENGINE_DISPATCH(device_, cross_entropy, b, classes, logits.f32(), batch_labels_.i32(),
+                    scaler_->loss_scale(), dlogits_.f32(), epoch_sample_loss_.f32() + start,
+                    sample_correct_.f32());
+    model_->backward(dlogits_);
+    const bool found_inf = scaler_->unscale(params);
+    scaler_->update(found_inf);
+    if (!found_inf) optimizer_->step();
+    ++step_in_epoch_;
+    ++global_step_;
+
+    const bool epoch_done = step_in_epoch_ == steps;
+    const bool halt = stop_requested();
+    if (!epoch_done && ((cfg_.checkpoint.every_n_steps &&
+                         global_step_ % *cfg_.checkpoint.every_n_steps == 0) || halt))
+      save(CheckpointKind::MidEpoch);
+    if (stop.kill_after_steps && global_step_ == *stop.kill_after_steps) {
+      // Simulates a power cut right after this step (tests): no cleanup, no flush.
+      std::fflush(nullptr);
+      ::kill(::getpid(), SIGKILL);
+    }
+    if (halt && !epoch_done) {
+      observer_->on_message("stopped at epoch " + std::to_string(epoch_ + 1) + " step " +
+                            std::to_string(step_in_epoch_) + "; resume with the same command");
+      interrupted = true;
+      return;
+    }
+    const auto now = Clock::now();
+    if (epoch_done || now - last_report > std::chrono::milliseconds(200)) {
+      last_report = now;
+      const double secs = seconds_since(t0);
+      const int64_t done_samples = std::min(n, step_in_epoch_ * batch);
+      const int64_t this_run = done_samples - std::min(n, first_step * batch);
+      Progress p;
+      p.epoch = epoch_ + 1;
+      p.epochs = cfg_.train.epochs;
+      p.step = step_in_epoch_;
+      p.steps = steps;
+      p.running_loss = ENGINE_DISPATCH(device_, reduce_sum, done_samples, epoch_sample_loss_.f32()) /
+                       static_cast<double>(done_samples);
+      p.samples_per_second = secs > 0 ? this_run / secs : 0;
+      p.eta_seconds = p.samples_per_second > 0 ? (n - done_samples) / p.samples_per_second : 0;
+      observer_->on_progress(p);
+    }
+  }
+}
+
+void Trainer::end_epoch(double seconds, bool& stop_early) {
+  const int64_t n = data_.train.count;
+  EpochMetrics m;
+  m.train_loss = ENGINE_DISPATCH(device_, reduce_sum, n, epoch_sample_loss_.f32()) / static_cast<double>(n);
+  const EvalResult val = evaluate(Split::Val);
+  m.val_loss = val.loss;
+  m.val_acc = val.accuracy;
+  m.lr = scheduler_->lr();
+  m.loss_scale = scaler_->scale();
+  m.epoch_seconds = seconds;
+  scheduler_->step();
+  ++epoch_;
+  step_in_epoch_ = 0;
+  m.epoch = epoch_;
+  history_.push_back(m);
+
+  const auto& es = cfg_.train.early_stopping;
+  const double value = es.monitor == "val_loss" ? m.val_loss : m.val_acc;
+  const bool improved = lower_is_better(es.monitor) ? value < best_metric_ - es.min_delta
+                                                    : value > best_metric_ + es.min_delta;
+  if (improved) {
+    best_metric_ = value;
+    best_epoch_ = epoch_;
+    epochs_without_improvement_ = 0;
+  } else {
+    ++epochs_without_improvement_;
+  }
+  stop_early = es.patience > 0 && epochs_without_improvement_ >= es.patience;
+
+  save(CheckpointKind::Last);
+  if (improved) save(CheckpointKind::Best);
+  const auto& every = cfg_.checkpoint.every_n_epochs;
+  if ((every && epoch_ % *every == 0) ||
+      std::count(cfg_.checkpoint.keep_epochs.begin(), cfg_.checkpoint.keep_epochs.end(), epoch_))
+    save(CheckpointKind::Milestone);
+  write_metrics_jsonl(std::nullopt);
+  observer_->on_epoch_end(m);
+  if (stop_early)
+    observer_->on_message("early stopping: " + es.monitor + " has not improved for " +
+                          std::to_string(epochs_without_improvement_) + " epochs (best " +
+                          std::to_string(best_metric_) + " at epoch " +
+                          std::to_string(best_epoch_) + ")");
+}
+
+// ---- evaluation ----------------------------------------------------------------------
+
+EvalResult Trainer::evaluate(Split split) {
+  const SplitData& d = data_.get(split);
+  EvalResult r;
+  r.count = d.count;
+  if (d.count == 0) return r;
+  const int batch = cfg_.data.batch_size;
+  const int classes = FashionCnn::kClasses;
+  Tensor idx_host = Tensor::empty({d.count}, DType::I32);
+  std::iota(idx_host.i32(), idx_host.i32() + d.count, 0);
+  Tensor idx = device_.is_cpu() ? idx_host : idx_host.to(device_);
+  Tensor losses = Tensor::empty({d.count}, DType::F32, device_);
+  Tensor correct = Tensor::empty({d.count}, DType::F32, device_);
+  Tensor predictions = Tensor::empty({d.count}, DType::I32);  // host
+  Tensor x, labels;
+  for (int64_t start = 0; start < d.count; start += batch) {
+    const int b = static_cast<int>(std::min<int64_t>(batch, d.count - start));
+    if (!x.defined() || x.dim(0) != b) {
+      x = Tensor::empty({b, 1, 28, 28}, DType::F32, device_);
+      labels = Tensor::empty({b}, DType::I32, device_);
+    }
+    ENGINE_DISPATCH(device_, gather_batch, b, data_.pixels, d.images.u8(), d.labels.u8(),
+                    idx.i32() + start, static_cast<float>(cfg_.data.mean),
+                    static_cast<float>(cfg_.data.std), x.f32(), labels.i32());
+    Tensor logits = model_->forward(x, Mode::Eval, rng_);
+    ENGINE_DISPATCH(device_, cross_entropy, b, classes, logits.f32(), labels.i32(), 1.0f, nullptr,
+                    losses.f32() + start, correct.f32() + start);
+    const std::vector<float> z = logits.to_vector();
+    for (int i = 0; i < b; ++i) {
+      int arg = 0;
+      for (int k = 1; k < classes; ++k)
+        if (z[i * classes + k] > z[i * classes + arg]) arg = k;
+      predictions.i32()[start + i] = arg;
+    }
+  }
+  r.loss = ENGINE_DISPATCH(device_, reduce_sum, d.count, losses.f32()) / static_cast<double>(d.count);
+  r.accuracy = ENGINE_DISPATCH(device_, reduce_sum, d.count, correct.f32()) / static_cast<double>(d.count);
+  Tensor labels_host = d.labels.to(Device::cpu());
+  for (int64_t i = 0; i < d.count; ++i) ++r.confusion[labels_host.u8()[i]][predictions.i32()[i]];
+  return r;
+}
+
+Tensor Trainer::logits(Split split, int64_t n) {
+  const SplitData& d = data_.get(split);
+  n = std::min(n, d.count);
+  Tensor idx_host = Tensor::empty({n}, DType::I32);
+  std::iota(idx_host.i32(), idx_host.i32() + n, 0);
+  Tensor idx = device_.is_cpu() ? idx_host : idx_host.to(device_);
+  Tensor x = Tensor::empty({n, 1, 28, 28}, DType::F32, device_);
+  Tensor labels = Tensor::empty({n}, DType::I32, device_);
+  ENGINE_DISPATCH(device_, gather_batch, static_cast<int>(n), data_.pixels, d.images.u8(),
+                  d.labels.u8(), idx.i32(), static_cast<float>(cfg_.data.mean),
+                  static_cast<float>(cfg_.data.std), x.f32(), labels.i32());
+  return model_->forward(x, Mode::Eval, rng_).to(Device::cpu());
+}
+
+// ---- checkpoints ---------------------------------------------------------------------
+
+std::string Trainer::run_path(const std::string& file) const {
+  return (fs::path(cfg_.checkpoint.dir) / file).string();
+}
+
+Checkpoint Trainer::snapshot() const {
+  Checkpoint c;
+  c.meta.saved_on = device_.str();
+  c.config_json = config_to_json(cfg_).dump();
+  for (auto& [name, comp] : const_cast<Trainer*>(this)->components()) c.groups[name] = comp->state();
+  return c;
+}
+
+StateReport Trainer::restore(const Checkpoint& ckpt, LoadMode mode) {
+  StateReport report;
+  auto comps = components();
+  std::vector<StateDict> expected;
+  for (auto& [name, comp] : comps) {
+    expected.push_back(comp->state());
+    auto it = ckpt.groups.find(name);
+    report.merge(compare_state(expected.back(), it == ckpt.groups.end() ? StateDict{} : it->second), name);
+  }
+  for (auto& [name, group] : ckpt.groups) {
+    bool known = false;
+    for (auto& c : comps) known = known || c.first == name;
+    if (!known) report.unexpected.push_back(name + "/");
+  }
+  if (mode == LoadMode::Strict && !report.clean())
+    throw std::runtime_error("checkpoint does not match this model and config: " + report.summary());
+  // Keep a deep copy to roll back to, so a failure halfway never leaves a half-loaded state.
+  std::vector<StateDict> backup;
+  for (const StateDict& e : expected) {
+    StateDict b = e;
+    for (auto& [k, t] : b.tensors) t = t.clone();
+    backup.push_back(std::move(b));
+  }
+  std::size_t applied = 0;
+  try {
+    for (std::size_t i = 0; i < comps.size(); ++i) {
+      auto it = ckpt.groups.find(comps[i].first);
+      const StateDict given = it == ckpt.groups.end() ? StateDict{} : it->second;
+      comps[i].second->load_state(merge_matching(expected[i], given));
+      applied = i + 1;
+    }
+  } catch (...) {
+    for (std::size_t i = 0; i < applied; ++i) comps[i].second->load_state(backup[i]);
+    throw;
+  }
+  scaler_->set_active(device_.is_cuda());
+  return report;
+}
+
+StateReport Trainer::resume_from(const std::string& path, LoadMode mode) {
+  Checkpoint ckpt = load_checkpoint(path);
+  try {
+    return restore(ckpt, mode);
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CheckpointError(path + ": " + e.what());
+  }
+}
+
+void Trainer::save(CheckpointKind kind) {
+  std::string file;
+  switch (kind) {
+    case CheckpointKind::Last:
+    case CheckpointKind::MidEpoch: file = "last.h5"; break;
+    case CheckpointKind::Best: file = "best.h5"; break;
+    case CheckpointKind::Milestone: {
+      char name[32];
+      std::snprintf(name, sizeof name, "epoch_%04lld.h5", static_cast<long long>(epoch_));
+      file = name;
+      break;
+    }
+  }
+  const std::string path = run_path(file);
+  save_checkpoint(path, snapshot());
+  if (cfg_.checkpoint.verify) verify_saved(path);
+  observer_->on_checkpoint(path, kind);
+  if (kind != CheckpointKind::Milestone) return;
+  // Rotation: keep the newest keep_last milestones, plus those named in keep_epochs.
+  std::vector<std::pair<int64_t, fs::path>> milestones;
+  for (const auto& entry : fs::directory_iterator(cfg_.checkpoint.dir)) {
+    const std::string f = entry.path().filename().string();
+    long long e = 0;
+    char tail[8] = {0};
+    if (std::sscanf(f.c_str(), "epoch_%lld.%3s", &e, tail) == 2 && std::string(tail) == "h5" &&
+        f.size() == 13)
+      milestones.emplace_back(e, entry.path());
+  }
+  std::sort(milestones.rbegin(), milestones.rend());
+  int64_t kept = 0;
+  for (auto& [e, p] : milestones) {
+    const bool pinned = std::count(cfg_.checkpoint.keep_epochs.begin(),
+                                   cfg_.checkpoint.keep_epochs.end(), e) > 0;
+    if (pinned) continue;
+    if (kept++ >= cfg_.checkpoint.keep_last) fs::remove(p);
+  }
+}
+
+void Trainer::verify_saved(const std::string& path) {
+  const Checkpoint reloaded = load_checkpoint(path);
+  FashionCnn fresh(static_cast<float>(cfg_.model.dropout));
+  fresh.to(device_);
+  const StateDict& model_state = reloaded.groups.at("model");
+  const StateReport r = compare_state(fresh.state(), model_state);
+  if (!r.clean())
+    throw CheckpointError(path + ": verification failed: model state differs (" + r.summary() + ")");
+  fresh.load_state(model_state);
+  const Split split = data_.val.count > 0 ? Split::Val : Split::Test;
+  const SplitData& d = data_.get(split);
+  const int64_t n = std::min<int64_t>(64, d.count);
+  if (n == 0) return;
+  Tensor live = logits(split, n);
+  Tensor idx_host = Tensor::empty({n}, DType::I32);
+  std::iota(idx_host.i32(), idx_host.i32() + n, 0);
+  Tensor idx = device_.is_cpu() ? idx_host : idx_host.to(device_);
+  Tensor x = Tensor::empty({n, 1, 28, 28}, DType::F32, device_);
+  Tensor labels = Tensor::empty({n}, DType::I32, device_);
+  ENGINE_DISPATCH(device_, gather_batch, static_cast<int>(n), data_.pixels, d.images.u8(),
+                  d.labels.u8(), idx.i32(), static_cast<float>(cfg_.data.mean),
+                  static_cast<float>(cfg_.data.std), x.f32(), labels.i32());
+  Rng unused(0);
+  const std::vector<float> a = live.to_vector();
+  const std::vector<float> b = fresh.forward(x, Mode::Eval, unused).to_vector();
+  if (std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0)
+    throw CheckpointError(path + ": verification failed: the reloaded model's outputs differ from the live model's");
+}
+
+void Trainer::write_metrics_jsonl(const std::optional<EvalResult>& test) {
+  const std::string path = run_path("metrics.jsonl");
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    for (const EpochMetrics& m : history_) {
+      nlohmann::json j = {{"epoch", m.epoch},         {"train_loss", m.train_loss},
+                          {"val_loss", m.val_loss},   {"val_acc", m.val_acc},
+                          {"lr", m.lr},               {"loss_scale", m.loss_scale},
+                          {"epoch_seconds", m.epoch_seconds}};
+      out << j.dump() << "\n";
+    }
+    if (test)
+      out << nlohmann::json{{"test_loss", test->loss}, {"test_acc", test->accuracy},
+                            {"test_count", test->count}}.dump()
+          << "\n";
+    if (!out) throw std::runtime_error(tmp + ": cannot write metrics");
+  }
+  fs::rename(tmp, path);
+}
+
+}  // namespace engine

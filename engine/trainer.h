@@ -1,0 +1,146 @@
+// The public training API: everything the `engine` CLI does is a call here, so the
+// library can be embedded. A Trainer owns the model, optimizer, scheduler, loss
+// scaler, RNG, counters and metrics history, all exposed through the uniform state
+// interface, and writes/reads checkpoints of all of it.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/dataset.h"
+#include "engine/optimizer.h"
+#include "engine/rng.h"
+#include "engine/scaler.h"
+#include "engine/scheduler.h"
+#include "io/checkpoint.h"
+#include "io/config.h"
+#include "models/fashion_cnn.h"
+
+namespace engine {
+
+struct EpochMetrics {
+  int64_t epoch = 0;  // 1-based
+  double train_loss = 0, val_loss = 0, val_acc = 0, lr = 0, loss_scale = 1, epoch_seconds = 0;
+};
+
+struct EvalResult {
+  double loss = 0;      // mean cross-entropy
+  double accuracy = 0;  // in [0, 1]
+  int64_t count = 0;
+  std::array<std::array<int64_t, 10>, 10> confusion{};  // [true][predicted]
+};
+
+struct Progress {
+  int64_t epoch = 0, epochs = 0;  // 1-based current epoch, total
+  int64_t step = 0, steps = 0;    // batches done in this epoch, batches per epoch
+  double running_loss = 0;        // mean train loss over this epoch so far
+  double samples_per_second = 0;
+  double eta_seconds = 0;
+};
+
+enum class CheckpointKind { Last, Best, Milestone, MidEpoch };
+const char* checkpoint_kind_name(CheckpointKind k);
+
+// Receives what the trainer has to say; the CLI prints it. All methods optional.
+class TrainerObserver {
+ public:
+  virtual ~TrainerObserver() = default;
+  virtual void on_message(const std::string&) {}
+  virtual void on_epoch_begin(int64_t /*epoch*/, int64_t /*epochs*/, int64_t /*steps*/) {}
+  virtual void on_progress(const Progress&) {}  // throttled to a few per second
+  virtual void on_epoch_end(const EpochMetrics&) {}
+  virtual void on_checkpoint(const std::string& /*path*/, CheckpointKind) {}
+};
+
+enum class LoadMode { Strict, NonStrict };
+
+// Deliberate interruptions, for tests and for time-limited jobs.
+struct StopPlan {
+  std::optional<int64_t> after_epochs;  // stop cleanly after this many epochs in total
+  std::optional<int64_t> kill_after_steps;  // SIGKILL itself after this global step (tests)
+};
+
+struct FitResult {
+  enum class Ending { Completed, EarlyStopped, Stopped } ending = Ending::Completed;
+  int64_t epochs_done = 0;
+  std::optional<EvalResult> test;  // evaluated on the test set when training completed
+};
+
+// Asks a running fit() to stop after the current step, writing last.h5 first
+// (async-signal-safe: the CLI calls it from its SIGINT/SIGTERM handler).
+void request_stop();
+bool stop_requested();
+
+class Trainer {
+ public:
+  // Loads the data (all splits, or only the test set) onto `device`.
+  Trainer(Config cfg, Device device, TrainerObserver* observer = nullptr,
+          SplitsNeeded splits = SplitsNeeded::All);
+  ~Trainer();
+
+  const Config& config() const { return cfg_; }
+  Device device() const { return device_; }
+  FashionCnn& model() { return *model_; }
+
+  // Runs the remaining epochs from the current state, writing checkpoints and
+  // metrics.jsonl into cfg.checkpoint.dir.
+  FitResult fit(const StopPlan& stop = {});
+  EvalResult evaluate(Split split);
+  // Logits of the first `n` images of a split in eval mode (for interop and verification).
+  Tensor logits(Split split, int64_t n);
+
+  // The whole training state as a checkpoint, and back. restore() checks every group
+  // first and changes nothing unless it can apply all of it (Strict) or everything
+  // that matches (NonStrict); the report lists what was missing/unexpected/mismatched.
+  Checkpoint snapshot() const;
+  StateReport restore(const Checkpoint& ckpt, LoadMode mode);
+  // load_checkpoint + restore; throws CheckpointError naming the file on failure.
+  StateReport resume_from(const std::string& path, LoadMode mode);
+
+  int64_t epochs_done() const { return epoch_; }
+  int64_t global_step() const { return global_step_; }
+  int64_t step_in_epoch() const { return step_in_epoch_; }
+  double current_lr() const { return scheduler_->lr(); }
+  const std::vector<EpochMetrics>& history() const { return history_; }
+
+ private:
+  class CounterState;
+  class MetricsState;
+  void train_epoch(const StopPlan& stop, bool& interrupted);
+  void end_epoch(double seconds, bool& stop_early);
+  void save(CheckpointKind kind);
+  void verify_saved(const std::string& path);
+  void write_metrics_jsonl(const std::optional<EvalResult>& test);
+  std::string run_path(const std::string& file) const;
+  std::vector<std::pair<std::string, Stateful*>> components();
+
+  Config cfg_;
+  Device device_;
+  TrainerObserver* observer_;
+  TrainerObserver silent_;
+  Datasets data_;
+  Rng rng_;
+  std::unique_ptr<FashionCnn> model_;
+  std::unique_ptr<AdamOptimizer> optimizer_;
+  std::unique_ptr<LrScheduler> scheduler_;
+  std::unique_ptr<LossScaler> scaler_;
+  std::unique_ptr<CounterState> counter_state_;
+  std::unique_ptr<MetricsState> metrics_state_;
+
+  // Counters and early-stopping state (saved in the "trainer" group).
+  int64_t epoch_ = 0, global_step_ = 0, step_in_epoch_ = 0;
+  uint64_t epoch_shuffle_offset_ = 0;
+  double best_metric_;
+  int64_t best_epoch_ = 0, epochs_without_improvement_ = 0;
+  Tensor epoch_sample_loss_;  // per-sample train losses of the current epoch
+  std::vector<EpochMetrics> history_;
+
+  // Workspaces.
+  Tensor batch_x_, batch_labels_, permutation_, sample_correct_, eval_loss_, eval_correct_;
+  Tensor dlogits_;
+};
+
+}  // namespace engine

@@ -1,0 +1,92 @@
+// Checkpoint files: the engine's own HDF5 layout (docs/checkpoint-format.md).
+// Every stateful component hands over a StateDict; this layer stores them generically,
+// writes atomically (a crash mid-save never damages the previous file), checksums the
+// whole file, and refuses anything damaged, foreign or too new with one line naming
+// the file, so a resumed run either continues bit for bit or does not start.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/state.h"
+
+namespace engine {
+
+inline constexpr int64_t kCheckpointFormatVersion = 1;
+
+// One line, always starting with the file's path.
+struct CheckpointError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct CheckpointMeta {
+  int64_t format_version = kCheckpointFormatVersion;
+  std::string engine_version;
+  std::string created_utc;  // ISO 8601, "2024-05-01T12:34:56Z"
+  std::string saved_on;     // device the run trained on: "cpu", "cuda:0"
+};
+
+struct Checkpoint {
+  // save_checkpoint fills format_version, engine_version and created_utc itself;
+  // the caller sets saved_on.
+  CheckpointMeta meta;
+  std::string config_json;  // the resolved config as JSON text
+  // "model", "optimizer", "scheduler", "scaler", "rng", "trainer", "metrics" (all
+  // required); further groups are stored and loaded the same way.
+  std::map<std::string, StateDict> groups;
+};
+
+// The groups every checkpoint must have.
+const std::vector<std::string>& checkpoint_required_groups();
+
+// Writes atomically: the file is built in memory, written to a temporary file in the
+// same directory, fsynced, renamed over `path`, and the directory fsynced. On failure
+// the previous file at `path` is untouched. Tensors may live on any device.
+void save_checkpoint(const std::string& path, const Checkpoint& ckpt);
+
+// Verifies header, length and checksum, then structure, then reads. Tensors come back
+// on the CPU. Model and optimizer keys come back without wrapper prefixes.
+Checkpoint load_checkpoint(const std::string& path);
+
+// Everything load_checkpoint checks, without keeping the result.
+void verify_checkpoint_file(const std::string& path);
+
+// Human-readable summary: metadata, then per group its scalars and its tensors with
+// dtype, shape and L2 norm.
+std::string inspect_checkpoint(const std::string& path);
+
+struct CheckpointDiff {
+  bool identical = false;  // every tensor bit-identical, every scalar equal
+  std::string report;      // one line per key
+};
+// Compares two checkpoints key by key. created_utc and engine_version are reported
+// when they differ but do not count against `identical`.
+CheckpointDiff diff_checkpoints(const std::string& a, const std::string& b);
+
+// Strips the wrapper prefixes "_orig_mod." and "module." (torch.compile,
+// DataParallel) from a parameter name, repeatedly.
+std::string strip_wrapper_prefixes(const std::string& name);
+
+// For tests and fixture tools only, never for training: writes files that are
+// deliberately wrong in one respect so that the refusals of the loader can be tested
+// without the HDF5 headers.
+namespace checkpoint_testing {
+struct RawDataset {
+  std::string path;             // absolute HDF5 path, e.g. "/model/bad"
+  std::string type;             // "float32", "float64", "int64", "int16", "uint8", "string"
+  std::vector<uint64_t> dims;   // any rank; storage is never allocated, so size is free
+  bool series_kind = false;     // add the attribute kind = "series"
+};
+struct Tamper {
+  int64_t format_version = kCheckpointFormatVersion;  // header and root attribute
+  std::vector<std::string> omit_groups;
+  std::vector<std::string> omit_root_attributes;
+  std::vector<RawDataset> raw_datasets;
+  bool plain_hdf5 = false;  // no engine header: an ordinary HDF5 file
+};
+void save_tampered(const std::string& path, const Checkpoint& ckpt, const Tamper& tamper);
+}  // namespace checkpoint_testing
+
+}  // namespace engine

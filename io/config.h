@@ -1,0 +1,112 @@
+// The training configuration: a JSON file (configs/mnist.json), validated key by key
+// (docs/config.md), with dotted-key overrides from the command line.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace engine {
+
+struct DataConfig {
+  std::string dir = "/usr/share/datasets/fashion-mnist";
+  int batch_size = 128;
+  int val_split = 5000;                    // images held out of the training set
+  std::optional<int64_t> train_limit;      // null = all (after the validation split)
+  std::optional<int64_t> test_limit;       // null = all
+  double mean = 0.2860;
+  double std = 0.3530;
+};
+
+struct ModelConfig {
+  std::string name = "fashion_cnn";
+  double dropout = 0.25;
+};
+
+struct OptimizerConfig {
+  std::string name = "adamw";  // "adamw" | "adam"
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+struct SchedulerConfig {
+  std::string name = "cosine";  // "cosine" | "constant"
+  std::optional<int64_t> t_max;  // null = train.epochs
+  double eta_min = 0.0;
+};
+
+struct LossScaleConfig {
+  double init = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+};
+
+struct PrecisionConfig {
+  std::string mode = "fp32";  // "fp32" | "fp16"
+  LossScaleConfig loss_scale;
+};
+
+struct EarlyStoppingConfig {
+  std::string monitor = "val_loss";  // "val_loss" (lower is better) | "val_acc" (higher)
+  int64_t patience = 5;              // 0 disables early stopping
+  double min_delta = 1e-4;
+};
+
+struct TrainConfig {
+  int64_t epochs = 15;
+  EarlyStoppingConfig early_stopping;
+};
+
+struct CheckpointConfig {
+  std::string dir = "runs/mnist";
+  int64_t keep_last = 3;
+  std::optional<int64_t> every_n_epochs = 5;  // milestone epoch_NNNN.h5; null = none
+  std::optional<int64_t> every_n_steps;       // mid-epoch last.h5; null = none
+  std::vector<int64_t> keep_epochs;           // milestones never rotated away
+  bool verify = true;                         // reload and compare after each save
+};
+
+struct CudaConfig {
+  bool deterministic = true;  // restrict cuDNN to deterministic algorithms
+};
+
+struct Config {
+  uint64_t seed = 0;
+  std::string device = "auto";  // "auto" | "cpu" | "cuda" | "cuda:N"
+  DataConfig data;
+  ModelConfig model;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  PrecisionConfig precision;
+  TrainConfig train;
+  CheckpointConfig checkpoint;
+  CudaConfig cuda;
+
+  int64_t effective_t_max() const { return scheduler.t_max ? *scheduler.t_max : train.epochs; }
+};
+
+// Errors in a config carry one line naming the file (or "--set") and the dotted key.
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Parses and validates. `origin` names the source in error messages (a path).
+// Unknown keys are errors that name the closest valid key; missing keys take defaults.
+Config config_from_json(const nlohmann::json& j, const std::string& origin);
+Config load_config(const std::string& path);
+// Applies "dotted.key=value" overrides to the JSON before validation. The value is
+// parsed as JSON when it can be (3, 1e-3, true, null, [0.9,0.99], "x"), else taken as a
+// string. An unknown key is a ConfigError naming the closest valid key.
+void apply_override(nlohmann::json& j, const std::string& assignment);
+// The complete resolved config (every key, defaults filled in), e.g. for checkpoints.
+nlohmann::json config_to_json(const Config& c);
+// The defaults as JSON (the schema of valid keys).
+nlohmann::json default_config_json();
+
+}  // namespace engine

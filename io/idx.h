@@ -1,0 +1,39 @@
+// Reader for the IDX format of MNIST and Fashion-MNIST (http://yann.lecun.com/exdb/mnist/),
+// gzip-compressed or plain. Every error is a DataError whose one-line message names the file.
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace engine {
+
+struct DataError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct IdxImages {
+  int64_t count = 0;
+  int rows = 0, cols = 0;
+  std::vector<uint8_t> pixels;  // count*rows*cols bytes, image-major then row-major
+};
+
+// Magic 0x00000803 (unsigned bytes, 3 dimensions). Headers claiming more than 10^8 images
+// or sides outside 1..4096 are rejected before anything is allocated.
+IdxImages read_idx_images(const std::string& path);
+// Magic 0x00000801 (unsigned bytes, 1 dimension). Labels must be class indices 0..9.
+std::vector<uint8_t> read_idx_labels(const std::string& path);
+
+struct FashionMnist {
+  IdxImages train_images;
+  std::vector<uint8_t> train_labels;
+  IdxImages test_images;
+  std::vector<uint8_t> test_labels;
+};
+
+// Reads train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and
+// t10k-labels-idx1-ubyte from `dir`, each plain or with a .gz suffix. Any consistent counts
+// are accepted (each image file matches its label file, train and test share a size).
+FashionMnist load_fashion_mnist(const std::string& dir);
+
+}  // namespace engine

@@ -1,0 +1,205 @@
+// Fast CPU versions of the non-GEMM ops: OpenMP over independent elements, channels
+// or samples. Every reduction runs inside one thread in a fixed order, so results do
+// not depend on the thread count.
+#include <cmath>
+#include <cstring>
+
+#include "kernels/ops.h"
+
+namespace engine::kernels::cpu {
+
+void batchnorm_forward_train(const BatchNormShape& s, const float* x, const float* gamma,
+                             const float* beta, float eps, float momentum, float* running_mean,
+                             float* running_var, float* save_mean, float* save_invstd, float* y) {
+  const double m = static_cast<double>(s.n) * s.hw;
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < s.c; ++c) {
+    double sum = 0.0, sq = 0.0;
+    for (int n = 0; n < s.n; ++n) {
+      const float* xp = x + (static_cast<int64_t>(n) * s.c + c) * s.hw;
+      for (int i = 0; i < s.hw; ++i) sum += xp[i];
+    }
+    const double mean = sum / m;
+    for (int n = 0; n < s.n; ++n) {
+      const float* xp = x + (static_cast<int64_t>(n) * s.c + c) * s.hw;
+      for (int i = 0; i < s.hw; ++i) {
+        const double d = xp[i] - mean;
+        sq += d * d;
+      }
+    }
+    const double var = sq / m;
+    const double invstd = 1.0 / std::sqrt(var + eps);
+    // y = x * a + bias, folded once per channel.
+    const float a = static_cast<float>(invstd * gamma[c]);
+    const float bias = static_cast<float>(beta[c] - mean * invstd * gamma[c]);
+    for (int n = 0; n < s.n; ++n) {
+      const int64_t off = (static_cast<int64_t>(n) * s.c + c) * s.hw;
+      for (int i = 0; i < s.hw; ++i) y[off + i] = x[off + i] * a + bias;
+    }
+    const double unbiased = m > 1 ? sq / (m - 1) : var;
+    running_mean[c] = static_cast<float>((1.0 - momentum) * running_mean[c] + momentum * mean);
+    running_var[c] = static_cast<float>((1.0 - momentum) * running_var[c] + momentum * unbiased);
+    save_mean[c] = static_cast<float>(mean);
+    save_invstd[c] = static_cast<float>(invstd);
+  }
+}
+
+void batchnorm_forward_eval(const BatchNormShape& s, const float* x, const float* gamma,
+                            const float* beta, const float* running_mean,
+                            const float* running_var, float eps, float* y) {
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < s.c; ++c) {
+    const double invstd = 1.0 / std::sqrt(static_cast<double>(running_var[c]) + eps);
+    const float a = static_cast<float>(invstd * gamma[c]);
+    const float bias = static_cast<float>(beta[c] - running_mean[c] * invstd * gamma[c]);
+    for (int n = 0; n < s.n; ++n) {
+      const int64_t off = (static_cast<int64_t>(n) * s.c + c) * s.hw;
+      for (int i = 0; i < s.hw; ++i) y[off + i] = x[off + i] * a + bias;
+    }
+  }
+}
+
+void batchnorm_backward(const BatchNormShape& s, const float* x, const float* dy,
+                        const float* gamma, const float* save_mean, const float* save_invstd,
+                        float* dx, float* dgamma, float* dbeta) {
+  const double m = static_cast<double>(s.n) * s.hw;
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < s.c; ++c) {
+    const float mean = save_mean[c], invstd = save_invstd[c];
+    double sum_dy = 0.0, sum_dy_xc = 0.0;
+    for (int n = 0; n < s.n; ++n) {
+      const int64_t off = (static_cast<int64_t>(n) * s.c + c) * s.hw;
+      for (int i = 0; i < s.hw; ++i) {
+        sum_dy += dy[off + i];
+        sum_dy_xc += static_cast<double>(dy[off + i]) * (x[off + i] - mean);
+      }
+    }
+    const double sum_dy_xhat = sum_dy_xc * invstd;
+    // dx = k * (dy - mean(dy) - xhat * mean(dy*xhat)), k = gamma * invstd
+    const float k = gamma[c] * invstd;
+    const float mean_dy = static_cast<float>(sum_dy / m);
+    const float proj = static_cast<float>(sum_dy_xhat / m * invstd);  // per unit of (x - mean)
+    for (int n = 0; n < s.n; ++n) {
+      const int64_t off = (static_cast<int64_t>(n) * s.c + c) * s.hw;
+      for (int i = 0; i < s.hw; ++i)
+        dx[off + i] = k * (dy[off + i] - mean_dy - (x[off + i] - mean) * proj);
+    }
+    dgamma[c] = static_cast<float>(sum_dy_xhat);
+    dbeta[c] = static_cast<float>(sum_dy);
+  }
+}
+
+void relu_forward(int64_t n, const float* x, float* y) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = relu(x[i]);
+}
+
+void relu_backward(int64_t n, const float* y, const float* dy, float* dx) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) dx[i] = relu_grad(y[i], dy[i]);
+}
+
+void maxpool2x2_forward(const PoolShape& s, const float* x, float* y, int32_t* argmax) {
+  const int oh_n = s.h / 2, ow_n = s.w / 2;
+#pragma omp parallel for schedule(static)
+  for (int nc = 0; nc < s.n * s.c; ++nc)
+    for (int oh = 0; oh < oh_n; ++oh)
+      for (int ow = 0; ow < ow_n; ++ow) {
+        const int32_t top = (nc * s.h + 2 * oh) * s.w + 2 * ow;
+        const int32_t cand[4] = {top, top + 1, top + s.w, top + s.w + 1};
+        int32_t best = cand[0];
+        float best_v = x[best];
+        for (int d = 1; d < 4; ++d) {
+          const float v = x[cand[d]];
+          if (v > best_v || std::isnan(v)) {
+            best = cand[d];
+            best_v = v;
+          }
+        }
+        const int o = (nc * oh_n + oh) * ow_n + ow;
+        y[o] = best_v;
+        argmax[o] = best;
+      }
+}
+
+void maxpool2x2_backward(const PoolShape& s, const float* dy, const int32_t* argmax, float* dx) {
+  // Windows do not overlap: every input element receives from at most one output.
+  const int64_t in_n = static_cast<int64_t>(s.n) * s.c * s.h * s.w;
+  std::memset(dx, 0, sizeof(float) * in_n);
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < in_n / 4; ++o) dx[argmax[o]] = dy[o];
+}
+
+void dropout_forward(int64_t n, const float* x, float p, PhiloxStream stream, uint64_t offset,
+                     float* y, uint8_t* keep) {
+  const float scale = dropout_scale(p);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const bool k = dropout_keep(stream, offset, static_cast<uint64_t>(i), p);
+    keep[i] = k ? 1 : 0;
+    y[i] = k ? x[i] * scale : 0.0f;
+  }
+}
+
+void dropout_backward(int64_t n, const float* dy, const uint8_t* keep, float p, float* dx) {
+  const float scale = dropout_scale(p);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) dx[i] = keep[i] ? dy[i] * scale : 0.0f;
+}
+
+void cross_entropy(int n, int classes, const float* logits, const int32_t* labels,
+                   float grad_scale, float* dlogits, float* sample_loss, float* sample_correct) {
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < n; ++i) {
+    const float* z = logits + static_cast<int64_t>(i) * classes;
+    int arg = 0;
+    for (int k = 1; k < classes; ++k)
+      if (z[k] > z[arg]) arg = k;
+    const double zmax = z[arg];
+    double sum = 0.0;
+    for (int k = 0; k < classes; ++k) sum += std::exp(z[k] - zmax);
+    const double lse = zmax + std::log(sum);
+    sample_loss[i] = static_cast<float>(lse - z[labels[i]]);
+    sample_correct[i] = arg == labels[i] ? 1.0f : 0.0f;
+    if (dlogits)
+      for (int k = 0; k < classes; ++k) {
+        const double softmax = std::exp(z[k] - lse);
+        dlogits[static_cast<int64_t>(i) * classes + k] =
+            static_cast<float>((softmax - (k == labels[i] ? 1.0 : 0.0)) * grad_scale / n);
+      }
+  }
+}
+
+double reduce_sum(int64_t n, const float* x) {
+  double acc = 0.0;
+  for (int64_t i = 0; i < n; ++i) acc += x[i];
+  return acc;
+}
+
+void gather_batch(int n, int pixels, const uint8_t* images, const uint8_t* labels,
+                  const int32_t* indices, float mean, float std, float* out, int32_t* labels_out) {
+  const float inv_std = 1.0f / std;
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < n; ++i) {
+    const uint8_t* img = images + static_cast<int64_t>(indices[i]) * pixels;
+    float* o = out + static_cast<int64_t>(i) * pixels;
+    for (int p = 0; p < pixels; ++p) o[p] = normalize_pixel(img[p], mean, inv_std);
+    labels_out[i] = labels[indices[i]];
+  }
+}
+
+void adam_update(int64_t n, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                 const AdamHyper& h, AdamStepFactors f) {
+#pragma omp parallel for schedule(static) if (n > 4096)
+  for (int64_t i = 0; i < n; ++i) adam_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], h, f);
+}
+
+void unscale_check(int64_t n, float* grad, float inv_scale, int32_t* found_inf) {
+  int32_t found = 0;
+#pragma omp parallel for schedule(static) reduction(| : found) if (n > 4096)
+  for (int64_t i = 0; i < n; ++i)
+    if (unscale_element(grad[i], inv_scale)) found = 1;
+  if (found) *found_inf = 1;
+}
+
+}  // namespace engine::kernels::cpu

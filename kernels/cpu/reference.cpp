@@ -1,0 +1,287 @@
+// The reference backend: the definition of every op, written to be read, not to be
+// fast. Sums accumulate in double; loops follow the formulas one to one. The fast CPU
+// path and the CUDA path are tested against these functions.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace engine::kernels::ref {
+
+void conv2d_forward(const ConvShape& s, const float* x, const float* w, const float* b, float* y) {
+  const int oh_n = s.out_h(), ow_n = s.out_w();
+  for (int n = 0; n < s.n; ++n)
+    for (int k = 0; k < s.k; ++k)
+      for (int oh = 0; oh < oh_n; ++oh)
+        for (int ow = 0; ow < ow_n; ++ow) {
+          double acc = b ? b[k] : 0.0;
+          for (int c = 0; c < s.c; ++c)
+            for (int r = 0; r < s.r; ++r)
+              for (int q = 0; q < s.s; ++q) {
+                const int ih = oh + r - s.pad, iw = ow + q - s.pad;
+                if (ih < 0 || ih >= s.h || iw < 0 || iw >= s.w) continue;
+                acc += static_cast<double>(x[((n * s.c + c) * s.h + ih) * s.w + iw]) *
+                       w[((k * s.c + c) * s.r + r) * s.s + q];
+              }
+          y[((n * s.k + k) * oh_n + oh) * ow_n + ow] = static_cast<float>(acc);
+        }
+}
+
+void conv2d_backward(const ConvShape& s, const float* x, const float* w, const float* dy,
+                     float* dx, float* dw, float* db) {
+  const int oh_n = s.out_h(), ow_n = s.out_w();
+  auto dy_at = [&](int n, int k, int oh, int ow) {
+    return static_cast<double>(dy[((n * s.k + k) * oh_n + oh) * ow_n + ow]);
+  };
+  if (dx) {
+    // dx[n,c,ih,iw] = sum over k,r,q of dy[n,k,ih-r+pad,iw-q+pad] * w[k,c,r,q]
+    for (int n = 0; n < s.n; ++n)
+      for (int c = 0; c < s.c; ++c)
+        for (int ih = 0; ih < s.h; ++ih)
+          for (int iw = 0; iw < s.w; ++iw) {
+            double acc = 0.0;
+            for (int k = 0; k < s.k; ++k)
+              for (int r = 0; r < s.r; ++r)
+                for (int q = 0; q < s.s; ++q) {
+                  const int oh = ih - r + s.pad, ow = iw - q + s.pad;
+                  if (oh < 0 || oh >= oh_n || ow < 0 || ow >= ow_n) continue;
+                  acc += dy_at(n, k, oh, ow) * w[((k * s.c + c) * s.r + r) * s.s + q];
+                }
+            dx[((n * s.c + c) * s.h + ih) * s.w + iw] = static_cast<float>(acc);
+          }
+  }
+  // dw[k,c,r,q] = sum over n,oh,ow of dy[n,k,oh,ow] * x[n,c,oh+r-pad,ow+q-pad]
+  for (int k = 0; k < s.k; ++k)
+    for (int c = 0; c < s.c; ++c)
+      for (int r = 0; r < s.r; ++r)
+        for (int q = 0; q < s.s; ++q) {
+          double acc = 0.0;
+          for (int n = 0; n < s.n; ++n)
+            for (int oh = 0; oh < oh_n; ++oh)
+              for (int ow = 0; ow < ow_n; ++ow) {
+                const int ih = oh + r - s.pad, iw = ow + q - s.pad;
+                if (ih < 0 || ih >= s.h || iw < 0 || iw >= s.w) continue;
+                acc += dy_at(n, k, oh, ow) * x[((n * s.c + c) * s.h + ih) * s.w + iw];
+              }
+          dw[((k * s.c + c) * s.r + r) * s.s + q] = static_cast<float>(acc);
+        }
+  if (db)
+    for (int k = 0; k < s.k; ++k) {
+      double acc = 0.0;
+      for (int n = 0; n < s.n; ++n)
+        for (int oh = 0; oh < oh_n; ++oh)
+          for (int ow = 0; ow < ow_n; ++ow) acc += dy_at(n, k, oh, ow);
+      db[k] = static_cast<float>(acc);
+    }
+}
+
+void linear_forward(const LinearShape& s, const float* x, const float* w, const float* b, float* y) {
+  for (int n = 0; n < s.n; ++n)
+    for (int o = 0; o < s.out; ++o) {
+      double acc = b ? b[o] : 0.0;
+      for (int i = 0; i < s.in; ++i) acc += static_cast<double>(x[n * s.in + i]) * w[o * s.in + i];
+      y[n * s.out + o] = static_cast<float>(acc);
+    }
+}
+
+void linear_backward(const LinearShape& s, const float* x, const float* w, const float* dy,
+                     float* dx, float* dw, float* db) {
+  if (dx)
+    for (int n = 0; n < s.n; ++n)
+      for (int i = 0; i < s.in; ++i) {
+        double acc = 0.0;
+        for (int o = 0; o < s.out; ++o)
+          acc += static_cast<double>(dy[n * s.out + o]) * w[o * s.in + i];
+        dx[n * s.in + i] = static_cast<float>(acc);
+      }
+  for (int o = 0; o < s.out; ++o)
+    for (int i = 0; i < s.in; ++i) {
+      double acc = 0.0;
+      for (int n = 0; n < s.n; ++n) acc += static_cast<double>(dy[n * s.out + o]) * x[n * s.in + i];
+      dw[o * s.in + i] = static_cast<float>(acc);
+    }
+  if (db)
+    for (int o = 0; o < s.out; ++o) {
+      double acc = 0.0;
+      for (int n = 0; n < s.n; ++n) acc += dy[n * s.out + o];
+      db[o] = static_cast<float>(acc);
+    }
+}
+
+namespace {
+// Index of element (n, c, i) in an [N, C, HW] tensor.
+inline int64_t bn_index(const BatchNormShape& s, int n, int c, int i) {
+  return (static_cast<int64_t>(n) * s.c + c) * s.hw + i;
+}
+}  // namespace
+
+void batchnorm_forward_train(const BatchNormShape& s, const float* x, const float* gamma,
+                             const float* beta, float eps, float momentum, float* running_mean,
+                             float* running_var, float* save_mean, float* save_invstd, float* y) {
+  const double m = static_cast<double>(s.n) * s.hw;
+  for (int c = 0; c < s.c; ++c) {
+    double sum = 0.0;
+    for (int n = 0; n < s.n; ++n)
+      for (int i = 0; i < s.hw; ++i) sum += x[bn_index(s, n, c, i)];
+    const double mean = sum / m;
+    double sq = 0.0;
+    for (int n = 0; n < s.n; ++n)
+      for (int i = 0; i < s.hw; ++i) {
+        const double d = x[bn_index(s, n, c, i)] - mean;
+        sq += d * d;
+      }
+    const double var = sq / m;  // biased: used to normalise
+    const double invstd = 1.0 / std::sqrt(var + eps);
+    for (int n = 0; n < s.n; ++n)
+      for (int i = 0; i < s.hw; ++i) {
+        const int64_t j = bn_index(s, n, c, i);
+        y[j] = static_cast<float>((x[j] - mean) * invstd * gamma[c] + beta[c]);
+      }
+    const double unbiased = m > 1 ? sq / (m - 1) : var;
+    running_mean[c] = static_cast<float>((1.0 - momentum) * running_mean[c] + momentum * mean);
+    running_var[c] = static_cast<float>((1.0 - momentum) * running_var[c] + momentum * unbiased);
+    save_mean[c] = static_cast<float>(mean);
+    save_invstd[c] = static_cast<float>(invstd);
+  }
+}
+
+void batchnorm_forward_eval(const BatchNormShape& s, const float* x, const float* gamma,
+                            const float* beta, const float* running_mean,
+                            const float* running_var, float eps, float* y) {
+  for (int c = 0; c < s.c; ++c) {
+    const double invstd = 1.0 / std::sqrt(static_cast<double>(running_var[c]) + eps);
+    for (int n = 0; n < s.n; ++n)
+      for (int i = 0; i < s.hw; ++i) {
+        const int64_t j = bn_index(s, n, c, i);
+        y[j] = static_cast<float>((x[j] - running_mean[c]) * invstd * gamma[c] + beta[c]);
+      }
+  }
+}
+
+void batchnorm_backward(const BatchNormShape& s, const float* x, const float* dy,
+                        const float* gamma, const float* save_mean, const float* save_invstd,
+                        float* dx, float* dgamma, float* dbeta) {
+  const double m = static_cast<double>(s.n) * s.hw;
+  for (int c = 0; c < s.c; ++c) {
+    const double mean = save_mean[c], invstd = save_invstd[c];
+    double sum_dy = 0.0, sum_dy_xhat = 0.0;
+    for (int n = 0; n < s.n; ++n)
+      for (int i = 0; i < s.hw; ++i) {
+        const int64_t j = bn_index(s, n, c, i);
+        sum_dy += dy[j];
+        sum_dy_xhat += dy[j] * (x[j] - mean) * invstd;
+      }
+    // dx = gamma * invstd / m * (m*dy - sum(dy) - xhat * sum(dy*xhat))
+    for (int n = 0; n < s.n; ++n)
+      for (int i = 0; i < s.hw; ++i) {
+        const int64_t j = bn_index(s, n, c, i);
+        const double xhat = (x[j] - mean) * invstd;
+        dx[j] = static_cast<float>(gamma[c] * invstd / m * (m * dy[j] - sum_dy - xhat * sum_dy_xhat));
+      }
+    dgamma[c] = static_cast<float>(sum_dy_xhat);
+    dbeta[c] = static_cast<float>(sum_dy);
+  }
+}
+
+void relu_forward(int64_t n, const float* x, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = relu(x[i]);
+}
+
+void relu_backward(int64_t n, const float* y, const float* dy, float* dx) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = relu_grad(y[i], dy[i]);
+}
+
+void maxpool2x2_forward(const PoolShape& s, const float* x, float* y, int32_t* argmax) {
+  const int oh_n = s.h / 2, ow_n = s.w / 2;
+  for (int nc = 0; nc < s.n * s.c; ++nc)
+    for (int oh = 0; oh < oh_n; ++oh)
+      for (int ow = 0; ow < ow_n; ++ow) {
+        // PyTorch's rule: start from the window's first element, move on when a later
+        // one is strictly greater or is NaN (so ties keep the first, NaN propagates).
+        int32_t best = (nc * s.h + 2 * oh) * s.w + 2 * ow;
+        float best_v = x[best];
+        for (int d = 1; d < 4; ++d) {
+          const int32_t j = (nc * s.h + 2 * oh + d / 2) * s.w + 2 * ow + d % 2;
+          if (x[j] > best_v || std::isnan(x[j])) {
+            best = j;
+            best_v = x[j];
+          }
+        }
+        const int o = (nc * oh_n + oh) * ow_n + ow;
+        y[o] = best_v;
+        argmax[o] = best;
+      }
+}
+
+void maxpool2x2_backward(const PoolShape& s, const float* dy, const int32_t* argmax, float* dx) {
+  const int64_t in_n = static_cast<int64_t>(s.n) * s.c * s.h * s.w;
+  const int64_t out_n = in_n / 4;
+  for (int64_t i = 0; i < in_n; ++i) dx[i] = 0.0f;
+  for (int64_t o = 0; o < out_n; ++o) dx[argmax[o]] += dy[o];
+}
+
+void dropout_forward(int64_t n, const float* x, float p, PhiloxStream stream, uint64_t offset,
+                     float* y, uint8_t* keep) {
+  const float scale = dropout_scale(p);
+  for (int64_t i = 0; i < n; ++i) {
+    keep[i] = dropout_keep(stream, offset, static_cast<uint64_t>(i), p) ? 1 : 0;
+    y[i] = keep[i] ? x[i] * scale : 0.0f;
+  }
+}
+
+void dropout_backward(int64_t n, const float* dy, const uint8_t* keep, float p, float* dx) {
+  const float scale = dropout_scale(p);
+  for (int64_t i = 0; i < n; ++i) dx[i] = keep[i] ? dy[i] * scale : 0.0f;
+}
+
+void cross_entropy(int n, int classes, const float* logits, const int32_t* labels,
+                   float grad_scale, float* dlogits, float* sample_loss, float* sample_correct) {
+  for (int i = 0; i < n; ++i) {
+    const float* z = logits + static_cast<int64_t>(i) * classes;
+    int arg = 0;
+    for (int k = 1; k < classes; ++k)
+      if (z[k] > z[arg]) arg = k;
+    const double zmax = z[arg];
+    double sum = 0.0;
+    for (int k = 0; k < classes; ++k) sum += std::exp(z[k] - zmax);
+    const double lse = zmax + std::log(sum);
+    sample_loss[i] = static_cast<float>(lse - z[labels[i]]);
+    sample_correct[i] = arg == labels[i] ? 1.0f : 0.0f;
+    if (dlogits)
+      for (int k = 0; k < classes; ++k) {
+        const double softmax = std::exp(z[k] - lse);
+        dlogits[static_cast<int64_t>(i) * classes + k] =
+            static_cast<float>((softmax - (k == labels[i] ? 1.0 : 0.0)) * grad_scale / n);
+      }
+  }
+}
+
+double reduce_sum(int64_t n, const float* x) {
+  double acc = 0.0;
+  for (int64_t i = 0; i < n; ++i) acc += x[i];
+  return acc;
+}
+
+void gather_batch(int n, int pixels, const uint8_t* images, const uint8_t* labels,
+                  const int32_t* indices, float mean, float std, float* out, int32_t* labels_out) {
+  const float inv_std = 1.0f / std;
+  for (int i = 0; i < n; ++i) {
+    const uint8_t* img = images + static_cast<int64_t>(indices[i]) * pixels;
+    for (int p = 0; p < pixels; ++p)
+      out[static_cast<int64_t>(i) * pixels + p] = normalize_pixel(img[p], mean, inv_std);
+    labels_out[i] = labels[indices[i]];
+  }
+}
+
+void adam_update(int64_t n, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                 const AdamHyper& h, AdamStepFactors f) {
+  for (int64_t i = 0; i < n; ++i) adam_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], h, f);
+}
+
+void unscale_check(int64_t n, float* grad, float inv_scale, int32_t* found_inf) {
+  for (int64_t i = 0; i < n; ++i)
+    if (unscale_element(grad[i], inv_scale)) *found_inf = 1;
+}
+
+}  // namespace engine::kernels::ref

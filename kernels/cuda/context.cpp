@@ -1,0 +1,182 @@
+// The per-process GPU context, error checking, and the backend settings.
+#include "kernels/cuda/context.h"
+
+#include <atomic>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/settings.h"
+
+namespace engine::kernels::cuda {
+
+// ---- Errors -------------------------------------------------------------------------
+
+namespace {
+[[noreturn]] void fail(const std::string& what, const char* call, const char* file, int line) {
+  throw std::runtime_error(what + " in " + call + " (" + file + ":" + std::to_string(line) + ")");
+}
+}  // namespace
+
+void check(cudaError_t status, const char* call, const char* file, int line) {
+  if (status == cudaSuccess) return;
+  fail(std::string("CUDA error ") + cudaGetErrorName(status) + ": " + cudaGetErrorString(status),
+       call, file, line);
+}
+
+void check(cublasStatus_t status, const char* call, const char* file, int line) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  fail(std::string("cuBLAS error: ") + cublasGetStatusString(status), call, file, line);
+}
+
+void check(cudnnStatus_t status, const char* call, const char* file, int line) {
+  if (status == CUDNN_STATUS_SUCCESS) return;
+  std::string what = std::string("cuDNN error: ") + cudnnGetErrorString(status);
+  char detail[512] = {0};
+  cudnnGetLastErrorString(detail, sizeof(detail));  // cuDNN 9: why, when it knows
+  if (detail[0] != '\0') what += std::string(" (") + detail + ")";
+  fail(what, call, file, line);
+}
+
+// ---- Settings -----------------------------------------------------------------------
+
+namespace {
+// Constant-initialised (no static initialiser runs), read on every conv call.
+std::atomic<bool> g_deterministic{true};
+}  // namespace
+
+void set_deterministic(bool on) { g_deterministic.store(on); }
+bool deterministic() { return g_deterministic.load(); }
+
+// ---- Context ------------------------------------------------------------------------
+
+ConvPlan::~ConvPlan() {
+  // Destruction errors are ignored: nothing useful can be done about them here.
+  if (conv) cudnnDestroyConvolutionDescriptor(conv);
+  if (w) cudnnDestroyFilterDescriptor(w);
+  if (y) cudnnDestroyTensorDescriptor(y);
+  if (x) cudnnDestroyTensorDescriptor(x);
+}
+
+namespace {
+// Set once the context exists; constant-initialised so reading it needs no init.
+std::atomic<Context*> g_context{nullptr};
+}  // namespace
+
+Context& Context::get() {
+  // Leaked on purpose (see the header). If the constructor throws (no GPU), the next
+  // call tries again.
+  static Context* context = [] {
+    Context* c = new Context();
+    g_context.store(c);
+    return c;
+  }();
+  return *context;
+}
+
+Context* Context::existing() { return g_context.load(); }
+
+Context::Context() {
+  ENGINE_CUDA_CHECK(cudaGetDevice(&device_));
+  ENGINE_CUDA_CHECK(cudaStreamCreate(&stream_));
+  int pools = 0;
+  ENGINE_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device_));
+  pools_ = pools != 0;
+  if (pools_) {
+    // Keep freed memory in the pool instead of returning it to the driver at every
+    // synchronisation: training frees and re-allocates the same sizes every step.
+    cudaMemPool_t pool;
+    ENGINE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+    uint64_t threshold = UINT64_MAX;
+    ENGINE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  }
+}
+
+void* Context::allocate(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  if (pools_)
+    ENGINE_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream_));
+  else
+    ENGINE_CUDA_CHECK(cudaMalloc(&p, bytes));
+  return p;
+}
+
+void Context::release(void* p) noexcept {
+  if (!p) return;
+  // Errors are dropped: this runs from tensor destructors, possibly after the CUDA
+  // runtime began shutting down at exit (cudaErrorCudartUnloading).
+  const cudaError_t status = pools_ ? cudaFreeAsync(p, stream_) : cudaFree(p);
+  if (status != cudaSuccess) (void)cudaGetLastError();  // do not leave it for the next check
+}
+
+cublasHandle_t Context::cublas() {
+  if (!cublas_) {
+    cublasHandle_t h = nullptr;
+    ENGINE_CUDA_CHECK(cublasCreate(&h));
+    ENGINE_CUDA_CHECK(cublasSetStream(h, stream_));
+    // Plain fp32 arithmetic: no TF32 tensor-core math (that would need
+    // CUBLAS_TF32_TENSOR_OP_MATH), so GEMMs stay close to the fp32 CPU reference.
+    ENGINE_CUDA_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    // Atomics-free kernels only (the default, stated because determinism relies on it).
+    ENGINE_CUDA_CHECK(cublasSetAtomicsMode(h, CUBLAS_ATOMICS_NOT_ALLOWED));
+    cublas_ = h;
+  }
+  return cublas_;
+}
+
+cudnnHandle_t Context::cudnn() {
+  if (!cudnn_) {
+    cudnnHandle_t h = nullptr;
+    ENGINE_CUDA_CHECK(cudnnCreate(&h));
+    ENGINE_CUDA_CHECK(cudnnSetStream(h, stream_));
+    cudnn_ = h;
+  }
+  return cudnn_;
+}
+
+void* Context::workspace(std::size_t bytes) {
+  if (bytes > workspace_bytes_) {
+    // Stream-ordered release: work already queued that uses the old buffer finishes
+    // before the pool hands the memory out again.
+    release(workspace_);
+    workspace_ = nullptr;
+    workspace_bytes_ = 0;
+    const std::size_t mib = std::size_t{1} << 20;
+    const std::size_t rounded = (bytes + mib - 1) / mib * mib;
+    workspace_ = allocate(rounded);
+    workspace_bytes_ = rounded;
+  }
+  return workspace_;
+}
+
+ConvPlan& Context::conv_plan(const ConvShape& s, bool deterministic) {
+  const PlanKey key{s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.pad, deterministic};
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return *it->second;
+
+  auto plan = std::make_unique<ConvPlan>();
+  ENGINE_CUDA_CHECK(cudnnCreateTensorDescriptor(&plan->x));
+  ENGINE_CUDA_CHECK(cudnnCreateTensorDescriptor(&plan->y));
+  ENGINE_CUDA_CHECK(cudnnCreateFilterDescriptor(&plan->w));
+  ENGINE_CUDA_CHECK(cudnnCreateConvolutionDescriptor(&plan->conv));
+  ENGINE_CUDA_CHECK(cudnnSetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s.n,
+                                               s.c, s.h, s.w));
+  ENGINE_CUDA_CHECK(cudnnSetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s.n,
+                                               s.k, s.out_h(), s.out_w()));
+  ENGINE_CUDA_CHECK(cudnnSetFilter4dDescriptor(plan->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, s.k,
+                                               s.c, s.r, s.s));
+  // Cross-correlation (what deep-learning frameworks call convolution), stride 1,
+  // no dilation, fp32 compute.
+  ENGINE_CUDA_CHECK(cudnnSetConvolution2dDescriptor(plan->conv, s.pad, s.pad, 1, 1, 1, 1,
+                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  // FMA math: plain fp32 kernels only. CUDNN_DEFAULT_MATH would permit TF32 tensor
+  // cores on Ampere and newer, which round inputs to 10-bit mantissas.
+  ENGINE_CUDA_CHECK(cudnnSetConvolutionMathType(plan->conv, CUDNN_FMA_MATH));
+
+  ConvPlan& ref = *plan;
+  plans_.emplace(key, std::move(plan));
+  return ref;
+}
+
+}  // namespace engine::kernels::cuda

@@ -1,0 +1,564 @@
+// CUDA kernels for every op that is not a convolution or a GEMM: ReLU, 2x2 max
+// pooling, dropout, batch normalisation, cross-entropy, the deterministic sum, batch
+// gathering, Adam, loss-scale unscaling, fp16 casts, and the channel bias/sum helpers
+// the conv and linear ops share.
+//
+// Determinism: no kernel here uses atomics to combine values. Every reduction has a
+// fixed partition (depending only on the sizes, never on the GPU) and a fixed tree
+// order, so results are bitwise identical from run to run. Per-element math comes
+// from kernels/elementwise.h, shared with the CPU backend; with -fmad=false and IEEE
+// division/sqrt (nvcc's defaults) those elements give the same bits as the CPU.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/cast.h"
+#include "kernels/cuda/context.h"
+#include "kernels/elementwise.h"
+#include "kernels/ops.h"
+
+namespace engine::kernels::cuda {
+
+namespace {
+
+// Threads per block everywhere. Reductions rely on it being a power of two.
+constexpr int kThreads = 256;
+
+cudaStream_t stream() { return Context::get().stream(); }
+
+// Grid-stride loop index helpers (64-bit: tensors may exceed 2^31 elements).
+__device__ __forceinline__ int64_t first_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_stride() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+// Sum of one value per thread over the block, in a fixed tree order: the same inputs
+// always give the same bits. `buffer` holds blockDim.x doubles (a power of two).
+// Every thread receives the total.
+__device__ double block_sum(double value, double* buffer) {
+  const int t = threadIdx.x;
+  buffer[t] = value;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half >>= 1) {
+    if (t < half) buffer[t] += buffer[t + half];
+    __syncthreads();
+  }
+  const double total = buffer[0];
+  __syncthreads();  // all threads have read buffer[0] before anyone reuses the buffer
+  return total;
+}
+
+// ---- Channel helpers ----------------------------------------------------------------
+
+__global__ void add_channel_bias_kernel(int64_t total, int c, int64_t hw, const float* bias,
+                                        float* y) {
+  for (int64_t e = first_index(); e < total; e += grid_stride()) {
+    const int ch = static_cast<int>((e / hw) % c);
+    y[e] += bias[ch];
+  }
+}
+
+// One block per channel; each thread walks a fixed strided subset of the channel's
+// n*hw elements, then the block adds the partial sums in a fixed tree.
+__global__ void channel_sum_kernel(int n, int c, int64_t hw, const float* x, float* out) {
+  __shared__ double buffer[kThreads];
+  const int ch = blockIdx.x;
+  const int64_t count = static_cast<int64_t>(n) * hw;
+  double acc = 0.0;
+  for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
+    const int64_t i = e / hw, j = e % hw;
+    acc += static_cast<double>(x[(i * c + ch) * hw + j]);
+  }
+  const double total = block_sum(acc, buffer);
+  if (threadIdx.x == 0) out[ch] = static_cast<float>(total);
+}
+
+// ---- ReLU ---------------------------------------------------------------------------
+
+__global__ void relu_forward_kernel(int64_t n, const float* x, float* y) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = relu(x[i]);
+}
+
+__global__ void relu_backward_kernel(int64_t n, const float* y, const float* dy, float* dx) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) dx[i] = relu_grad(y[i], dy[i]);
+}
+
+// ---- Max pooling 2x2, stride 2 ------------------------------------------------------
+
+// One thread per output; candidates visited in row-major window order with a strict
+// `>`, so the first maximum wins ties (as the op contract says).
+__global__ void maxpool_forward_kernel(int64_t outputs, int h, int w, const float* x, float* y,
+                                       int32_t* argmax) {
+  const int oh_count = h / 2, ow_count = w / 2;
+  for (int64_t o = first_index(); o < outputs; o += grid_stride()) {
+    const int ow = static_cast<int>(o % ow_count);
+    const int64_t t = o / ow_count;
+    const int oh = static_cast<int>(t % oh_count);
+    const int64_t plane = t / oh_count;  // n*C + c
+    const int64_t base = (plane * h + 2 * oh) * w + 2 * ow;
+    const int64_t candidates[4] = {base, base + 1, base + w, base + w + 1};
+    float best = x[base];
+    int64_t best_index = base;
+    for (int q = 1; q < 4; ++q) {
+      const float v = x[candidates[q]];
+      if (v > best) {
+        best = v;
+        best_index = candidates[q];
+      }
+    }
+    y[o] = best;
+    argmax[o] = static_cast<int32_t>(best_index);
+  }
+}
+
+// One thread per input: windows do not overlap, so each input belongs to exactly one
+// output and gathers its gradient from it. No scatter, no atomics, and every dx
+// element is written (overwrite semantics).
+__global__ void maxpool_backward_kernel(int64_t inputs, int h, int w, const float* dy,
+                                        const int32_t* argmax, float* dx) {
+  const int oh_count = h / 2, ow_count = w / 2;
+  for (int64_t e = first_index(); e < inputs; e += grid_stride()) {
+    const int col = static_cast<int>(e % w);
+    const int64_t t = e / w;
+    const int row = static_cast<int>(t % h);
+    const int64_t plane = t / h;
+    const int64_t o = (plane * oh_count + row / 2) * ow_count + col / 2;
+    dx[e] = (static_cast<int64_t>(argmax[o]) == e) ? dy[o] : 0.0f;
+  }
+}
+
+// ---- Dropout ------------------------------------------------------------------------
+
+// Each element draws its own Philox value by position (philox_at), so the mask is the
+// CPU's mask bit for bit, whatever the launch configuration.
+__global__ void dropout_forward_kernel(int64_t n, const float* x, float p, float scale,
+                                       PhiloxStream s, uint64_t offset, float* y,
+                                       uint8_t* keep) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const bool k = dropout_keep(s, offset, static_cast<uint64_t>(i), p);
+    y[i] = k ? x[i] * scale : 0.0f;
+    keep[i] = k ? 1 : 0;
+  }
+}
+
+__global__ void dropout_backward_kernel(int64_t n, const float* dy, const uint8_t* keep,
+                                        float scale, float* dx) {
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    dx[i] = keep[i] ? dy[i] * scale : 0.0f;
+}
+
+// ---- Batch normalisation ------------------------------------------------------------
+
+// Element j of sample i in channel ch of an [n, c, hw] tensor, walked by a block.
+__device__ __forceinline__ int64_t bn_index(int64_t e, int c, int ch, int64_t hw) {
+  return ((e / hw) * c + ch) * hw + e % hw;
+}
+
+// One block per channel: mean, then the biased variance around it (two passes, in
+// double, for accuracy), then the normalised output.
+__global__ void batchnorm_train_kernel(int n, int c, int64_t hw, const float* x,
+                                       const float* gamma, const float* beta, float eps,
+                                       float momentum, float* running_mean, float* running_var,
+                                       float* save_mean, float* save_invstd, float* y) {
+  __shared__ double buffer[kThreads];
+  const int ch = blockIdx.x;
+  const int64_t m = static_cast<int64_t>(n) * hw;
+
+  double acc = 0.0;
+  for (int64_t e = threadIdx.x; e < m; e += blockDim.x)
+    acc += static_cast<double>(x[bn_index(e, c, ch, hw)]);
+  const double mean = block_sum(acc, buffer) / static_cast<double>(m);
+
+  acc = 0.0;
+  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
+    const double d = static_cast<double>(x[bn_index(e, c, ch, hw)]) - mean;
+    acc += d * d;
+  }
+  const double var = block_sum(acc, buffer) / static_cast<double>(m);  // biased
+  const double invstd = 1.0 / sqrt(var + static_cast<double>(eps));
+
+  if (threadIdx.x == 0) {
+    save_mean[ch] = static_cast<float>(mean);
+    save_invstd[ch] = static_cast<float>(invstd);
+    // Running variance uses the unbiased estimate (PyTorch's convention).
+    const double unbiased = m > 1 ? var * static_cast<double>(m) / static_cast<double>(m - 1) : var;
+    running_mean[ch] = (1.0f - momentum) * running_mean[ch] + momentum * static_cast<float>(mean);
+    running_var[ch] = (1.0f - momentum) * running_var[ch] + momentum * static_cast<float>(unbiased);
+  }
+
+  const float mean_f = static_cast<float>(mean);
+  const float invstd_f = static_cast<float>(invstd);
+  const float g = gamma[ch], b = beta[ch];
+  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
+    const int64_t idx = bn_index(e, c, ch, hw);
+    y[idx] = (x[idx] - mean_f) * invstd_f * g + b;
+  }
+}
+
+__global__ void batchnorm_eval_kernel(int64_t total, int c, int64_t hw, const float* x,
+                                      const float* gamma, const float* beta,
+                                      const float* running_mean, const float* running_var,
+                                      float eps, float* y) {
+  for (int64_t e = first_index(); e < total; e += grid_stride()) {
+    const int ch = static_cast<int>((e / hw) % c);
+    const float invstd = 1.0f / sqrtf(running_var[ch] + eps);
+    y[e] = (x[e] - running_mean[ch]) * invstd * gamma[ch] + beta[ch];
+  }
+}
+
+// One block per channel. With xhat = (x - mean) * invstd:
+//   dbeta = sum dy,  dgamma = sum dy * xhat,
+//   dx = gamma * invstd * (dy - dbeta/m - xhat * dgamma/m)
+// (the usual formula with the means factored in, which avoids cancelling m*dy terms).
+__global__ void batchnorm_backward_kernel(int n, int c, int64_t hw, const float* x,
+                                          const float* dy, const float* gamma,
+                                          const float* save_mean, const float* save_invstd,
+                                          float* dx, float* dgamma, float* dbeta) {
+  __shared__ double buffer[kThreads];
+  const int ch = blockIdx.x;
+  const int64_t m = static_cast<int64_t>(n) * hw;
+  const double mean = save_mean[ch];
+  const double invstd = save_invstd[ch];
+
+  double acc_dy = 0.0, acc_dy_xhat = 0.0;
+  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
+    const int64_t idx = bn_index(e, c, ch, hw);
+    const double g = dy[idx];
+    acc_dy += g;
+    acc_dy_xhat += g * ((static_cast<double>(x[idx]) - mean) * invstd);
+  }
+  const double sum_dy = block_sum(acc_dy, buffer);
+  const double sum_dy_xhat = block_sum(acc_dy_xhat, buffer);
+
+  if (threadIdx.x == 0) {
+    if (dbeta) dbeta[ch] = static_cast<float>(sum_dy);
+    if (dgamma) dgamma[ch] = static_cast<float>(sum_dy_xhat);
+  }
+  if (!dx) return;
+
+  const float mean_dy = static_cast<float>(sum_dy / static_cast<double>(m));
+  const float mean_dy_xhat = static_cast<float>(sum_dy_xhat / static_cast<double>(m));
+  const float mean_f = save_mean[ch], invstd_f = save_invstd[ch];
+  const float k = gamma[ch] * invstd_f;
+  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
+    const int64_t idx = bn_index(e, c, ch, hw);
+    const float xhat = (x[idx] - mean_f) * invstd_f;
+    dx[idx] = k * (dy[idx] - mean_dy - xhat * mean_dy_xhat);
+  }
+}
+
+// ---- Cross-entropy ------------------------------------------------------------------
+
+constexpr int kWarp = 32;
+
+// Max with its index over the warp; on equal values the lower index wins, so the
+// overall result is the first maximum. Every lane ends with the same pair.
+__device__ void warp_argmax(float& value, int& index) {
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, value, offset);
+    const int i = __shfl_xor_sync(0xffffffffu, index, offset);
+    if (v > value || (v == value && i < index)) {
+      value = v;
+      index = i;
+    }
+  }
+}
+
+// Butterfly sum: lane l adds its partner's value; addition is commutative, so both
+// partners get the same bits and every lane ends with the same total.
+__device__ double warp_sum(double value) {
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// One warp per sample (the loops over classes are strided by lane). Log-softmax in
+// double around the maximum logit for stability. An out-of-range label gives a NaN
+// loss (and no one-hot term) rather than a memory error.
+__global__ void cross_entropy_kernel(int n, int classes, const float* logits,
+                                     const int32_t* labels, float grad_scale, float* dlogits,
+                                     float* sample_loss, float* sample_correct) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t sample = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  if (sample >= n) return;  // whole warps leave together (blockDim is a multiple of 32)
+  const float* row = logits + sample * classes;
+
+  float best = -INFINITY;
+  int best_index = INT_MAX;
+  for (int j = lane; j < classes; j += kWarp) {
+    // The first element a lane sees seeds its maximum (even when it is -inf or NaN);
+    // later ones replace it only when strictly greater.
+    const float v = row[j];
+    if (best_index == INT_MAX || v > best) {
+      best = v;
+      best_index = j;
+    }
+  }
+  warp_argmax(best, best_index);
+  // With NaN logits the pairwise choice is not symmetric and lanes could disagree;
+  // take lane 0's answer so the whole warp uses one maximum.
+  best = __shfl_sync(0xffffffffu, best, 0);
+  best_index = __shfl_sync(0xffffffffu, best_index, 0);
+  const double max_logit = best;
+
+  double sum = 0.0;
+  for (int j = lane; j < classes; j += kWarp) sum += exp(static_cast<double>(row[j]) - max_logit);
+  sum = warp_sum(sum);
+  const double log_sum = log(sum);
+
+  const int label = labels[sample];
+  const bool valid = label >= 0 && label < classes;
+  if (lane == 0) {
+    sample_loss[sample] =
+        valid ? static_cast<float>(max_logit + log_sum - static_cast<double>(row[label])) : NAN;
+    sample_correct[sample] = (valid && best_index == label) ? 1.0f : 0.0f;
+  }
+  if (dlogits) {
+    const double factor = static_cast<double>(grad_scale) / static_cast<double>(n);
+    float* drow = dlogits + sample * classes;
+    for (int j = lane; j < classes; j += kWarp) {
+      const double softmax = exp(static_cast<double>(row[j]) - max_logit) / sum;
+      const double onehot = (j == label) ? 1.0 : 0.0;
+      drow[j] = static_cast<float>((softmax - onehot) * factor);
+    }
+  }
+}
+
+// ---- Deterministic sum --------------------------------------------------------------
+
+// Pass 1: block b sums elements b*kThreads + t, stepping by the whole grid; the grid
+// size depends only on n, so the partition is the same on every GPU and every run.
+__global__ void sum_partials_kernel(int64_t n, const float* x, double* partials) {
+  __shared__ double buffer[kThreads];
+  double acc = 0.0;
+  for (int64_t i = first_index(); i < n; i += grid_stride()) acc += static_cast<double>(x[i]);
+  const double total = block_sum(acc, buffer);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
+// Pass 2: one block adds the partials, again in a fixed order.
+__global__ void sum_final_kernel(int count, const double* partials, double* result) {
+  __shared__ double buffer[kThreads];
+  double acc = 0.0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
+  const double total = block_sum(acc, buffer);
+  if (threadIdx.x == 0) *result = total;
+}
+
+// ---- Batch gathering ----------------------------------------------------------------
+
+__global__ void gather_batch_kernel(int n, int pixels, const uint8_t* images,
+                                    const uint8_t* labels, const int32_t* indices, float mean,
+                                    float inv_std, float* out, int32_t* labels_out) {
+  const int64_t total = static_cast<int64_t>(n) * pixels;
+  for (int64_t e = first_index(); e < total; e += grid_stride()) {
+    const int64_t i = e / pixels, p = e % pixels;
+    const int64_t src = static_cast<int64_t>(indices[i]) * pixels + p;
+    out[e] = normalize_pixel(images[src], mean, inv_std);
+  }
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    labels_out[i] = static_cast<int32_t>(labels[indices[i]]);
+}
+
+// ---- Optimiser and loss scaling -----------------------------------------------------
+
+__global__ void adam_kernel(int64_t n, float* param, const float* grad, float* exp_avg,
+                            float* exp_avg_sq, AdamHyper h, AdamStepFactors f) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    float p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
+    adam_element(p, grad[i], m, v, h, f);
+    param[i] = p;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+  }
+}
+
+__global__ void unscale_check_kernel(int64_t n, float* grad, float inv_scale,
+                                     int32_t* found_inf) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    float g = grad[i];
+    // Racing threads all store the same value 1, so a plain store is enough; the flag
+    // is never cleared here (the caller resets it per step).
+    if (unscale_element(g, inv_scale)) *found_inf = 1;
+    grad[i] = g;
+  }
+}
+
+// ---- Casts --------------------------------------------------------------------------
+
+__global__ void f32_to_f16_kernel(int64_t n, const float* in, __half* out) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) out[i] = __float2half_rn(in[i]);
+}
+
+__global__ void f16_to_f32_kernel(int64_t n, const __half* in, float* out) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) out[i] = __half2float(in[i]);
+}
+
+}  // namespace
+
+// ---- Shared helpers -----------------------------------------------------------------
+
+void add_channel_bias(int n, int c, int64_t hw, const float* bias, float* y) {
+  const int64_t total = static_cast<int64_t>(n) * c * hw;
+  if (total <= 0) return;
+  add_channel_bias_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(total, c, hw,
+                                                                               bias, y);
+  ENGINE_CUDA_CHECK_LAUNCH("add_channel_bias_kernel");
+}
+
+void channel_sum(int n, int c, int64_t hw, const float* x, float* out) {
+  if (c <= 0) return;
+  channel_sum_kernel<<<c, kThreads, 0, stream()>>>(n, c, hw, x, out);
+  ENGINE_CUDA_CHECK_LAUNCH("channel_sum_kernel");
+}
+
+// ---- Ops ----------------------------------------------------------------------------
+
+void relu_forward(int64_t n, const float* x, float* y) {
+  if (n <= 0) return;
+  relu_forward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(n, x, y);
+  ENGINE_CUDA_CHECK_LAUNCH("relu_forward_kernel");
+}
+
+void relu_backward(int64_t n, const float* y, const float* dy, float* dx) {
+  if (n <= 0) return;
+  relu_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(n, y, dy, dx);
+  ENGINE_CUDA_CHECK_LAUNCH("relu_backward_kernel");
+}
+
+void maxpool2x2_forward(const PoolShape& s, const float* x, float* y, int32_t* argmax) {
+  const int64_t outputs = static_cast<int64_t>(s.n) * s.c * (s.h / 2) * (s.w / 2);
+  if (outputs <= 0) return;
+  maxpool_forward_kernel<<<grid_for(outputs, kThreads), kThreads, 0, stream()>>>(
+      outputs, s.h, s.w, x, y, argmax);
+  ENGINE_CUDA_CHECK_LAUNCH("maxpool_forward_kernel");
+}
+
+void maxpool2x2_backward(const PoolShape& s, const float* dy, const int32_t* argmax, float* dx) {
+  const int64_t inputs = static_cast<int64_t>(s.n) * s.c * s.h * s.w;
+  if (inputs <= 0) return;
+  maxpool_backward_kernel<<<grid_for(inputs, kThreads), kThreads, 0, stream()>>>(
+      inputs, s.h, s.w, dy, argmax, dx);
+  ENGINE_CUDA_CHECK_LAUNCH("maxpool_backward_kernel");
+}
+
+void dropout_forward(int64_t n, const float* x, float p, PhiloxStream s, uint64_t offset,
+                     float* y, uint8_t* keep) {
+  if (n <= 0) return;
+  dropout_forward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
+      n, x, p, dropout_scale(p), s, offset, y, keep);
+  ENGINE_CUDA_CHECK_LAUNCH("dropout_forward_kernel");
+}
+
+void dropout_backward(int64_t n, const float* dy, const uint8_t* keep, float p, float* dx) {
+  if (n <= 0) return;
+  dropout_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
+      n, dy, keep, dropout_scale(p), dx);
+  ENGINE_CUDA_CHECK_LAUNCH("dropout_backward_kernel");
+}
+
+void batchnorm_forward_train(const BatchNormShape& s, const float* x, const float* gamma,
+                             const float* beta, float eps, float momentum, float* running_mean,
+                             float* running_var, float* save_mean, float* save_invstd, float* y) {
+  if (s.c <= 0 || static_cast<int64_t>(s.n) * s.hw <= 0) return;
+  batchnorm_train_kernel<<<s.c, kThreads, 0, stream()>>>(s.n, s.c, s.hw, x, gamma, beta, eps,
+                                                         momentum, running_mean, running_var,
+                                                         save_mean, save_invstd, y);
+  ENGINE_CUDA_CHECK_LAUNCH("batchnorm_train_kernel");
+}
+
+void batchnorm_forward_eval(const BatchNormShape& s, const float* x, const float* gamma,
+                            const float* beta, const float* running_mean,
+                            const float* running_var, float eps, float* y) {
+  const int64_t total = static_cast<int64_t>(s.n) * s.c * s.hw;
+  if (total <= 0) return;
+  batchnorm_eval_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(
+      total, s.c, s.hw, x, gamma, beta, running_mean, running_var, eps, y);
+  ENGINE_CUDA_CHECK_LAUNCH("batchnorm_eval_kernel");
+}
+
+void batchnorm_backward(const BatchNormShape& s, const float* x, const float* dy,
+                        const float* gamma, const float* save_mean, const float* save_invstd,
+                        float* dx, float* dgamma, float* dbeta) {
+  if (s.c <= 0 || static_cast<int64_t>(s.n) * s.hw <= 0) return;
+  batchnorm_backward_kernel<<<s.c, kThreads, 0, stream()>>>(
+      s.n, s.c, s.hw, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+  ENGINE_CUDA_CHECK_LAUNCH("batchnorm_backward_kernel");
+}
+
+void cross_entropy(int n, int classes, const float* logits, const int32_t* labels,
+                   float grad_scale, float* dlogits, float* sample_loss, float* sample_correct) {
+  if (n <= 0 || classes <= 0) return;
+  constexpr int kSamplesPerBlock = kThreads / kWarp;
+  const unsigned int blocks = static_cast<unsigned int>((n + kSamplesPerBlock - 1) / kSamplesPerBlock);
+  cross_entropy_kernel<<<blocks, kThreads, 0, stream()>>>(n, classes, logits, labels, grad_scale,
+                                                          dlogits, sample_loss, sample_correct);
+  ENGINE_CUDA_CHECK_LAUNCH("cross_entropy_kernel");
+}
+
+double reduce_sum(int64_t n, const float* x) {
+  if (n <= 0) return 0.0;
+  Context& ctx = Context::get();
+  // At most 1024 partials: enough blocks to fill the GPU, few enough for one block
+  // to finish. The count depends only on n (never on the GPU), keeping the order fixed.
+  const int64_t wanted = (n + kThreads - 1) / kThreads;
+  const int blocks = static_cast<int>(wanted < 1024 ? wanted : 1024);
+  double* partials = static_cast<double*>(ctx.workspace((blocks + 1) * sizeof(double)));
+  double* result = partials + blocks;
+  sum_partials_kernel<<<blocks, kThreads, 0, ctx.stream()>>>(n, x, partials);
+  ENGINE_CUDA_CHECK_LAUNCH("sum_partials_kernel");
+  sum_final_kernel<<<1, kThreads, 0, ctx.stream()>>>(blocks, partials, result);
+  ENGINE_CUDA_CHECK_LAUNCH("sum_final_kernel");
+  double host = 0.0;
+  // Synchronous on purpose: the value is needed on the host now (once per epoch).
+  ENGINE_CUDA_CHECK(cudaMemcpyAsync(&host, result, sizeof(double), cudaMemcpyDeviceToHost,
+                                    ctx.stream()));
+  ENGINE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+  return host;
+}
+
+void gather_batch(int n, int pixels, const uint8_t* images, const uint8_t* labels,
+                  const int32_t* indices, float mean, float std, float* out, int32_t* labels_out) {
+  if (n <= 0) return;
+  const int64_t total = static_cast<int64_t>(n) * (pixels > 0 ? pixels : 1);
+  const float inv_std = 1.0f / std;
+  gather_batch_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(
+      n, pixels, images, labels, indices, mean, inv_std, out, labels_out);
+  ENGINE_CUDA_CHECK_LAUNCH("gather_batch_kernel");
+}
+
+void adam_update(int64_t n, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                 const AdamHyper& h, AdamStepFactors f) {
+  if (n <= 0) return;
+  adam_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(n, param, grad, exp_avg,
+                                                                 exp_avg_sq, h, f);
+  ENGINE_CUDA_CHECK_LAUNCH("adam_kernel");
+}
+
+void unscale_check(int64_t n, float* grad, float inv_scale, int32_t* found_inf) {
+  if (n <= 0) return;
+  unscale_check_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(n, grad, inv_scale,
+                                                                          found_inf);
+  ENGINE_CUDA_CHECK_LAUNCH("unscale_check_kernel");
+}
+
+void cast_f32_to_f16(int64_t n, const float* in, void* out) {
+  if (n <= 0) return;
+  f32_to_f16_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
+      n, in, static_cast<__half*>(out));
+  ENGINE_CUDA_CHECK_LAUNCH("f32_to_f16_kernel");
+}
+
+void cast_f16_to_f32(int64_t n, const void* in, float* out) {
+  if (n <= 0) return;
+  f16_to_f32_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
+      n, static_cast<const __half*>(in), out);
+  ENGINE_CUDA_CHECK_LAUNCH("f16_to_f32_kernel");
+}
+
+}  // namespace engine::kernels::cuda

@@ -1,0 +1,50 @@
+// Fully connected layers through cublasSgemm. Bias add and bias gradient use our own
+// kernels (kernels/cuda/elementwise_ops.cu; the gradient is a fixed-order sum).
+//
+// Layout bridge: our tensors are row-major, cuBLAS is column-major. A row-major
+// [rows, cols] matrix is, byte for byte, the column-major matrix of its transpose
+// [cols, rows] with leading dimension cols. So with x [n, in], w [out, in], y [n, out]
+// (row-major) cuBLAS sees x^T [in, n] (ld in), w^T [in, out] (ld in), y^T [out, n]
+// (ld out), and each product below is written for those transposes.
+#include "kernels/cuda/context.h"
+#include "kernels/ops.h"
+
+namespace engine::kernels::cuda {
+
+void linear_forward(const LinearShape& s, const float* x, const float* w, const float* b,
+                    float* y) {
+  if (s.n <= 0 || s.out <= 0) return;
+  Context& ctx = Context::get();
+  const float one = 1.0f, zero = 0.0f;
+  // y = x w^T  <=>  y^T [out, n] = w [out, in] * x^T [in, n].
+  // cuBLAS holds w^T (ld in), so A = op_T(w^T) = w; B = x^T as stored (op_N, ld in).
+  ENGINE_CUDA_CHECK(cublasSgemm(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, s.out, s.n, s.in, &one, w,
+                                s.in, x, s.in, &zero, y, s.out));
+  // A [n, out] tensor is [n, c=out, hw=1] for the channel helper.
+  if (b) add_channel_bias(s.n, s.out, 1, b, y);
+}
+
+void linear_backward(const LinearShape& s, const float* x, const float* w, const float* dy,
+                     float* dx, float* dw, float* db) {
+  if (s.n <= 0 || s.out <= 0 || s.in <= 0) return;
+  Context& ctx = Context::get();
+  cublasHandle_t h = ctx.cublas();
+  const float one = 1.0f, zero = 0.0f;  // beta = 0: gradients overwrite
+
+  if (dx) {
+    // dx = dy w  <=>  dx^T [in, n] = w^T [in, out] * dy^T [out, n]; both are stored
+    // as such (ld in and ld out), so no transposes.
+    ENGINE_CUDA_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, s.in, s.n, s.out, &one, w, s.in, dy,
+                                  s.out, &zero, dx, s.in));
+  }
+  if (dw) {
+    // dw = dy^T x  <=>  dw^T [in, out] = x^T [in, n] * dy [n, out]. x^T is stored
+    // (ld in); dy is stored as dy^T (ld out), so it is transposed.
+    ENGINE_CUDA_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, s.in, s.out, s.n, &one, x, s.in, dy,
+                                  s.out, &zero, dw, s.in));
+  }
+  // db[j] = sum over samples of dy[i, j]: dy as [n, c=out, hw=1].
+  if (db) channel_sum(s.n, s.out, 1, dy, db);
+}
+
+}  // namespace engine::kernels::cuda

@@ -1,0 +1,85 @@
+// The CUDA runtime slice the engine core uses (kernels/cuda_runtime.h). Every call
+// goes through the context's single stream so that copies, kernels and library calls
+// are ordered without extra synchronisation.
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/context.h"
+#include "kernels/cuda_runtime.h"
+
+namespace engine::kernels::cuda {
+
+bool built() { return true; }
+
+int device_count() {
+  int count = 0;
+  // No driver or no GPU is an ordinary situation here (CPU machines running a CUDA
+  // build), not an error: report zero devices.
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear it so later checks do not see it
+    return 0;
+  }
+  return count;
+}
+
+std::string device_name(int index) {
+  cudaDeviceProp prop;
+  if (index < 0 || index >= device_count() ||
+      cudaGetDeviceProperties(&prop, index) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "";
+  }
+  char text[400];
+  std::snprintf(text, sizeof(text), "%s (%.1f GiB, compute capability %d.%d)", prop.name,
+                static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0),
+                prop.major, prop.minor);
+  return text;
+}
+
+void set_device(int index) {
+  // The context (stream, handles, memory pool) belongs to one device; switching
+  // devices under it would make every later launch fail obscurely.
+  if (const Context* c = Context::existing(); c && c->device() != index)
+    throw std::runtime_error("the CUDA backend drives one GPU per process: cuda:" +
+                             std::to_string(c->device()) + " is in use, cuda:" +
+                             std::to_string(index) + " was requested");
+  ENGINE_CUDA_CHECK(cudaSetDevice(index));
+}
+
+void* alloc(std::size_t bytes) { return Context::get().allocate(bytes); }
+
+void free(void* p) {
+  if (!p) return;
+  // Only a context that exists can own memory; at exit it still exists (never destroyed).
+  if (Context* c = Context::existing()) c->release(p);
+}
+
+void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind) {
+  if (bytes == 0) return;
+  Context& ctx = Context::get();
+  cudaMemcpyKind k = cudaMemcpyDeviceToDevice;
+  if (kind == CopyKind::HostToDevice) k = cudaMemcpyHostToDevice;
+  if (kind == CopyKind::DeviceToHost) k = cudaMemcpyDeviceToHost;
+  ENGINE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, k, ctx.stream()));
+  // Host memory is the caller's ordinary (pageable) memory, which it may read or free
+  // as soon as we return: wait for copies that touch it. Device-to-device copies stay
+  // asynchronous; the stream orders them before any later work.
+  if (kind != CopyKind::DeviceToDevice) ENGINE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+}
+
+void memset_zero(void* p, std::size_t bytes) {
+  if (bytes == 0) return;
+  ENGINE_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, Context::get().stream()));
+}
+
+void synchronize() {
+  // Nothing can be queued before the context exists; do not create it (or touch the
+  // driver) just to wait for nothing.
+  if (!Context::existing()) return;
+  ENGINE_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+}  // namespace engine::kernels::cuda

@@ -1,0 +1,16 @@
+// Settings of the CUDA backend that the rest of the engine may change. Plain C++ (no
+// CUDA headers) so engine/ and tools/ can include it; implemented in
+// kernels/cuda/context.cpp, present only in CUDA builds.
+#pragma once
+
+namespace engine::kernels::cuda {
+
+// When on (the default), convolutions use only cuDNN algorithms that cuDNN reports as
+// deterministic (same bits on every run), and the algorithm for a shape is chosen by
+// cuDNN's heuristics rather than by timing, so the choice itself does not vary between
+// runs. When off, the fastest algorithm by measurement is used, deterministic or not.
+// Takes effect for shapes planned after the call (plans are cached per setting).
+void set_deterministic(bool on);
+bool deterministic();
+
+}  // namespace engine::kernels::cuda

@@ -1,0 +1,69 @@
+// Per-element math shared by the CPU and CUDA backends (one definition each).
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "engine/hd.h"
+#include "engine/philox.h"
+
+namespace engine::kernels {
+
+ENGINE_HD float relu(float x) { return x > 0.0f ? x : 0.0f; }
+// Gradient through ReLU from its output: positive output means the input was positive.
+ENGINE_HD float relu_grad(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
+
+// Dropout keep decision for element `i`: keep when its uniform draw is >= p.
+ENGINE_HD bool dropout_keep(PhiloxStream s, uint64_t offset, uint64_t i, float p) {
+  return philox_uniform(philox_at(s, offset + i)) >= p;
+}
+// Inverted dropout: kept values are scaled by 1/(1-p) so eval needs no rescale.
+ENGINE_HD float dropout_scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
+
+enum class WeightDecayMode : int { Decoupled = 0, L2 = 1 };  // AdamW, Adam
+
+struct AdamHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  WeightDecayMode decay = WeightDecayMode::Decoupled;
+};
+
+// Bias corrections for step t (1-based), computed once per tensor on the host in double
+// like PyTorch's single-tensor path: step_size = lr / (1 - b1^t), denom_scale = sqrt(1 - b2^t).
+struct AdamStepFactors {
+  float step_size;
+  float bias_correction2_sqrt;
+};
+
+// One element of Adam/AdamW, in PyTorch's order of operations:
+//   AdamW: p *= 1 - lr*wd;  Adam: g += wd*p
+//   m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
+//   p -= step_size * m / (sqrt(v)/sqrt(1-b2^t) + eps)
+ENGINE_HD void adam_element(float& p, float g, float& m, float& v, const AdamHyper& h,
+                            AdamStepFactors f) {
+  if (h.weight_decay != 0.0f) {
+    if (h.decay == WeightDecayMode::Decoupled)
+      p = p * (1.0f - h.lr * h.weight_decay);
+    else
+      g = g + h.weight_decay * p;
+  }
+  m = m + (1.0f - h.beta1) * (g - m);  // lerp, as torch's m.lerp_(g, 1-b1)
+  v = v * h.beta2 + (1.0f - h.beta2) * g * g;
+  const float denom = sqrtf(v) / f.bias_correction2_sqrt + h.eps;
+  p = p - f.step_size * (m / denom);
+}
+
+// Loss-scaler: unscale one gradient element; report whether it is inf or NaN.
+ENGINE_HD bool unscale_element(float& g, float inv_scale) {
+  g = g * inv_scale;
+  return !(g - g == 0.0f);  // inf - inf and NaN - NaN are NaN
+}
+
+// Normalised pixel from a uint8 image byte.
+ENGINE_HD float normalize_pixel(uint8_t byte, float mean, float inv_std) {
+  return (static_cast<float>(byte) * (1.0f / 255.0f) - mean) * inv_std;
+}
+
+}  // namespace engine::kernels
