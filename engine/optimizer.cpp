@@ -34,6 +34,9 @@ void AdamOptimizer::step() {
     kernels::AdamStepFactors f;
     f.step_size = static_cast<float>(lr_ / (1.0 - std::pow(beta1_, t)));
     f.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2_, t)));
+    f.decay_factor = static_cast<float>(1.0 - lr_ * weight_decay_);
+    f.one_minus_beta1 = static_cast<float>(1.0 - beta1_);
+    f.one_minus_beta2 = static_cast<float>(1.0 - beta2_);
     Tensor& p = s.param->value;
     ENGINE_DISPATCH(p.device(), adam_update, p.numel(), p.f32(), s.param->grad.f32(),
                     s.exp_avg.f32(), s.exp_avg_sq.f32(), h, f);

@@ -82,7 +82,7 @@ class IdxFile {
   std::vector<uint8_t> read_payload(size_t n, size_t header_bytes, const std::string& what) {
     constexpr size_t kSlice = size_t{1} << 24;
     std::vector<uint8_t> data;
-    data.reserve(std::min(n, size_t{1} << 28));
+    data.reserve(std::min(n, size_t{1} << 26));
     while (data.size() < n) {
       const size_t before = data.size();
       const size_t want = std::min(kSlice, n - before);
@@ -110,9 +110,14 @@ class IdxFile {
 
  private:
   [[noreturn]] void gzip_failure() {
+    const int saved_errno = errno;
     int errnum = Z_OK;
-    const char* message = gzerror(file_, &errnum);
-    fail(std::string("corrupt gzip data: ") + (message && *message ? message : "unknown error"));
+    std::string message = gzerror(file_, &errnum);
+    if (errnum == Z_ERRNO) fail(std::string("cannot read: ") + std::strerror(saved_errno));
+    // zlib prefixes its messages with the path, which fail() adds already.
+    const std::string prefix = path_ + ": ";
+    if (message.compare(0, prefix.size(), prefix) == 0) message.erase(0, prefix.size());
+    fail("corrupt gzip data: " + (message.empty() ? std::string("unknown error") : message));
   }
 
   std::string path_;

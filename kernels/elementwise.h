@@ -30,27 +30,33 @@ struct AdamHyper {
   WeightDecayMode decay = WeightDecayMode::Decoupled;
 };
 
-// Bias corrections for step t (1-based), computed once per tensor on the host in double
-// like PyTorch's single-tensor path: step_size = lr / (1 - b1^t), denom_scale = sqrt(1 - b2^t).
+// Per-step factors computed once per tensor on the host in double and rounded to
+// float, as PyTorch does with its Python-float hyper-parameters (1 - 0.999 computed in
+// float32 would be off by 1e-5 relative):
+//   step_size = lr / (1 - b1^t), bias_correction2_sqrt = sqrt(1 - b2^t),
+//   decay_factor = 1 - lr*wd, one_minus_beta1 = 1 - b1, one_minus_beta2 = 1 - b2.
 struct AdamStepFactors {
   float step_size;
   float bias_correction2_sqrt;
+  float decay_factor;
+  float one_minus_beta1;
+  float one_minus_beta2;
 };
 
 // One element of Adam/AdamW, in PyTorch's order of operations:
 //   AdamW: p *= 1 - lr*wd;  Adam: g += wd*p
-//   m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
+//   m = lerp(m, g, 1-b1);  v = b2*v + (1-b2)*g*g
 //   p -= step_size * m / (sqrt(v)/sqrt(1-b2^t) + eps)
 ENGINE_HD void adam_element(float& p, float g, float& m, float& v, const AdamHyper& h,
                             AdamStepFactors f) {
   if (h.weight_decay != 0.0f) {
     if (h.decay == WeightDecayMode::Decoupled)
-      p = p * (1.0f - h.lr * h.weight_decay);
+      p = p * f.decay_factor;
     else
       g = g + h.weight_decay * p;
   }
-  m = m + (1.0f - h.beta1) * (g - m);  // lerp, as torch's m.lerp_(g, 1-b1)
-  v = v * h.beta2 + (1.0f - h.beta2) * g * g;
+  m = m + f.one_minus_beta1 * (g - m);  // torch's m.lerp_(g, 1-b1) for weights < 0.5
+  v = v * h.beta2 + f.one_minus_beta2 * g * g;
   const float denom = sqrtf(v) / f.bias_correction2_sqrt + h.eps;
   p = p - f.step_size * (m / denom);
 }

@@ -33,11 +33,22 @@ fs::path source_dir() {
   return ".";
 }
 
+// This process's scratch directory under ENGINE_TEST_TMP (set by CTest) or /tmp, removed
+// when the tests finish.
 fs::path temp_dir() {
-  const char* env = std::getenv("ENGINE_TEST_TMP");
-  fs::path dir = fs::path(env ? env : "/tmp") / ("test_config_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir;
+  struct Root {
+    fs::path path;
+    ~Root() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  };
+  static const Root root{[] {
+    const char* env = std::getenv("ENGINE_TEST_TMP");
+    return fs::path(env ? env : "/tmp") / ("test_config_" + std::to_string(::getpid()));
+  }()};
+  fs::create_directories(root.path);
+  return root.path;
 }
 
 bool contains(const std::string& text, const std::string& part) {

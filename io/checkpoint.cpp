@@ -1,0 +1,1275 @@
+// The checkpoint file layer. docs/checkpoint-format.md is the specification; this file
+// implements it on the HDF5 C library plus zlib's crc32.
+#include "io/checkpoint.h"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <set>
+#include <sstream>
+
+#ifndef ENGINE_VERSION
+#define ENGINE_VERSION "0.0.0-dev"  // standalone builds; CMake defines the real one
+#endif
+
+// float16 tensors hold raw IEEE half bits in host order and are written as little-endian
+// halves without conversion.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "checkpoint layer assumes a little-endian host");
+
+namespace engine {
+
+namespace {
+
+constexpr std::size_t kUserBlockBytes = 512;
+constexpr char kMagic[] = "ENGINE-CHECKPOINT\n";
+constexpr std::size_t kMagicBytes = sizeof(kMagic) - 1;
+constexpr char kHdf5Signature[] = "\x89HDF\r\n\x1a\n";
+constexpr char kFormatName[] = "engine-checkpoint";
+constexpr int kMaxRank = 8;
+constexpr uint64_t kMaxElements = uint64_t(1) << 31;
+constexpr int kMaxNesting = 16;
+// Growth step of the in-memory HDF5 file; large steps mean few reallocations.
+constexpr std::size_t kCoreIncrement = std::size_t(4) << 20;
+
+const char* const kRootAttributes[] = {"format",      "format_version", "engine_version",
+                                       "created_utc", "saved_on",       "config"};
+
+[[noreturn]] void fail(const std::string& path, const std::string& msg) {
+  throw CheckpointError(path + ": " + msg);
+}
+
+std::string corrupt(const std::string& detail) {
+  return "checksum mismatch (file is corrupt): " + detail;
+}
+
+std::string hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", v);
+  return buf;
+}
+
+// Shortest text that reads back as the same double.
+std::string fmt_double(double v) {
+  char buf[40];
+  for (int prec = 15; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v || std::isnan(v)) break;
+  }
+  return buf;
+}
+
+std::string fmt_short(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+uint32_t crc32_of(const unsigned char* data, std::size_t n) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  // zlib's length is a uInt; feed large payloads in pieces.
+  while (n > 0) {
+    const std::size_t piece = std::min<std::size_t>(n, std::size_t(1) << 30);
+    crc = crc32(crc, data, static_cast<uInt>(piece));
+    data += piece;
+    n -= piece;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+// ---------------------------------------------------------------------------------
+// HDF5 plumbing: quiet errors, owned handles, failures turned into CheckpointError.
+
+herr_t take_innermost_error(unsigned n, const H5E_error2_t* err, void* out) {
+  if (n == 0 && err && err->desc) {
+    try {
+      *static_cast<std::string*>(out) = err->desc;
+    } catch (...) {
+    }
+  }
+  return 0;
+}
+
+std::string hdf5_reason() {
+  std::string reason;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, take_innermost_error, &reason);
+  H5Eclear2(H5E_DEFAULT);
+  return reason.empty() ? "" : " (HDF5: " + reason + ")";
+}
+
+// Silences HDF5's error printing and disables filter plugins (a file must not make us
+// load code) for the duration of one public call, then restores the caller's settings.
+class Hdf5Session {
+ public:
+  Hdf5Session() {
+    H5open();
+    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    have_plugins_ = H5PLget_loading_state(&plugins_) >= 0;
+    H5PLset_loading_state(0);
+  }
+  ~Hdf5Session() {
+    if (have_plugins_) H5PLset_loading_state(plugins_);
+    H5Eset_auto2(H5E_DEFAULT, func_, data_);
+  }
+  Hdf5Session(const Hdf5Session&) = delete;
+  Hdf5Session& operator=(const Hdf5Session&) = delete;
+
+ private:
+  H5E_auto2_t func_ = nullptr;
+  void* data_ = nullptr;
+  unsigned plugins_ = 0;
+  bool have_plugins_ = false;
+};
+
+class H5Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  H5Handle() = default;
+  H5Handle(hid_t id, Closer close) : id_(id), close_(close) {}
+  H5Handle(H5Handle&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
+  H5Handle& operator=(H5Handle&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = o.id_;
+      close_ = o.close_;
+      o.id_ = -1;
+    }
+    return *this;
+  }
+  H5Handle(const H5Handle&) = delete;
+  H5Handle& operator=(const H5Handle&) = delete;
+  ~H5Handle() { reset(); }
+
+  hid_t get() const { return id_; }
+  void reset() {
+    if (id_ >= 0 && close_) close_(id_);
+    id_ = -1;
+  }
+
+ private:
+  hid_t id_ = -1;
+  Closer close_ = nullptr;
+};
+
+// Names the file in every error and checks every HDF5 call.
+struct H5Ctx {
+  std::string path;
+
+  [[noreturn]] void fail(const std::string& msg) const { engine::fail(path, msg); }
+  H5Handle own(hid_t id, H5Handle::Closer close, const std::string& what) const {
+    if (id < 0) fail(what + hdf5_reason());
+    return H5Handle(id, close);
+  }
+  void ok(herr_t r, const std::string& what) const {
+    if (r < 0) fail(what + hdf5_reason());
+  }
+  H5Handle copy_type(hid_t predefined) const {
+    return own(H5Tcopy(predefined), H5Tclose, "cannot copy an HDF5 datatype");
+  }
+  H5Handle plist(hid_t cls, const std::string& what) const {
+    return own(H5Pcreate(cls), H5Pclose, "cannot create " + what);
+  }
+};
+
+// IEEE binary16 as HDF5 fields (sign bit 15, exponent bits 10..14, mantissa 0..9,
+// bias 15); HDF5 1.10 has no predefined half type. h5py builds the same type.
+H5Handle half_type(const H5Ctx& c, bool big_endian) {
+  H5Handle t = c.copy_type(big_endian ? H5T_IEEE_F32BE : H5T_IEEE_F32LE);
+  c.ok(H5Tset_fields(t.get(), 15, 10, 5, 0, 10), "cannot define the float16 type");
+  c.ok(H5Tset_size(t.get(), 2), "cannot define the float16 type");
+  c.ok(H5Tset_ebias(t.get(), 15), "cannot define the float16 type");
+  return t;
+}
+
+H5Handle utf8_string_type(const H5Ctx& c) {
+  H5Handle t = c.copy_type(H5T_C_S1);
+  c.ok(H5Tset_size(t.get(), H5T_VARIABLE), "cannot define the string type");
+  c.ok(H5Tset_cset(t.get(), H5T_CSET_UTF8), "cannot define the string type");
+  return t;
+}
+
+// File and memory datatypes of a tensor dtype.
+H5Handle file_type_of(const H5Ctx& c, DType d) {
+  switch (d) {
+    case DType::F32: return c.copy_type(H5T_IEEE_F32LE);
+    case DType::F16: return half_type(c, false);
+    case DType::I32: return c.copy_type(H5T_STD_I32LE);
+    case DType::U8: return c.copy_type(H5T_STD_U8LE);
+  }
+  c.fail("unknown tensor dtype");
+}
+
+H5Handle memory_type_of(const H5Ctx& c, DType d) {
+  switch (d) {
+    case DType::F32: return c.copy_type(H5T_NATIVE_FLOAT);
+    case DType::F16: return half_type(c, false);
+    case DType::I32: return c.copy_type(H5T_NATIVE_INT32);
+    case DType::U8: return c.copy_type(H5T_NATIVE_UINT8);
+  }
+  c.fail("unknown tensor dtype");
+}
+
+bool type_equals(hid_t a, hid_t b) { return H5Tequal(a, b) > 0; }
+
+std::string describe_type(hid_t t) {
+  const std::size_t bits = H5Tget_size(t) * 8;
+  switch (H5Tget_class(t)) {
+    case H5T_INTEGER:
+      return std::string(H5Tget_sign(t) == H5T_SGN_NONE ? "uint" : "int") + std::to_string(bits);
+    case H5T_FLOAT: return "float" + std::to_string(bits);
+    case H5T_STRING: return "string";
+    case H5T_COMPOUND: return "compound";
+    case H5T_ENUM: return "enum";
+    case H5T_ARRAY: return "array";
+    case H5T_VLEN: return "vlen";
+    case H5T_REFERENCE: return "reference";
+    case H5T_OPAQUE: return "opaque";
+    case H5T_BITFIELD: return "bitfield";
+    default: return "unknown";
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Keys.
+
+std::vector<std::string> split_key(const std::string& key) {
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t slash = key.find('/', start);
+    parts.push_back(key.substr(start, slash - start));
+    if (slash == std::string::npos) break;
+    start = slash + 1;
+  }
+  return parts;
+}
+
+void check_name(const std::string& path, const std::string& what, const std::string& key) {
+  for (const std::string& part : split_key(key)) {
+    if (part.empty() || part == "." || part.find('\0') != std::string::npos)
+      fail(path, what + " '" + key + "' is not a valid key (empty, '.' or NUL in a '/'-separated part)");
+  }
+}
+
+bool starts_with(const std::string& s, const char* prefix) {
+  return s.compare(0, std::strlen(prefix), prefix) == 0;
+}
+
+// Renames keys of one group; two keys becoming one is an error rather than a silent loss.
+template <class V>
+std::map<std::string, V> rename_keys(const std::string& path, const std::string& group,
+                                     const std::map<std::string, V>& in,
+                                     std::string (*rename)(const std::string&)) {
+  std::map<std::string, V> out;
+  std::map<std::string, std::string> origin;
+  for (const auto& [key, value] : in) {
+    const std::string name = rename(key);
+    auto [it, fresh] = origin.emplace(name, key);
+    if (!fresh)
+      fail(path, group + " keys '" + it->second + "' and '" + key + "' both become '" + name +
+                     "' once wrapper prefixes are stripped");
+    out.emplace(name, value);
+  }
+  return out;
+}
+
+std::string normalise_optimizer_key(const std::string& key) {
+  const std::size_t slash = key.rfind('/');
+  if (slash == std::string::npos) return key;  // hyperparameters: "lr", "name"
+  return key.substr(0, slash + 1) + strip_wrapper_prefixes(key.substr(slash + 1));
+}
+
+void normalise_keys(const std::string& path, std::map<std::string, StateDict>& groups) {
+  if (auto it = groups.find("model"); it != groups.end()) {
+    it->second.tensors = rename_keys(path, "model", it->second.tensors, strip_wrapper_prefixes);
+    it->second.scalars = rename_keys(path, "model", it->second.scalars, strip_wrapper_prefixes);
+  }
+  if (auto it = groups.find("optimizer"); it != groups.end()) {
+    it->second.tensors = rename_keys(path, "optimizer", it->second.tensors, normalise_optimizer_key);
+    it->second.scalars = rename_keys(path, "optimizer", it->second.scalars, normalise_optimizer_key);
+  }
+}
+
+bool is_series(const Scalar& s) { return std::holds_alternative<std::vector<double>>(s); }
+
+// A key names either a dataset (tensor, series) or an attribute; its '/'-prefixes name
+// groups. A dataset key that is also a group prefix cannot be stored.
+void check_group_keys(const std::string& path, const std::string& group, const StateDict& d) {
+  std::set<std::string> datasets, prefixes;
+  auto add = [&](const std::string& key, bool dataset) {
+    check_name(path, group + " key", key);
+    if (dataset) datasets.insert(key);
+    for (std::size_t slash = key.find('/'); slash != std::string::npos; slash = key.find('/', slash + 1))
+      prefixes.insert(key.substr(0, slash));
+  };
+  for (const auto& [key, t] : d.tensors) {
+    add(key, true);
+    if (d.scalars.count(key)) fail(path, group + " key '" + key + "' is both a tensor and a scalar");
+  }
+  for (const auto& [key, s] : d.scalars) add(key, is_series(s));
+  for (const std::string& key : datasets)
+    if (prefixes.count(key))
+      fail(path, group + " key '" + key + "' is a dataset and also the group of other keys ('" + key + "/...')");
+}
+
+void check_no_nul(const std::string& path, const std::string& what, const std::string& text) {
+  if (text.find('\0') != std::string::npos) fail(path, what + " contains a NUL character");
+}
+
+void check_for_save(const std::string& path, const Checkpoint& ckpt, bool require_groups) {
+  if (ckpt.meta.saved_on.empty()) fail(path, "meta.saved_on is empty; set it to the training device (\"cpu\", \"cuda:0\")");
+  check_no_nul(path, "meta.saved_on", ckpt.meta.saved_on);
+  check_no_nul(path, "config_json", ckpt.config_json);
+  if (require_groups)
+    for (const std::string& g : checkpoint_required_groups())
+      if (!ckpt.groups.count(g)) fail(path, "checkpoint has no '" + g + "' group");
+  for (const auto& [group, d] : ckpt.groups) {
+    if (group.empty() || group == "." || group.find_first_of(std::string("/\0", 2)) != std::string::npos)
+      fail(path, "group name '" + group + "' is not valid");
+    check_group_keys(path, group, d);
+    for (const auto& [key, t] : d.tensors) {
+      const std::string where = group + "/" + key;
+      if (!t.defined()) fail(path, "tensor " + where + " is undefined");
+      if (t.rank() > kMaxRank) fail(path, "tensor " + where + " has rank " + std::to_string(t.rank()) + " (at most 8)");
+      if (static_cast<uint64_t>(t.numel()) > kMaxElements)
+        fail(path, "tensor " + where + " has more than 2^31 elements");
+    }
+    for (const auto& [key, s] : d.scalars) {
+      if (auto text = std::get_if<std::string>(&s)) check_no_nul(path, "scalar " + group + "/" + key, *text);
+      if (auto series = std::get_if<std::vector<double>>(&s))
+        if (series->size() > kMaxElements) fail(path, "series " + group + "/" + key + " is too long");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Writing the HDF5 image.
+
+std::string unique_image_name(const char* role) {
+  // The core driver never touches this name on disk; it only has to be unique among
+  // the files HDF5 has open in this process.
+  static std::atomic<unsigned long> counter{0};
+  return std::string("engine-checkpoint-") + role + "-" + std::to_string(getpid()) + "-" +
+         std::to_string(counter++);
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+class ImageWriter {
+ public:
+  explicit ImageWriter(const H5Ctx& c) : c_(c) {
+    scalar_space_ = c_.own(H5Screate(H5S_SCALAR), H5Sclose, "cannot create a dataspace");
+    string_type_ = utf8_string_type(c_);
+    // No modification times: the same state gives the same bytes.
+    gcpl_ = c_.plist(H5P_GROUP_CREATE, "a group property list");
+    c_.ok(H5Pset_obj_track_times(gcpl_.get(), 0), "cannot configure groups");
+    dcpl_ = c_.plist(H5P_DATASET_CREATE, "a dataset property list");
+    c_.ok(H5Pset_obj_track_times(dcpl_.get(), 0), "cannot configure datasets");
+  }
+
+  H5Handle create_group(hid_t parent, const std::string& name, const std::string& where) {
+    return c_.own(H5Gcreate2(parent, name.c_str(), H5P_DEFAULT, gcpl_.get(), H5P_DEFAULT), H5Gclose,
+                  "cannot create group " + where);
+  }
+
+  // Opens (creating as needed) the group holding `key` below `group`; returns the leaf name.
+  H5Handle parent_of(hid_t group, const std::string& where, const std::string& key, std::string& leaf) {
+    std::vector<std::string> parts = split_key(key);
+    leaf = parts.back();
+    parts.pop_back();
+    H5Handle cur = c_.own(H5Gopen2(group, ".", H5P_DEFAULT), H5Gclose, "cannot open group " + where);
+    std::string at = where;
+    for (const std::string& part : parts) {
+      at += "/" + part;
+      const htri_t exists = H5Lexists(cur.get(), part.c_str(), H5P_DEFAULT);
+      c_.ok(exists, "cannot look up " + at);
+      cur = exists > 0 ? c_.own(H5Gopen2(cur.get(), part.c_str(), H5P_DEFAULT), H5Gclose, "cannot open group " + at)
+                       : create_group(cur.get(), part, at);
+    }
+    return cur;
+  }
+
+  void write_attribute(hid_t obj, const std::string& name, const Scalar& s, const std::string& where) {
+    hid_t ftype = -1, mtype = -1;
+    const void* data = nullptr;
+    const char* text = nullptr;
+    if (auto i = std::get_if<int64_t>(&s)) {
+      ftype = H5T_STD_I64LE;
+      mtype = H5T_NATIVE_INT64;
+      data = i;
+    } else if (auto d = std::get_if<double>(&s)) {
+      ftype = H5T_IEEE_F64LE;
+      mtype = H5T_NATIVE_DOUBLE;
+      data = d;
+    } else if (auto str = std::get_if<std::string>(&s)) {
+      text = str->c_str();
+      ftype = mtype = string_type_.get();
+      data = &text;
+    } else {
+      c_.fail("series " + where + " cannot be an attribute");
+    }
+    H5Handle attr = c_.own(H5Acreate2(obj, name.c_str(), ftype, scalar_space_.get(), H5P_DEFAULT, H5P_DEFAULT),
+                           H5Aclose, "cannot create attribute " + where);
+    c_.ok(H5Awrite(attr.get(), mtype, data), "cannot write attribute " + where);
+  }
+
+  H5Handle write_dataset(hid_t parent, const std::string& name, hid_t ftype, hid_t mtype, const Shape& shape,
+                         const void* data, const std::string& where) {
+    H5Handle space;
+    if (shape.empty()) {
+      space = c_.own(H5Screate(H5S_SCALAR), H5Sclose, "cannot create the dataspace of " + where);
+    } else {
+      const std::vector<hsize_t> dims(shape.begin(), shape.end());
+      space = c_.own(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose,
+                     "cannot create the dataspace of " + where);
+    }
+    H5Handle dset = c_.own(H5Dcreate2(parent, name.c_str(), ftype, space.get(), H5P_DEFAULT, dcpl_.get(), H5P_DEFAULT),
+                           H5Dclose, "cannot create dataset " + where);
+    if (shape_numel(shape) > 0)
+      c_.ok(H5Dwrite(dset.get(), mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "cannot write dataset " + where);
+    return dset;
+  }
+
+  void write_group(hid_t root, const std::string& group, const StateDict& d) {
+    const std::string gpath = "/" + group;
+    H5Handle g = create_group(root, group, gpath);
+    for (const auto& [key, s] : d.scalars) {
+      std::string leaf;
+      H5Handle parent = parent_of(g.get(), gpath, key, leaf);
+      const std::string where = gpath + "/" + key;
+      if (auto series = std::get_if<std::vector<double>>(&s)) {
+        H5Handle dset = write_dataset(parent.get(), leaf, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
+                                      {static_cast<int64_t>(series->size())}, series->data(), where);
+        write_attribute(dset.get(), "kind", std::string("series"), where + "@kind");
+      } else {
+        write_attribute(parent.get(), leaf, s, where);
+      }
+    }
+    for (const auto& [key, tensor] : d.tensors) {
+      std::string leaf;
+      H5Handle parent = parent_of(g.get(), gpath, key, leaf);
+      const Tensor host = tensor.device().is_cpu() ? tensor : tensor.to(Device::cpu());
+      H5Handle ftype = file_type_of(c_, host.dtype());
+      H5Handle mtype = memory_type_of(c_, host.dtype());
+      write_dataset(parent.get(), leaf, ftype.get(), mtype.get(), host.shape(), host.raw(), gpath + "/" + key);
+    }
+  }
+
+  void write_raw(hid_t root, const checkpoint_testing::RawDataset& raw) {
+    const std::size_t slash = raw.path.rfind('/');
+    H5Handle parent = c_.own(H5Gopen2(root, slash == 0 ? "/" : raw.path.substr(0, slash).c_str(), H5P_DEFAULT),
+                             H5Gclose, "cannot open the parent of " + raw.path);
+    H5Handle ftype;
+    if (raw.type == "float32") ftype = c_.copy_type(H5T_IEEE_F32LE);
+    else if (raw.type == "float64") ftype = c_.copy_type(H5T_IEEE_F64LE);
+    else if (raw.type == "int64") ftype = c_.copy_type(H5T_STD_I64LE);
+    else if (raw.type == "int16") ftype = c_.copy_type(H5T_STD_I16LE);
+    else if (raw.type == "uint8") ftype = c_.copy_type(H5T_STD_U8LE);
+    else if (raw.type == "string") ftype = utf8_string_type(c_);
+    else c_.fail("unknown raw dataset type " + raw.type);
+    const std::vector<hsize_t> dims(raw.dims.begin(), raw.dims.end());
+    H5Handle space;
+    if (dims.empty())
+      space = c_.own(H5Screate(H5S_SCALAR), H5Sclose, "cannot create a dataspace");
+    else
+      space = c_.own(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose,
+                     "cannot create the dataspace of " + raw.path);
+    // Chunked and never written: HDF5 allocates nothing, so any shape costs nothing.
+    H5Handle dcpl = c_.plist(H5P_DATASET_CREATE, "a dataset property list");
+    const bool has_zero = std::find(dims.begin(), dims.end(), 0) != dims.end();
+    if (!dims.empty() && !has_zero) {
+      const std::vector<hsize_t> chunk(dims.size(), 1);
+      c_.ok(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), "cannot set chunking");
+    }
+    H5Handle dset = c_.own(H5Dcreate2(parent.get(), raw.path.substr(slash + 1).c_str(), ftype.get(), space.get(),
+                                      H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                           H5Dclose, "cannot create dataset " + raw.path);
+    if (raw.series_kind) write_attribute(dset.get(), "kind", std::string("series"), raw.path + "@kind");
+  }
+
+ private:
+  const H5Ctx& c_;
+  H5Handle scalar_space_, string_type_, gcpl_, dcpl_;
+};
+
+std::vector<unsigned char> build_image(const H5Ctx& c, const Checkpoint& ckpt,
+                                       const checkpoint_testing::Tamper& tamper) {
+  H5Handle fcpl = c.plist(H5P_FILE_CREATE, "a file property list");
+  if (!tamper.plain_hdf5) c.ok(H5Pset_userblock(fcpl.get(), kUserBlockBytes), "cannot reserve the user block");
+  H5Handle fapl = c.plist(H5P_FILE_ACCESS, "a file access property list");
+  c.ok(H5Pset_fapl_core(fapl.get(), kCoreIncrement, 0), "cannot select the in-memory driver");
+  H5Handle file = c.own(H5Fcreate(unique_image_name("save").c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()),
+                        H5Fclose, "cannot create the in-memory HDF5 file");
+  std::vector<unsigned char> image;
+  {
+    ImageWriter w(c);
+    H5Handle root = c.own(H5Gopen2(file.get(), "/", H5P_DEFAULT), H5Gclose, "cannot open the root group");
+    const std::map<std::string, Scalar> attrs = {
+        {"format", std::string(kFormatName)},
+        {"format_version", tamper.format_version},
+        {"engine_version", std::string(ENGINE_VERSION)},
+        {"created_utc", utc_now()},
+        {"saved_on", ckpt.meta.saved_on},
+        {"config", ckpt.config_json},
+    };
+    auto omitted = [](const std::vector<std::string>& list, const std::string& name) {
+      return std::find(list.begin(), list.end(), name) != list.end();
+    };
+    for (const char* name : kRootAttributes)
+      if (!omitted(tamper.omit_root_attributes, name)) w.write_attribute(root.get(), name, attrs.at(name), std::string("/@") + name);
+    for (const auto& [group, d] : ckpt.groups)
+      if (!omitted(tamper.omit_groups, group)) w.write_group(root.get(), group, d);
+    for (const auto& raw : tamper.raw_datasets) w.write_raw(root.get(), raw);
+
+    c.ok(H5Fflush(file.get(), H5F_SCOPE_LOCAL), "cannot flush the in-memory HDF5 file");
+    // The image starts at the superblock: the user block is not part of it, but the
+    // superblock records it, so the header must be prepended, not patched in.
+    const ssize_t size = H5Fget_file_image(file.get(), nullptr, 0);
+    if (size <= 0) c.fail("cannot get the HDF5 file image" + hdf5_reason());
+    const std::size_t offset = tamper.plain_hdf5 ? 0 : kUserBlockBytes;
+    image.resize(offset + static_cast<std::size_t>(size));
+    if (H5Fget_file_image(file.get(), image.data() + offset, static_cast<std::size_t>(size)) != size)
+      c.fail("cannot get the HDF5 file image" + hdf5_reason());
+  }
+  return image;
+}
+
+// ---------------------------------------------------------------------------------
+// The integrity header in the user block (layout in docs/checkpoint-format.md).
+
+void seal(std::vector<unsigned char>& image, int64_t format_version) {
+  const std::size_t payload = image.size() - kUserBlockBytes;
+  std::string text = kMagic;
+  text += "format_version " + std::to_string(format_version) + "\n";
+  text += "userblock_bytes " + std::to_string(kUserBlockBytes) + "\n";
+  text += "payload_bytes " + std::to_string(payload) + "\n";
+  text += "payload_crc32 " + hex32(crc32_of(image.data() + kUserBlockBytes, payload)) + "\n";
+  text += "header_crc32 " + hex32(crc32_of(reinterpret_cast<const unsigned char*>(text.data()), text.size())) + "\n";
+  std::fill(image.begin(), image.begin() + kUserBlockBytes, 0);
+  std::copy(text.begin(), text.end(), image.begin());
+}
+
+struct Header {
+  int64_t format_version = 0;
+};
+
+bool parse_u64(const std::string& s, uint64_t& out) {
+  if (s.empty() || s.size() > 19 || s.find_first_not_of("0123456789") != std::string::npos) return false;
+  out = std::stoull(s);
+  return true;
+}
+
+bool parse_hex32(const std::string& s, uint32_t& out) {
+  if (s.size() != 8 || s.find_first_not_of("0123456789abcdef") != std::string::npos) return false;
+  out = static_cast<uint32_t>(std::stoul(s, nullptr, 16));
+  return true;
+}
+
+int bit_distance(const unsigned char* a, const char* b, std::size_t n) {
+  int bits = 0;
+  for (std::size_t i = 0; i < n; ++i) bits += __builtin_popcount(static_cast<unsigned>(a[i] ^ static_cast<unsigned char>(b[i])));
+  return bits;
+}
+
+// Everything before HDF5 sees a byte: magic, header checksum, version, length, payload
+// checksum, in that order so each refusal names the real problem.
+Header check_integrity(const std::string& path, const std::vector<unsigned char>& file) {
+  const std::size_t size = file.size();
+  if (size == 0) fail(path, "truncated: the file is empty");
+  if (std::memcmp(file.data(), kMagic, std::min(size, kMagicBytes)) != 0) {
+    if (size >= 8 && std::memcmp(file.data(), kHdf5Signature, 8) == 0)
+      fail(path, "not an engine checkpoint: a plain HDF5 file without the engine header");
+    // One or two flipped bits in the magic are damage, not a foreign file.
+    if (size >= kMagicBytes && bit_distance(file.data(), kMagic, kMagicBytes) <= 2)
+      fail(path, corrupt("damaged magic at the start of the file"));
+    fail(path, "not an engine checkpoint (wrong magic; expected a file written by save_checkpoint)");
+  }
+  if (size < kUserBlockBytes)
+    fail(path, "truncated: " + std::to_string(size) + " bytes, shorter than the " +
+                   std::to_string(kUserBlockBytes) + "-byte header");
+
+  const unsigned char* block = file.data();
+  const std::size_t text_end = std::find(block, block + kUserBlockBytes, 0) - block;
+  for (std::size_t i = text_end; i < kUserBlockBytes; ++i)
+    if (block[i] != 0) fail(path, corrupt("non-zero byte at offset " + std::to_string(i) + " of the header padding"));
+  const std::string text(reinterpret_cast<const char*>(block), text_end);
+  if (text.empty() || text.back() != '\n') fail(path, corrupt("header text is not terminated"));
+  const std::size_t last = text.rfind('\n', text.size() - 2) + 1;
+  const std::string crc_line = text.substr(last, text.size() - 1 - last);
+  uint32_t header_crc = 0;
+  if (crc_line.compare(0, 13, "header_crc32 ") != 0 || !parse_hex32(crc_line.substr(13), header_crc))
+    fail(path, corrupt("header has no valid header_crc32 line"));
+  const uint32_t actual_header_crc = crc32_of(block, last);
+  if (actual_header_crc != header_crc)
+    fail(path, corrupt("header crc32 is " + hex32(actual_header_crc) + ", recorded " + hex32(header_crc)));
+
+  std::map<std::string, std::string> fields;
+  std::istringstream lines(text.substr(kMagicBytes, last - kMagicBytes));
+  for (std::string line; std::getline(lines, line);) {
+    const std::size_t space = line.find(' ');
+    if (space == std::string::npos || !fields.emplace(line.substr(0, space), line.substr(space + 1)).second)
+      fail(path, corrupt("malformed header line '" + line + "'"));
+  }
+  uint64_t version = 0;
+  if (!fields.count("format_version") || !parse_u64(fields["format_version"], version))
+    fail(path, corrupt("header has no valid format_version"));
+  if (version > static_cast<uint64_t>(kCheckpointFormatVersion))
+    fail(path, "format_version " + std::to_string(version) + " is newer than this engine supports (" +
+                   std::to_string(kCheckpointFormatVersion) + "); upgrade the engine");
+  if (version < 1) fail(path, "format_version " + std::to_string(version) + " is not a valid version");
+
+  uint64_t userblock = 0, payload = 0;
+  uint32_t payload_crc = 0;
+  if (!fields.count("userblock_bytes") || !parse_u64(fields["userblock_bytes"], userblock) ||
+      userblock != kUserBlockBytes || !fields.count("payload_bytes") || !parse_u64(fields["payload_bytes"], payload) ||
+      !fields.count("payload_crc32") || !parse_hex32(fields["payload_crc32"], payload_crc))
+    fail(path, corrupt("header lacks userblock_bytes, payload_bytes or payload_crc32"));
+  const uint64_t expected = kUserBlockBytes + payload;
+  if (size < expected)
+    fail(path, "truncated: " + std::to_string(size) + " bytes, the header records " + std::to_string(expected));
+  if (size > expected)
+    fail(path, "length mismatch (file is corrupt): " + std::to_string(size) + " bytes, the header records " +
+                   std::to_string(expected));
+  const uint32_t actual = crc32_of(block + kUserBlockBytes, payload);
+  if (actual != payload_crc)
+    fail(path, corrupt("crc32 of the HDF5 payload is " + hex32(actual) + ", recorded " + hex32(payload_crc)));
+  return Header{static_cast<int64_t>(version)};
+}
+
+// ---------------------------------------------------------------------------------
+// Reading.
+
+std::vector<unsigned char> read_whole_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (fstat(fd, &st) != 0) fail(path, std::string("cannot stat: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
+  std::vector<unsigned char> bytes(static_cast<std::size_t>(st.st_size));
+  std::size_t got = 0;
+  while (true) {
+    if (got == bytes.size()) bytes.resize(bytes.size() + 65536);  // the file grew meanwhile
+    const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(path, std::string("cannot read: ") + std::strerror(errno));
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  bytes.resize(got);
+  return bytes;
+}
+
+// Opens verified bytes as an HDF5 file in memory, so the disk is read only once.
+H5Handle open_image(const H5Ctx& c, std::vector<unsigned char>& bytes) {
+  H5Handle fapl = c.plist(H5P_FILE_ACCESS, "a file access property list");
+  c.ok(H5Pset_fapl_core(fapl.get(), kCoreIncrement, 0), "cannot select the in-memory driver");
+  c.ok(H5Pset_file_image(fapl.get(), bytes.data(), bytes.size()), "cannot hand the file image to HDF5");
+  std::vector<unsigned char>().swap(bytes);  // the property list holds its own copy
+  return c.own(H5Fopen(unique_image_name("load").c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose,
+               "not a readable HDF5 file");
+}
+
+herr_t collect_attribute_name(hid_t, const char* name, const H5A_info_t*, void* out) {
+  try {
+    static_cast<std::vector<std::string>*>(out)->push_back(name);
+    return 0;
+  } catch (...) {
+    return -1;
+  }
+}
+
+class ImageReader {
+ public:
+  explicit ImageReader(const H5Ctx& c) : c_(c), half_le_(half_type(c, false)), half_be_(half_type(c, true)) {}
+
+  std::vector<std::string> attribute_names(hid_t obj, const std::string& where) {
+    std::vector<std::string> names;
+    c_.ok(H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_attribute_name, &names),
+          "cannot list the attributes of " + where);
+    return names;
+  }
+
+  std::string read_string(hid_t attr, hid_t ftype, const std::string& where) {
+    H5Handle mtype = c_.own(H5Tget_native_type(ftype, H5T_DIR_DEFAULT), H5Tclose, "cannot read string " + where);
+    const htri_t variable = H5Tis_variable_str(ftype);
+    c_.ok(variable, "cannot read string " + where);
+    if (variable > 0) {
+      char* p = nullptr;
+      c_.ok(H5Aread(attr, mtype.get(), &p), "cannot read string " + where);
+      std::string s = p ? p : "";
+      H5free_memory(p);
+      return s;
+    }
+    std::string s(H5Tget_size(ftype), '\0');
+    c_.ok(H5Aread(attr, mtype.get(), s.data()), "cannot read string " + where);
+    s.resize(std::strlen(s.c_str()));
+    return s;
+  }
+
+  Scalar read_attribute(hid_t obj, const std::string& name, const std::string& where) {
+    H5Handle attr = c_.own(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose, "cannot open attribute " + where);
+    H5Handle space = c_.own(H5Aget_space(attr.get()), H5Sclose, "cannot read attribute " + where);
+    if (H5Sget_simple_extent_type(space.get()) != H5S_SCALAR)
+      c_.fail("attribute " + where + " is not a single value (only scalar attributes are allowed)");
+    H5Handle ftype = c_.own(H5Aget_type(attr.get()), H5Tclose, "cannot read attribute " + where);
+    const H5T_class_t cls = H5Tget_class(ftype.get());
+    const std::size_t size = H5Tget_size(ftype.get());
+    if (cls == H5T_INTEGER && (size < 8 || H5Tget_sign(ftype.get()) == H5T_SGN_2)) {
+      int64_t v = 0;
+      c_.ok(H5Aread(attr.get(), H5T_NATIVE_INT64, &v), "cannot read attribute " + where);
+      return v;
+    }
+    if (cls == H5T_FLOAT && (type_equals(ftype.get(), H5T_IEEE_F64LE) || type_equals(ftype.get(), H5T_IEEE_F64BE) ||
+                             type_equals(ftype.get(), H5T_IEEE_F32LE) || type_equals(ftype.get(), H5T_IEEE_F32BE))) {
+      double v = 0;
+      c_.ok(H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &v), "cannot read attribute " + where);
+      return v;
+    }
+    if (cls == H5T_STRING) return read_string(attr.get(), ftype.get(), where);
+    c_.fail("attribute " + where + " has unsupported type " + describe_type(ftype.get()) +
+            " (supported: int64, float64, string)");
+  }
+
+  // Reads one group into `out`; `prefix` is the key prefix of its contents ("" or "step/").
+  void read_group(hid_t g, const std::string& where, const std::string& prefix, StateDict& out, int depth) {
+    if (depth > kMaxNesting) c_.fail("groups below " + where + " are nested more than 16 deep");
+    for (const std::string& name : attribute_names(g, where)) {
+      const std::string key = prefix + name;
+      out.scalars.emplace(key, read_attribute(g, name, where + "@" + name));
+    }
+    H5G_info_t info{};
+    c_.ok(H5Gget_info(g, &info), "cannot read group " + where);
+    for (hsize_t i = 0; i < info.nlinks; ++i) {
+      const std::string name = link_name(g, i, where);
+      const std::string at = where + "/" + name;
+      H5Handle obj = open_hard_link(g, name, at);
+      const std::string key = prefix + name;
+      switch (H5Iget_type(obj.get())) {
+        case H5I_GROUP: read_group(obj.get(), at, key + "/", out, depth + 1); break;
+        case H5I_DATASET: read_dataset(obj.get(), at, key, out); break;
+        default: c_.fail(at + " is neither a group nor a dataset");
+      }
+    }
+  }
+
+  std::string link_name(hid_t g, hsize_t i, const std::string& where) {
+    const ssize_t n = H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+    if (n < 0) c_.fail("cannot list group " + where + hdf5_reason());
+    std::string name(static_cast<std::size_t>(n) + 1, '\0');
+    if (H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(), H5P_DEFAULT) < 0)
+      c_.fail("cannot list group " + where + hdf5_reason());
+    name.resize(static_cast<std::size_t>(n));
+    return name;
+  }
+
+  // Soft and external links could point anywhere (other files included), and an object
+  // linked twice could make the walk loop; neither is ever written by the engine.
+  H5Handle open_hard_link(hid_t g, const std::string& name, const std::string& at) {
+    H5L_info_t link{};
+    c_.ok(H5Lget_info(g, name.c_str(), &link, H5P_DEFAULT), "cannot read link " + at);
+    if (link.type != H5L_TYPE_HARD) c_.fail(at + " is a soft or external link (only plain objects are allowed)");
+    H5Handle obj = c_.own(H5Oopen(g, name.c_str(), H5P_DEFAULT), H5Oclose, "cannot open " + at);
+#if H5_VERSION_GE(1, 12, 0)
+    H5O_info2_t oinfo{};
+    c_.ok(H5Oget_info3(obj.get(), &oinfo, H5O_INFO_BASIC), "cannot inspect " + at);
+#else
+    H5O_info_t oinfo{};
+    c_.ok(H5Oget_info2(obj.get(), &oinfo, H5O_INFO_BASIC), "cannot inspect " + at);
+#endif
+    if (oinfo.rc != 1) c_.fail(at + " is linked more than once");
+    return obj;
+  }
+
+  void read_dataset(hid_t d, const std::string& at, const std::string& key, StateDict& out) {
+    bool series = false;
+    const htri_t has_kind = H5Aexists(d, "kind");
+    c_.ok(has_kind, "cannot read " + at);
+    if (has_kind > 0) {
+      const Scalar kind = read_attribute(d, "kind", at + "@kind");
+      if (!std::holds_alternative<std::string>(kind) || std::get<std::string>(kind) != "series")
+        c_.fail(at + " has an unknown kind attribute (only \"series\" is defined)");
+      series = true;
+    }
+
+    // Data kept outside this file would be read from wherever it points.
+    H5Handle dcpl = c_.own(H5Dget_create_plist(d), H5Pclose, "cannot read the layout of " + at);
+    const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+    if (layout != H5D_CONTIGUOUS && layout != H5D_CHUNKED && layout != H5D_COMPACT)
+      c_.fail(at + " has an unsupported storage layout (virtual or unknown)");
+    if (H5Pget_external_count(dcpl.get()) != 0) c_.fail(at + " keeps its data in external files");
+
+    const Shape shape = read_shape(d, at);
+    const int64_t numel = shape_numel(shape);
+    H5Handle ftype = c_.own(H5Dget_type(d), H5Tclose, "cannot read the type of " + at);
+    H5Handle mtype;
+    DType dtype = DType::F32;
+    if (series) {
+      if (!type_equals(ftype.get(), H5T_IEEE_F64LE) && !type_equals(ftype.get(), H5T_IEEE_F64BE))
+        c_.fail(at + " is a series of " + describe_type(ftype.get()) + " (series are float64)");
+      if (shape.size() != 1) c_.fail(at + " is a series of rank " + std::to_string(shape.size()) + " (series are 1-D)");
+    } else {
+      mtype = tensor_memory_type(ftype.get(), dtype);
+      if (mtype.get() < 0)
+        c_.fail(at + " has unsupported dtype " + describe_type(ftype.get()) +
+                " (supported: float32, float16, int32, uint8)");
+    }
+    if (numel > 0) {
+      H5D_space_status_t status{};
+      c_.ok(H5Dget_space_status(d, &status), "cannot read " + at);
+      if (status == H5D_SPACE_STATUS_NOT_ALLOCATED) c_.fail(at + " has no stored data");
+    }
+    if (out.scalars.count(key) || out.tensors.count(key)) c_.fail(at + " repeats key '" + key + "'");
+
+    if (series) {
+      std::vector<double> values(static_cast<std::size_t>(numel));
+      if (numel > 0)
+        c_.ok(H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "cannot read " + at);
+      out.scalars.emplace(key, std::move(values));
+    } else {
+      Tensor t = Tensor::empty(shape, dtype, Device::cpu());
+      if (numel > 0) c_.ok(H5Dread(d, mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()), "cannot read " + at);
+      out.tensors.emplace(key, std::move(t));
+    }
+  }
+
+  // The shape, refused before anything is allocated if absurd.
+  Shape read_shape(hid_t d, const std::string& at) {
+    H5Handle space = c_.own(H5Dget_space(d), H5Sclose, "cannot read the shape of " + at);
+    const H5S_class_t cls = H5Sget_simple_extent_type(space.get());
+    if (cls == H5S_SCALAR) return {};
+    if (cls != H5S_SIMPLE) c_.fail(at + " has no shape (null dataspace)");
+    const int rank = H5Sget_simple_extent_ndims(space.get());
+    if (rank < 0) c_.fail("cannot read the shape of " + at + hdf5_reason());
+    if (rank > kMaxRank) c_.fail(at + " has rank " + std::to_string(rank) + " (at most 8)");
+    std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+    c_.ok(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), "cannot read the shape of " + at);
+    std::string text = "[";
+    for (std::size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(dims[i]);
+    text += "]";
+    uint64_t total = 1;
+    for (hsize_t dim : dims) {
+      if (dim > static_cast<hsize_t>(INT64_MAX)) c_.fail(at + " has a negative dimension in " + text);
+      if (dim > kMaxElements) c_.fail(at + " has shape " + text + ", more than 2^31 elements");
+      total *= dim;  // both factors are at most 2^31: no overflow
+      if (total > kMaxElements) c_.fail(at + " has shape " + text + ", more than 2^31 elements");
+    }
+    return Shape(dims.begin(), dims.end());
+  }
+
+  // Memory type to read a tensor dataset with, or an invalid handle if unsupported.
+  H5Handle tensor_memory_type(hid_t ftype, DType& dtype) {
+    const H5T_class_t cls = H5Tget_class(ftype);
+    const std::size_t size = H5Tget_size(ftype);
+    if (type_equals(ftype, H5T_IEEE_F32LE) || type_equals(ftype, H5T_IEEE_F32BE)) {
+      dtype = DType::F32;
+    } else if (type_equals(ftype, half_le_.get()) || type_equals(ftype, half_be_.get())) {
+      dtype = DType::F16;
+    } else if (cls == H5T_INTEGER && size == 4 && H5Tget_sign(ftype) == H5T_SGN_2) {
+      dtype = DType::I32;
+    } else if (cls == H5T_INTEGER && size == 1 && H5Tget_sign(ftype) == H5T_SGN_NONE) {
+      dtype = DType::U8;
+    } else {
+      return H5Handle();
+    }
+    return memory_type_of(c_, dtype);
+  }
+
+ private:
+  const H5Ctx& c_;
+  H5Handle half_le_, half_be_;
+};
+
+std::string require_string(const H5Ctx& c, const Scalar& s, const char* name) {
+  if (auto p = std::get_if<std::string>(&s)) return *p;
+  c.fail(std::string("root attribute ") + name + " is " + scalar_kind(s) + ", expected string");
+}
+
+// Upgrades from older layouts, keyed by the version they upgrade from. Version 1 is the
+// first, so there are none yet; a layout change adds one here (see the format doc).
+using Upgrade = void (*)(Checkpoint&);
+const std::map<int64_t, Upgrade>& upgrades() {
+  static const std::map<int64_t, Upgrade> table;
+  return table;
+}
+
+Checkpoint read_checkpoint(const H5Ctx& c, hid_t file, const Header& header) {
+  ImageReader r(c);
+  H5Handle root = c.own(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose, "cannot open the root group");
+  std::map<std::string, Scalar> attrs;
+  for (const char* name : kRootAttributes) {
+    const htri_t exists = H5Aexists(root.get(), name);
+    c.ok(exists, std::string("cannot read root attribute ") + name);
+    if (exists == 0) c.fail(std::string("missing root attribute '") + name + "'");
+    attrs.emplace(name, r.read_attribute(root.get(), name, std::string("/@") + name));
+  }
+  const std::string format = require_string(c, attrs["format"], "format");
+  if (format != kFormatName) c.fail("root attribute format is '" + format + "', expected '" + kFormatName + "'");
+  const int64_t* version = std::get_if<int64_t>(&attrs["format_version"]);
+  if (!version) c.fail("root attribute format_version is not an int64");
+  if (*version != header.format_version)
+    c.fail(corrupt("format_version is " + std::to_string(header.format_version) + " in the header but " +
+                   std::to_string(*version) + " in the root attribute"));
+
+  Checkpoint ckpt;
+  ckpt.meta.format_version = *version;
+  ckpt.meta.engine_version = require_string(c, attrs["engine_version"], "engine_version");
+  ckpt.meta.created_utc = require_string(c, attrs["created_utc"], "created_utc");
+  ckpt.meta.saved_on = require_string(c, attrs["saved_on"], "saved_on");
+  ckpt.config_json = require_string(c, attrs["config"], "config");
+
+  for (const std::string& g : checkpoint_required_groups()) {
+    const htri_t exists = H5Lexists(root.get(), g.c_str(), H5P_DEFAULT);
+    c.ok(exists, "cannot look up group /" + g);
+    if (exists == 0) c.fail("missing group /" + g);
+  }
+  H5G_info_t info{};
+  c.ok(H5Gget_info(root.get(), &info), "cannot read the root group");
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    const std::string name = r.link_name(root.get(), i, "");
+    H5Handle obj = r.open_hard_link(root.get(), name, "/" + name);
+    if (H5Iget_type(obj.get()) != H5I_GROUP) c.fail("/" + name + " is not a group (only groups belong at the root)");
+    r.read_group(obj.get(), "/" + name, "", ckpt.groups[name], 1);
+  }
+  normalise_keys(c.path, ckpt.groups);
+  for (int64_t v = *version; v < kCheckpointFormatVersion; ++v) {
+    auto it = upgrades().find(v);
+    if (it == upgrades().end()) c.fail("no upgrade from format_version " + std::to_string(v));
+    it->second(ckpt);
+  }
+  return ckpt;
+}
+
+// ---------------------------------------------------------------------------------
+// Atomic write.
+
+// Writes everything or returns false with errno set.
+bool write_fully(int fd, const unsigned char* data, std::size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return false;
+    data += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+void atomic_write(const std::string& path, const std::vector<unsigned char>& bytes) {
+  const std::size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (name.empty()) fail(path, "not a file path");
+  const std::string tmp = (slash == std::string::npos ? "" : path.substr(0, slash + 1)) + "." + name + ".tmp." +
+                          std::to_string(getpid());
+
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0) fail(path, "cannot create temporary file " + tmp + ": " + std::strerror(errno));
+  const char* step = nullptr;
+  int err = 0;
+  if (!write_fully(fd, bytes.data(), bytes.size())) step = "write", err = errno;
+  else if (::fsync(fd) != 0) step = "fsync", err = errno;
+  if (::close(fd) != 0 && !step) step = "close", err = errno;
+  if (!step && ::rename(tmp.c_str(), path.c_str()) != 0) step = "rename", err = errno;
+  if (step) {
+    ::unlink(tmp.c_str());
+    fail(path, std::string("cannot ") + step + " temporary file " + tmp + ": " + std::strerror(err));
+  }
+  // Makes the rename itself durable. Some filesystems cannot fsync a directory; the
+  // new file is in place by now either way.
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) fail(path, "saved, but cannot open directory " + dir + " to fsync it: " + std::strerror(errno));
+  const int rc = ::fsync(dfd);
+  err = errno;
+  ::close(dfd);
+  if (rc != 0 && err != EINVAL && err != ENOTSUP && err != EROFS)
+    fail(path, "saved, but cannot fsync directory " + dir + ": " + std::strerror(err));
+}
+
+void save_impl(const std::string& path, const Checkpoint& ckpt, const checkpoint_testing::Tamper& tamper) {
+  Hdf5Session session;
+  const H5Ctx c{path};
+  check_for_save(path, ckpt, tamper.omit_groups.empty());
+  Checkpoint normalised = ckpt;  // shares tensor storage; only keys change
+  normalise_keys(path, normalised.groups);
+  for (const auto& [group, d] : normalised.groups) check_group_keys(path, group, d);
+  std::vector<unsigned char> image = build_image(c, normalised, tamper);
+  if (!tamper.plain_hdf5) seal(image, tamper.format_version);
+  atomic_write(path, image);
+}
+
+// ---------------------------------------------------------------------------------
+// Inspect and diff.
+
+double half_to_double(uint16_t h) {
+  const int sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  double v;
+  if (exp == 0) v = std::ldexp(man, -24);
+  else if (exp == 31) v = man ? std::nan("") : INFINITY;
+  else v = std::ldexp(man + 1024, exp - 25);
+  return sign ? -v : v;
+}
+
+double element(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::F32: return t.f32()[i];
+    case DType::F16: return half_to_double(static_cast<const uint16_t*>(t.raw())[i]);
+    case DType::I32: return t.i32()[i];
+    case DType::U8: return t.u8()[i];
+  }
+  return 0;
+}
+
+double l2_norm(const Tensor& t) {
+  double sum = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double x = element(t, i);
+    sum += x * x;
+  }
+  return std::sqrt(sum);
+}
+
+std::string scalar_text(const Scalar& s) {
+  if (auto i = std::get_if<int64_t>(&s)) return std::to_string(*i);
+  if (auto d = std::get_if<double>(&s)) return fmt_double(*d);
+  if (auto str = std::get_if<std::string>(&s)) return "\"" + *str + "\"";
+  const auto& v = std::get<std::vector<double>>(s);
+  return std::to_string(v.size()) + " values" + (v.empty() ? "" : ", last " + fmt_double(v.back()));
+}
+
+// Required groups in their documented order, then any others.
+std::vector<std::string> group_order(const std::set<std::string>& present) {
+  std::vector<std::string> order;
+  for (const std::string& g : checkpoint_required_groups())
+    if (present.count(g)) order.push_back(g);
+  for (const std::string& g : present)
+    if (std::find(order.begin(), order.end(), g) == order.end()) order.push_back(g);
+  return order;
+}
+
+std::set<std::string> group_names(const Checkpoint& c) {
+  std::set<std::string> s;
+  for (const auto& kv : c.groups) s.insert(kv.first);
+  return s;
+}
+
+bool same_bits(const void* a, const void* b, std::size_t n) { return n == 0 || std::memcmp(a, b, n) == 0; }
+
+// "identical", or what differs; sets `differs`.
+std::string compare_tensors(const Tensor& a, const Tensor& b, bool& differs) {
+  differs = true;
+  if (a.dtype() != b.dtype() || a.shape() != b.shape())
+    return std::string("mismatch: ") + dtype_name(a.dtype()) + shape_str(a.shape()) + " vs " + dtype_name(b.dtype()) +
+           shape_str(b.shape());
+  if (same_bits(a.raw(), b.raw(), a.nbytes())) {
+    differs = false;
+    return "identical";
+  }
+  const std::size_t esize = dtype_size(a.dtype());
+  const auto* pa = static_cast<const unsigned char*>(a.raw());
+  const auto* pb = static_cast<const unsigned char*>(b.raw());
+  double largest = 0;
+  int64_t count = 0, nan_mismatch = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    if (same_bits(pa + i * esize, pb + i * esize, esize)) continue;
+    ++count;  // includes 0.0 vs -0.0 and NaNs with different payloads
+    const double x = element(a, i), y = element(b, i);
+    if (std::isnan(x) || std::isnan(y)) ++nan_mismatch;
+    else largest = std::max(largest, std::fabs(x - y));
+  }
+  std::string text = "max abs diff " + fmt_short(largest) + " (" + std::to_string(count) + " of " +
+                     std::to_string(a.numel()) + " elements differ";
+  if (nan_mismatch) text += ", " + std::to_string(nan_mismatch) + " involve NaN";
+  return text + ")";
+}
+
+std::string compare_scalars(const Scalar& a, const Scalar& b, bool& differs) {
+  differs = true;
+  if (a.index() != b.index()) return std::string("mismatch: ") + scalar_kind(a) + " vs " + scalar_kind(b);
+  if (auto x = std::get_if<int64_t>(&a)) {
+    const int64_t y = std::get<int64_t>(b);
+    if (*x == y) return differs = false, "identical";
+    return std::to_string(*x) + " vs " + std::to_string(y);
+  }
+  if (auto x = std::get_if<double>(&a)) {
+    const double y = std::get<double>(b);
+    if (same_bits(x, &y, sizeof y)) return differs = false, "identical";
+    return fmt_double(*x) + " vs " + fmt_double(y) + " (abs diff " + fmt_short(std::fabs(*x - y)) + ")";
+  }
+  if (auto x = std::get_if<std::string>(&a)) {
+    if (*x == std::get<std::string>(b)) return differs = false, "identical";
+    return "\"" + *x + "\" vs \"" + std::get<std::string>(b) + "\"";
+  }
+  const auto& va = std::get<std::vector<double>>(a);
+  const auto& vb = std::get<std::vector<double>>(b);
+  if (va.size() != vb.size())
+    return "series length " + std::to_string(va.size()) + " vs " + std::to_string(vb.size());
+  if (same_bits(va.data(), vb.data(), va.size() * sizeof(double))) return differs = false, "identical";
+  double largest = 0;
+  for (std::size_t i = 0; i < va.size(); ++i)
+    if (!std::isnan(va[i]) && !std::isnan(vb[i])) largest = std::max(largest, std::fabs(va[i] - vb[i]));
+  return "series max abs diff " + fmt_short(largest);
+}
+
+}  // namespace
+
+// -----------------------------------------------------------------------------------
+// Public API.
+
+const std::vector<std::string>& checkpoint_required_groups() {
+  static const std::vector<std::string> groups = {"model", "optimizer", "scheduler", "scaler",
+                                                  "rng",   "trainer",   "metrics"};
+  return groups;
+}
+
+std::string strip_wrapper_prefixes(const std::string& name) {
+  std::string s = name;
+  for (bool again = true; again;) {
+    again = false;
+    for (const char* prefix : {"_orig_mod.", "module."}) {
+      if (starts_with(s, prefix) && s.size() > std::strlen(prefix)) {
+        s.erase(0, std::strlen(prefix));
+        again = true;
+      }
+    }
+  }
+  return s;
+}
+
+void save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
+  save_impl(path, ckpt, checkpoint_testing::Tamper{});
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  Hdf5Session session;
+  const H5Ctx c{path};
+  std::vector<unsigned char> bytes = read_whole_file(path);
+  const Header header = check_integrity(path, bytes);
+  H5Handle file = open_image(c, bytes);
+  return read_checkpoint(c, file.get(), header);
+}
+
+void verify_checkpoint_file(const std::string& path) { (void)load_checkpoint(path); }
+
+std::string inspect_checkpoint(const std::string& path) {
+  const Checkpoint ck = load_checkpoint(path);
+  struct stat st {};
+  const long long bytes = ::stat(path.c_str(), &st) == 0 ? static_cast<long long>(st.st_size) : -1;
+  std::ostringstream o;
+  o << "checkpoint " << path << "\n";
+  o << "  file            " << bytes << " bytes, checksum ok\n";
+  o << "  format_version  " << ck.meta.format_version << "\n";
+  o << "  engine_version  " << ck.meta.engine_version << "\n";
+  o << "  created_utc     " << ck.meta.created_utc << "\n";
+  o << "  saved_on        " << ck.meta.saved_on << "\n";
+  o << "  config          " << ck.config_json.size() << " bytes of JSON\n";
+  for (const std::string& g : group_order(group_names(ck))) {
+    const StateDict& d = ck.groups.at(g);
+    o << "[" << g << "] " << d.tensors.size() << " tensors, " << d.scalars.size() << " scalars\n";
+    std::size_t width = 0;
+    for (const auto& kv : d.scalars) width = std::max(width, kv.first.size());
+    for (const auto& kv : d.tensors) width = std::max(width, kv.first.size());
+    auto pad = [](const std::string& s, std::size_t w) { return s + std::string(w + 2 - std::min(w, s.size()), ' '); };
+    for (const auto& [key, s] : d.scalars)
+      o << "  " << pad(key, width) << pad(is_series(s) ? "series" : scalar_kind(s), 7) << scalar_text(s) << "\n";
+    for (const auto& [key, t] : d.tensors)
+      o << "  " << pad(key, width) << pad(dtype_name(t.dtype()), 7) << shape_str(t.shape()) << "  norm "
+        << fmt_short(l2_norm(t)) << "\n";
+  }
+  return o.str();
+}
+
+CheckpointDiff diff_checkpoints(const std::string& path_a, const std::string& path_b) {
+  const Checkpoint a = load_checkpoint(path_a);
+  const Checkpoint b = load_checkpoint(path_b);
+  std::ostringstream o;
+  int differing = 0;
+  o << "a: " << path_a << "\n" << "b: " << path_b << "\n";
+  auto meta = [&](const char* name, const std::string& x, const std::string& y, bool counts) {
+    if (x == y) return;
+    o << "meta " << name << ": \"" << x << "\" vs \"" << y << "\"" << (counts ? "" : " (ignored)") << "\n";
+    if (counts) ++differing;
+  };
+  meta("format_version", std::to_string(a.meta.format_version), std::to_string(b.meta.format_version), true);
+  meta("engine_version", a.meta.engine_version, b.meta.engine_version, false);
+  meta("created_utc", a.meta.created_utc, b.meta.created_utc, false);
+  meta("saved_on", a.meta.saved_on, b.meta.saved_on, true);
+  if (a.config_json != b.config_json) {
+    o << "config: differs\n";
+    ++differing;
+  }
+
+  std::set<std::string> groups = group_names(a);
+  for (const auto& kv : b.groups) groups.insert(kv.first);
+  const StateDict empty;
+  for (const std::string& g : group_order(groups)) {
+    const StateDict& da = a.groups.count(g) ? a.groups.at(g) : empty;
+    const StateDict& db = b.groups.count(g) ? b.groups.at(g) : empty;
+    if (!a.groups.count(g) || !b.groups.count(g)) {
+      o << g << ": group only in " << (a.groups.count(g) ? "a" : "b") << "\n";
+      ++differing;
+    }
+    auto line = [&](const std::string& key, const std::string& verdict, bool differs) {
+      o << g << "/" << key << ": " << verdict << "\n";
+      if (differs) ++differing;
+    };
+    std::set<std::string> keys;
+    for (const auto& kv : da.scalars) keys.insert(kv.first);
+    for (const auto& kv : db.scalars) keys.insert(kv.first);
+    for (const std::string& key : keys) {
+      auto ia = da.scalars.find(key), ib = db.scalars.find(key);
+      if (ia == da.scalars.end() || ib == db.scalars.end()) {
+        line(key, ia == da.scalars.end() ? "only in b" : "only in a", true);
+        continue;
+      }
+      bool differs = false;
+      const std::string verdict = compare_scalars(ia->second, ib->second, differs);
+      line(key, verdict, differs);
+    }
+    keys.clear();
+    for (const auto& kv : da.tensors) keys.insert(kv.first);
+    for (const auto& kv : db.tensors) keys.insert(kv.first);
+    for (const std::string& key : keys) {
+      auto ia = da.tensors.find(key), ib = db.tensors.find(key);
+      if (ia == da.tensors.end() || ib == db.tensors.end()) {
+        line(key, ia == da.tensors.end() ? "only in b" : "only in a", true);
+        continue;
+      }
+      bool differs = false;
+      const std::string verdict = compare_tensors(ia->second, ib->second, differs);
+      line(key, verdict, differs);
+    }
+  }
+  CheckpointDiff result;
+  result.identical = differing == 0;
+  o << (result.identical ? "verdict: identical\n" : "verdict: different (" + std::to_string(differing) + " entries differ)\n");
+  result.report = o.str();
+  return result;
+}
+
+void checkpoint_testing::save_tampered(const std::string& path, const Checkpoint& ckpt, const Tamper& tamper) {
+  save_impl(path, ckpt, tamper);
+}
+
+}  // namespace engine

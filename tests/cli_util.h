@@ -1,0 +1,75 @@
+// Runs the `engine` binary (path from $ENGINE_BIN, set by CTest) and captures its output.
+#pragma once
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace test_util {
+
+struct RunResult {
+  int exit_code = -1;   // -1 when killed by a signal
+  int signal = 0;
+  std::string output;   // stdout and stderr together
+};
+
+inline std::string engine_bin() {
+  const char* b = std::getenv("ENGINE_BIN");
+  return b ? b : "./engine";
+}
+
+inline std::string source_dir() {
+  const char* s = std::getenv("ENGINE_SOURCE_DIR");
+  return s ? s : ".";
+}
+
+// A fresh, empty directory under $ENGINE_TEST_TMP (or /tmp).
+inline std::string fresh_dir(const std::string& name) {
+  const char* t = std::getenv("ENGINE_TEST_TMP");
+  std::filesystem::path p = std::filesystem::path(t ? t : "/tmp") / ("engine_test_" + name);
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p.string();
+}
+
+inline RunResult run(const std::string& args) {
+  RunResult r;
+  const std::string cmd = engine_bin() + " " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return r;
+  char buf[4096];
+  std::size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.output.append(buf, n);
+  const int status = pclose(f);
+  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+  // popen runs through /bin/sh, which reports a child killed by signal N as 128+N.
+  if (r.exit_code > 128 && r.signal == 0) r.signal = r.exit_code - 128, r.exit_code = -1;
+  return r;
+}
+
+inline std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  return lines;
+}
+
+inline bool dataset_available() {
+  return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz") ||
+         std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte");
+}
+
+// A small, quick run: 1024 training images, 4 epochs.
+inline std::string small_run(const std::string& run_dir) {
+  return "train \"" + source_dir() + "/configs/mnist.json\" --device cpu --run-dir \"" + run_dir +
+         "\" --set data.train_limit=1024 --set data.val_split=512 --set data.test_limit=512"
+         " --set data.batch_size=64 --set train.epochs=4 --set checkpoint.every_n_epochs=2";
+}
+
+}  // namespace test_util
