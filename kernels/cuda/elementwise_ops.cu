@@ -90,8 +90,9 @@ __global__ void relu_backward_kernel(int64_t n, const float* y, const float* dy,
 
 // ---- Max pooling 2x2, stride 2 ------------------------------------------------------
 
-// One thread per output; candidates visited in row-major window order with a strict
-// `>`, so the first maximum wins ties (as the op contract says).
+// One thread per output; candidates visited in row-major window order. PyTorch's rule,
+// as in the reference: move on when a later value is strictly greater (ties keep the
+// first maximum) or is NaN (NaN propagates).
 __global__ void maxpool_forward_kernel(int64_t outputs, int h, int w, const float* x, float* y,
                                        int32_t* argmax) {
   const int oh_count = h / 2, ow_count = w / 2;
@@ -106,7 +107,7 @@ __global__ void maxpool_forward_kernel(int64_t outputs, int h, int w, const floa
     int64_t best_index = base;
     for (int q = 1; q < 4; ++q) {
       const float v = x[candidates[q]];
-      if (v > best) {
+      if (v > best || isnan(v)) {
         best = v;
         best_index = candidates[q];
       }
@@ -160,7 +161,8 @@ __device__ __forceinline__ int64_t bn_index(int64_t e, int c, int ch, int64_t hw
 }
 
 // One block per channel: mean, then the biased variance around it (two passes, in
-// double, for accuracy), then the normalised output.
+// double, for accuracy), then the normalised output. The per-element and per-channel
+// formulas are the reference's, in double, so only the summation order differs.
 __global__ void batchnorm_train_kernel(int n, int c, int64_t hw, const float* x,
                                        const float* gamma, const float* beta, float eps,
                                        float momentum, float* running_mean, float* running_var,
@@ -179,24 +181,24 @@ __global__ void batchnorm_train_kernel(int n, int c, int64_t hw, const float* x,
     const double d = static_cast<double>(x[bn_index(e, c, ch, hw)]) - mean;
     acc += d * d;
   }
-  const double var = block_sum(acc, buffer) / static_cast<double>(m);  // biased
+  const double sq = block_sum(acc, buffer);
+  const double var = sq / static_cast<double>(m);  // biased: used to normalise
   const double invstd = 1.0 / sqrt(var + static_cast<double>(eps));
 
   if (threadIdx.x == 0) {
     save_mean[ch] = static_cast<float>(mean);
     save_invstd[ch] = static_cast<float>(invstd);
     // Running variance uses the unbiased estimate (PyTorch's convention).
-    const double unbiased = m > 1 ? var * static_cast<double>(m) / static_cast<double>(m - 1) : var;
-    running_mean[ch] = (1.0f - momentum) * running_mean[ch] + momentum * static_cast<float>(mean);
-    running_var[ch] = (1.0f - momentum) * running_var[ch] + momentum * static_cast<float>(unbiased);
+    const double unbiased = m > 1 ? sq / static_cast<double>(m - 1) : var;
+    const double mom = momentum;
+    running_mean[ch] = static_cast<float>((1.0 - mom) * running_mean[ch] + mom * mean);
+    running_var[ch] = static_cast<float>((1.0 - mom) * running_var[ch] + mom * unbiased);
   }
 
-  const float mean_f = static_cast<float>(mean);
-  const float invstd_f = static_cast<float>(invstd);
-  const float g = gamma[ch], b = beta[ch];
+  const double g = gamma[ch], b = beta[ch];
   for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
     const int64_t idx = bn_index(e, c, ch, hw);
-    y[idx] = (x[idx] - mean_f) * invstd_f * g + b;
+    y[idx] = static_cast<float>((static_cast<double>(x[idx]) - mean) * invstd * g + b);
   }
 }
 
@@ -204,17 +206,20 @@ __global__ void batchnorm_eval_kernel(int64_t total, int c, int64_t hw, const fl
                                       const float* gamma, const float* beta,
                                       const float* running_mean, const float* running_var,
                                       float eps, float* y) {
+  // The reference's expression with its types: a float difference, the rest in double.
   for (int64_t e = first_index(); e < total; e += grid_stride()) {
     const int ch = static_cast<int>((e / hw) % c);
-    const float invstd = 1.0f / sqrtf(running_var[ch] + eps);
-    y[e] = (x[e] - running_mean[ch]) * invstd * gamma[ch] + beta[ch];
+    const double invstd =
+        1.0 / sqrt(static_cast<double>(running_var[ch]) + static_cast<double>(eps));
+    const float centred = x[e] - running_mean[ch];
+    y[e] = static_cast<float>(static_cast<double>(centred) * invstd * gamma[ch] + beta[ch]);
   }
 }
 
 // One block per channel. With xhat = (x - mean) * invstd:
 //   dbeta = sum dy,  dgamma = sum dy * xhat,
-//   dx = gamma * invstd * (dy - dbeta/m - xhat * dgamma/m)
-// (the usual formula with the means factored in, which avoids cancelling m*dy terms).
+//   dx = gamma * invstd / m * (m * dy - dbeta - xhat * dgamma)
+// in double, as the reference writes it (double keeps the m*dy cancellation harmless).
 __global__ void batchnorm_backward_kernel(int n, int c, int64_t hw, const float* x,
                                           const float* dy, const float* gamma,
                                           const float* save_mean, const float* save_invstd,
@@ -230,7 +235,7 @@ __global__ void batchnorm_backward_kernel(int n, int c, int64_t hw, const float*
     const int64_t idx = bn_index(e, c, ch, hw);
     const double g = dy[idx];
     acc_dy += g;
-    acc_dy_xhat += g * ((static_cast<double>(x[idx]) - mean) * invstd);
+    acc_dy_xhat += g * (static_cast<double>(x[idx]) - mean) * invstd;
   }
   const double sum_dy = block_sum(acc_dy, buffer);
   const double sum_dy_xhat = block_sum(acc_dy_xhat, buffer);
@@ -241,14 +246,12 @@ __global__ void batchnorm_backward_kernel(int n, int c, int64_t hw, const float*
   }
   if (!dx) return;
 
-  const float mean_dy = static_cast<float>(sum_dy / static_cast<double>(m));
-  const float mean_dy_xhat = static_cast<float>(sum_dy_xhat / static_cast<double>(m));
-  const float mean_f = save_mean[ch], invstd_f = save_invstd[ch];
-  const float k = gamma[ch] * invstd_f;
+  const double md = static_cast<double>(m);
+  const double k = static_cast<double>(gamma[ch]) * invstd / md;
   for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
     const int64_t idx = bn_index(e, c, ch, hw);
-    const float xhat = (x[idx] - mean_f) * invstd_f;
-    dx[idx] = k * (dy[idx] - mean_dy - xhat * mean_dy_xhat);
+    const double xhat = (static_cast<double>(x[idx]) - mean) * invstd;
+    dx[idx] = static_cast<float>(k * (md * dy[idx] - sum_dy - xhat * sum_dy_xhat));
   }
 }
 
@@ -309,22 +312,23 @@ __global__ void cross_entropy_kernel(int n, int classes, const float* logits,
   double sum = 0.0;
   for (int j = lane; j < classes; j += kWarp) sum += exp(static_cast<double>(row[j]) - max_logit);
   sum = warp_sum(sum);
-  const double log_sum = log(sum);
+  const double lse = max_logit + log(sum);
 
   const int label = labels[sample];
   const bool valid = label >= 0 && label < classes;
   if (lane == 0) {
     sample_loss[sample] =
-        valid ? static_cast<float>(max_logit + log_sum - static_cast<double>(row[label])) : NAN;
+        valid ? static_cast<float>(lse - static_cast<double>(row[label])) : NAN;
     sample_correct[sample] = (valid && best_index == label) ? 1.0f : 0.0f;
   }
   if (dlogits) {
-    const double factor = static_cast<double>(grad_scale) / static_cast<double>(n);
+    // The reference's expression and order: (softmax - onehot) * grad_scale / n.
     float* drow = dlogits + sample * classes;
     for (int j = lane; j < classes; j += kWarp) {
-      const double softmax = exp(static_cast<double>(row[j]) - max_logit) / sum;
+      const double softmax = exp(static_cast<double>(row[j]) - lse);
       const double onehot = (j == label) ? 1.0 : 0.0;
-      drow[j] = static_cast<float>((softmax - onehot) * factor);
+      drow[j] = static_cast<float>((softmax - onehot) * static_cast<double>(grad_scale) /
+                                   static_cast<double>(n));
     }
   }
 }

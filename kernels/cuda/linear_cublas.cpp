@@ -15,6 +15,11 @@ void linear_forward(const LinearShape& s, const float* x, const float* w, const 
                     float* y) {
   if (s.n <= 0 || s.out <= 0) return;
   Context& ctx = Context::get();
+  if (s.in <= 0) {  // empty product (cuBLAS rejects ld 0): y is the bias alone
+    ENGINE_CUDA_CHECK(cudaMemsetAsync(y, 0, sizeof(float) * s.n * s.out, ctx.stream()));
+    if (b) add_channel_bias(s.n, s.out, 1, b, y);
+    return;
+  }
   const float one = 1.0f, zero = 0.0f;
   // y = x w^T  <=>  y^T [out, n] = w [out, in] * x^T [in, n].
   // cuBLAS holds w^T (ld in), so A = op_T(w^T) = w; B = x^T as stored (op_N, ld in).
@@ -26,11 +31,14 @@ void linear_forward(const LinearShape& s, const float* x, const float* w, const 
 
 void linear_backward(const LinearShape& s, const float* x, const float* w, const float* dy,
                      float* dx, float* dw, float* db) {
-  if (s.n <= 0 || s.out <= 0 || s.in <= 0) return;
+  if (s.n <= 0 || s.out <= 0) return;
   Context& ctx = Context::get();
+  // db[j] = sum over samples of dy[i, j]: dy as [n, c=out, hw=1].
+  if (db) channel_sum(s.n, s.out, 1, dy, db);
+  if (s.in <= 0) return;  // dx and dw are empty
+
   cublasHandle_t h = ctx.cublas();
   const float one = 1.0f, zero = 0.0f;  // beta = 0: gradients overwrite
-
   if (dx) {
     // dx = dy w  <=>  dx^T [in, n] = w^T [in, out] * dy^T [out, n]; both are stored
     // as such (ld in and ld out), so no transposes.
@@ -43,8 +51,6 @@ void linear_backward(const LinearShape& s, const float* x, const float* w, const
     ENGINE_CUDA_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, s.in, s.out, s.n, &one, x, s.in, dy,
                                   s.out, &zero, dw, s.in));
   }
-  // db[j] = sum over samples of dy[i, j]: dy as [n, c=out, hw=1].
-  if (db) channel_sum(s.n, s.out, 1, dy, db);
 }
 
 }  // namespace engine::kernels::cuda
