@@ -3,6 +3,8 @@
 // writes atomically (a crash mid-save never damages the previous file), checksums the
 // whole file, and refuses anything damaged, foreign or too new with one line naming
 // the file, so a resumed run either continues bit for bit or does not start.
+// Not thread-safe (the HDF5 library is built without thread safety): call these from
+// one thread at a time.
 #pragma once
 #include <cstdint>
 #include <map>

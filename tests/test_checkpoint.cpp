@@ -23,11 +23,24 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// One directory per run, removed when the process exits.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    const char* env = std::getenv("ENGINE_TEST_TMP");
+    const fs::path dir = fs::path(env && *env ? env : "/tmp") / ("test_checkpoint_" + std::to_string(getpid()));
+    fs::create_directories(dir);
+    path = dir.string();
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+  }
+};
+
 std::string test_dir() {
-  const char* env = std::getenv("ENGINE_TEST_TMP");
-  const fs::path dir = fs::path(env && *env ? env : "/tmp") / ("test_checkpoint_" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  return dir.string();
+  static const TempDir dir;
+  return dir.path;
 }
 
 std::string tmp_path(const std::string& name) { return test_dir() + "/" + name; }

@@ -555,11 +555,14 @@ TEST_CASE("adam_update matches the reference") {
     AdamHyper h;
     h.weight_decay = cs.wd;
     h.decay = cs.mode;
-    const int t = 3;
-    AdamStepFactors f;
-    f.step_size = static_cast<float>(h.lr / (1.0 - std::pow(static_cast<double>(h.beta1), t)));
-    f.bias_correction2_sqrt =
-        static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), t)));
+    // Step factors as engine/optimizer.cpp computes them (host, double, rounded).
+    const double t = 3, lr = 1e-3, beta1 = 0.9, beta2 = 0.999;
+    AdamStepFactors f{};
+    f.step_size = static_cast<float>(lr / (1.0 - std::pow(beta1, t)));
+    f.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, t)));
+    f.decay_factor = static_cast<float>(1.0 - lr * static_cast<double>(cs.wd));
+    f.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+    f.one_minus_beta2 = static_cast<float>(1.0 - beta2);
     auto p_ref = uniform(static_cast<std::size_t>(n), rng);
     const auto g = uniform(static_cast<std::size_t>(n), rng);
     auto m_ref = uniform(static_cast<std::size_t>(n), rng, -0.1f, 0.1f);

@@ -1,0 +1,578 @@
+// Finite-difference checks of every backward: the reference ops (engine::kernels::ref),
+// the layers (engine::Layer, fast CPU kernels) and the whole FashionCnn, with the
+// checker of tests/gradcheck.h. The checker itself is shown to reject gradients that
+// are wrong by 1%, have two elements swapped, one zeroed or one sign-flipped.
+//
+// Losses are L = sum(y * r) for a fixed random r (dL/dy = r, so the backward op is fed
+// dy = r), accumulated in double from the float outputs; for cross-entropy and the
+// model, the batch-mean cross-entropy.
+//
+// Tolerances (gradcheck::Options: |num - ana| <= atol + atol_scale * max|ana| +
+// rtol * max(|num|, |ana|)):
+//  - Reference ops: h = 1e-2, rtol = 2e-3, atol_scale = 1e-3 (the defaults; see
+//    gradcheck.h). The ops accumulate in double and round each output once, so the
+//    numerical gradient is good to ~1e-5 relative (linear ops have no truncation error;
+//    batchnorm and softmax have ~h^2 = 1e-4 relative).
+//  - Layers and model run the fast float32 kernels (float GEMM sums, float batchnorm):
+//    each loss carries rounding noise of ~1e-7 relative, i.e. ~1e-5 of the loss scale in
+//    the numerical gradient at h = 1e-2, and the model is not smooth: a perturbation of
+//    h moves some ReLU inputs across 0 and some max-pool windows to another maximum,
+//    an O(h) relative error of the central difference. Hence rtol = 2e-2 with h = 1e-2
+//    for the model, and an absolute floor (atol) scaled to the gradient magnitude of the
+//    whole model, for parameters whose true gradient is ~0 (conv biases followed by
+//    batchnorm). The layers alone are linear or smooth in each input: rtol = 5e-3.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/layers.h"
+#include "engine/rng.h"
+#include "gradcheck.h"
+#include "kernels/ops.h"
+#include "models/fashion_cnn.h"
+
+namespace {
+
+namespace ref = engine::kernels::ref;
+namespace cpu = engine::kernels::cpu;
+using engine::kernels::BatchNormShape;
+using engine::kernels::ConvShape;
+using engine::kernels::LinearShape;
+using engine::kernels::PoolShape;
+using gradcheck::Options;
+using gradcheck::Result;
+
+std::vector<float> uniform(std::size_t n, std::mt19937& g, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
+
+#define CHECK_GRAD(name, result)                                        \
+  do {                                                                  \
+    const Result r_ = (result);                                         \
+    if (std::getenv("GRADCHECK_VERBOSE"))                               \
+      MESSAGE(gradcheck::describe(name, r_));                           \
+    CHECK_MESSAGE(r_.ok(), gradcheck::describe(name, r_));              \
+  } while (0)
+
+// ---- conv2d --------------------------------------------------------------------
+struct ConvProblem {
+  ConvShape s;
+  std::vector<float> x, w, b, r;
+  explicit ConvProblem(const ConvShape& shape, uint32_t seed) : s(shape) {
+    std::mt19937 g(seed);
+    x = uniform(static_cast<std::size_t>(s.n) * s.c * s.h * s.w, g, -1.0f, 1.0f);
+    w = uniform(static_cast<std::size_t>(s.k) * s.c * s.r * s.s, g, -0.5f, 0.5f);
+    b = uniform(static_cast<std::size_t>(s.k), g, -0.5f, 0.5f);
+    r = uniform(static_cast<std::size_t>(s.n) * s.k * s.out_h() * s.out_w(), g, -1.0f, 1.0f);
+  }
+  double loss() const {
+    std::vector<float> y(r.size());
+    ref::conv2d_forward(s, x.data(), w.data(), b.data(), y.data());
+    return gradcheck::dot(y, r);
+  }
+};
+
+// ---- linear --------------------------------------------------------------------
+struct LinearProblem {
+  LinearShape s;
+  std::vector<float> x, w, b, r;
+  explicit LinearProblem(const LinearShape& shape, uint32_t seed) : s(shape) {
+    std::mt19937 g(seed);
+    x = uniform(static_cast<std::size_t>(s.n) * s.in, g, -1.0f, 1.0f);
+    w = uniform(static_cast<std::size_t>(s.out) * s.in, g, -0.5f, 0.5f);
+    b = uniform(static_cast<std::size_t>(s.out), g, -0.5f, 0.5f);
+    r = uniform(static_cast<std::size_t>(s.n) * s.out, g, -1.0f, 1.0f);
+  }
+  double loss() const {
+    std::vector<float> y(r.size());
+    ref::linear_forward(s, x.data(), w.data(), b.data(), y.data());
+    return gradcheck::dot(y, r);
+  }
+  void grads(std::vector<float>& dx, std::vector<float>& dw, std::vector<float>& db) const {
+    dx.assign(x.size(), 0.0f);
+    dw.assign(w.size(), 0.0f);
+    db.assign(b.size(), 0.0f);
+    ref::linear_backward(s, x.data(), w.data(), r.data(), dx.data(), dw.data(), db.data());
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------
+// The checker rejects wrong gradients
+// ---------------------------------------------------------------------------------
+TEST_CASE("gradcheck accepts the right gradient and rejects slightly wrong ones") {
+  LinearProblem p({3, 7, 5}, 11);
+  std::vector<float> dx, dw, db;
+  p.grads(dx, dw, db);
+  auto loss = [&] { return p.loss(); };
+  const int64_t nw = static_cast<int64_t>(dw.size());
+
+  CHECK_GRAD("linear dw (correct)", gradcheck::check(loss, p.w.data(), nw, dw.data()));
+
+  // Every element scaled by 1.01.
+  std::vector<float> bad = dw;
+  for (float& v : bad) v *= 1.01f;
+  CHECK_FALSE(gradcheck::check(loss, p.w.data(), nw, bad.data()).ok());
+
+  // Only the largest element scaled by 1.01.
+  const std::size_t big = static_cast<std::size_t>(
+      std::max_element(dw.begin(), dw.end(), [](float a, float b) { return std::fabs(a) < std::fabs(b); }) -
+      dw.begin());
+  bad = dw;
+  bad[big] *= 1.01f;
+  Result r = gradcheck::check(loss, p.w.data(), nw, bad.data());
+  CHECK_FALSE(r.ok());
+  CHECK(r.failures == 1);
+
+  // Two elements swapped (chosen with clearly different values).
+  bad = dw;
+  std::size_t i = 0, j = 1;
+  while (std::fabs(dw[i] - dw[j]) < 0.1f * std::fabs(dw[big])) ++j;
+  std::swap(bad[i], bad[j]);
+  r = gradcheck::check(loss, p.w.data(), nw, bad.data());
+  CHECK_FALSE(r.ok());
+  CHECK(r.failures == 2);
+
+  // One element zeroed; one sign flipped.
+  bad = dw;
+  bad[big] = 0.0f;
+  CHECK_FALSE(gradcheck::check(loss, p.w.data(), nw, bad.data()).ok());
+  bad = dw;
+  bad[big] = -bad[big];
+  CHECK_FALSE(gradcheck::check(loss, p.w.data(), nw, bad.data()).ok());
+
+  // The gradient of another loss (dy = r shifted by one element).
+  std::vector<float> r_shift(p.r.size());
+  for (std::size_t k = 0; k < r_shift.size(); ++k) r_shift[k] = p.r[(k + 1) % r_shift.size()];
+  std::vector<float> dx2(dx.size()), dw2(dw.size()), db2(db.size());
+  ref::linear_backward(p.s, p.x.data(), p.w.data(), r_shift.data(), dx2.data(), dw2.data(), db2.data());
+  CHECK_FALSE(gradcheck::check(loss, p.x.data(), static_cast<int64_t>(dx.size()), dx2.data()).ok());
+
+  // A NaN in the analytic gradient fails.
+  bad = dw;
+  bad[0] = NAN;
+  CHECK_FALSE(gradcheck::check(loss, p.w.data(), nw, bad.data()).ok());
+
+  // Subsets of big tensors: at most max_checks elements, the input restored exactly.
+  ConvProblem c({2, 3, 9, 9, 4, 3, 3, 1}, 12);
+  std::vector<float> cdx(c.x.size()), cdw(c.w.size()), cdb(c.b.size());
+  ref::conv2d_backward(c.s, c.x.data(), c.w.data(), c.r.data(), cdx.data(), cdw.data(), cdb.data());
+  const std::vector<float> x_before = c.x;
+  Options o;
+  o.max_checks = 50;
+  r = gradcheck::check([&] { return c.loss(); }, c.x.data(), static_cast<int64_t>(c.x.size()), cdx.data(), o);
+  CHECK(r.ok());
+  CHECK(r.checked == 50);
+  CHECK(c.x == x_before);
+  for (float& v : cdx) v *= 1.01f;
+  CHECK_FALSE(gradcheck::check([&] { return c.loss(); }, c.x.data(), static_cast<int64_t>(c.x.size()),
+                               cdx.data(), o)
+                  .ok());
+}
+
+// ---------------------------------------------------------------------------------
+// Reference ops
+// ---------------------------------------------------------------------------------
+TEST_CASE("ref conv2d_backward: dx, dw, db match finite differences") {
+  const ConvShape shapes[] = {
+      {2, 3, 6, 5, 4, 3, 3, 1},  // pad 1
+      {1, 2, 5, 7, 3, 2, 3, 0},  // pad 0, non-square kernel
+      {3, 1, 4, 4, 2, 3, 1, 2},  // pad wider than the kernel
+  };
+  uint32_t seed = 100;
+  for (const ConvShape& s : shapes) {
+    CAPTURE(s.n);
+    CAPTURE(s.c);
+    CAPTURE(s.r);
+    CAPTURE(s.s);
+    CAPTURE(s.pad);
+    ConvProblem p(s, seed++);
+    std::vector<float> dx(p.x.size()), dw(p.w.size()), db(p.b.size());
+    ref::conv2d_backward(s, p.x.data(), p.w.data(), p.r.data(), dx.data(), dw.data(), db.data());
+    auto loss = [&] { return p.loss(); };
+    CHECK_GRAD("conv dx", gradcheck::check(loss, p.x.data(), static_cast<int64_t>(dx.size()), dx.data()));
+    CHECK_GRAD("conv dw", gradcheck::check(loss, p.w.data(), static_cast<int64_t>(dw.size()), dw.data()));
+    CHECK_GRAD("conv db", gradcheck::check(loss, p.b.data(), static_cast<int64_t>(db.size()), db.data()));
+  }
+}
+
+TEST_CASE("ref linear_backward: dx, dw, db match finite differences") {
+  const LinearShape shapes[] = {{3, 7, 5}, {1, 4, 2}, {4, 31, 10}};
+  uint32_t seed = 200;
+  for (const LinearShape& s : shapes) {
+    CAPTURE(s.n);
+    CAPTURE(s.in);
+    CAPTURE(s.out);
+    LinearProblem p(s, seed++);
+    std::vector<float> dx, dw, db;
+    p.grads(dx, dw, db);
+    auto loss = [&] { return p.loss(); };
+    CHECK_GRAD("linear dx", gradcheck::check(loss, p.x.data(), static_cast<int64_t>(dx.size()), dx.data()));
+    CHECK_GRAD("linear dw", gradcheck::check(loss, p.w.data(), static_cast<int64_t>(dw.size()), dw.data()));
+    CHECK_GRAD("linear db", gradcheck::check(loss, p.b.data(), static_cast<int64_t>(db.size()), db.data()));
+  }
+}
+
+TEST_CASE("ref batchnorm_backward (training mode): dx, dgamma, dbeta match finite differences") {
+  const BatchNormShape shapes[] = {{3, 4, 6}, {2, 3, 5}, {5, 2, 1}};
+  uint32_t seed = 300;
+  for (const BatchNormShape& s : shapes) {
+    CAPTURE(s.n);
+    CAPTURE(s.c);
+    CAPTURE(s.hw);
+    std::mt19937 g(seed++);
+    const std::size_t nx = static_cast<std::size_t>(s.n) * s.c * s.hw;
+    std::vector<float> x = uniform(nx, g, -1.0f, 1.0f);
+    for (std::size_t j = 0; j < nx; ++j) x[j] = 0.5f + 1.5f * x[j];
+    std::vector<float> gamma = uniform(s.c, g, 0.5f, 1.5f), beta = uniform(s.c, g, -1.0f, 1.0f);
+    const std::vector<float> r = uniform(nx, g, -1.0f, 1.0f);
+    const float eps = 1e-5f;
+    auto forward = [&](std::vector<float>& y, std::vector<float>& mean, std::vector<float>& invstd) {
+      std::vector<float> rm(s.c, 0.0f), rv(s.c, 1.0f);
+      y.assign(nx, 0.0f);
+      mean.assign(s.c, 0.0f);
+      invstd.assign(s.c, 0.0f);
+      ref::batchnorm_forward_train(s, x.data(), gamma.data(), beta.data(), eps, 0.1f, rm.data(),
+                                   rv.data(), mean.data(), invstd.data(), y.data());
+    };
+    auto loss = [&] {
+      std::vector<float> y, mean, invstd;
+      forward(y, mean, invstd);
+      return gradcheck::dot(y, r);
+    };
+    std::vector<float> y, mean, invstd;
+    forward(y, mean, invstd);
+    std::vector<float> dx(nx), dgamma(s.c), dbeta(s.c);
+    ref::batchnorm_backward(s, x.data(), r.data(), gamma.data(), mean.data(), invstd.data(), dx.data(),
+                            dgamma.data(), dbeta.data());
+    CHECK_GRAD("bn dx", gradcheck::check(loss, x.data(), static_cast<int64_t>(nx), dx.data()));
+    CHECK_GRAD("bn dgamma", gradcheck::check(loss, gamma.data(), s.c, dgamma.data()));
+    CHECK_GRAD("bn dbeta", gradcheck::check(loss, beta.data(), s.c, dbeta.data()));
+  }
+}
+
+TEST_CASE("ref relu_backward matches finite differences (inputs away from 0)") {
+  std::mt19937 g(400);
+  const std::size_t n = 150;
+  std::vector<float> x = uniform(n, g, 0.1f, 2.0f);
+  for (std::size_t i = 0; i < n; i += 2) x[i] = -x[i];
+  const std::vector<float> r = uniform(n, g, -1.0f, 1.0f);
+  auto loss = [&] {
+    std::vector<float> y(n);
+    ref::relu_forward(static_cast<int64_t>(n), x.data(), y.data());
+    return gradcheck::dot(y, r);
+  };
+  std::vector<float> y(n), dx(n);
+  ref::relu_forward(static_cast<int64_t>(n), x.data(), y.data());
+  ref::relu_backward(static_cast<int64_t>(n), y.data(), r.data(), dx.data());
+  CHECK_GRAD("relu dx", gradcheck::check(loss, x.data(), static_cast<int64_t>(n), dx.data()));
+}
+
+TEST_CASE("ref maxpool2x2_backward matches finite differences (distinct window values)") {
+  std::mt19937 g(500);
+  const PoolShape shapes[] = {{2, 3, 4, 6}, {1, 1, 2, 2}, {3, 2, 6, 2}};
+  for (const PoolShape& s : shapes) {
+    CAPTURE(s.n);
+    CAPTURE(s.c);
+    CAPTURE(s.h);
+    CAPTURE(s.w);
+    const std::size_t nx = static_cast<std::size_t>(s.n) * s.c * s.h * s.w, ny = nx / 4;
+    // Each window holds base + a permutation of {0, 0.1, 0.2, 0.3}: the maximum is unique
+    // and stays so under perturbations of +-h = 1e-2.
+    std::vector<float> x(nx);
+    std::uniform_real_distribution<float> base(-1.0f, 1.0f);
+    for (int nc = 0; nc < s.n * s.c; ++nc)
+      for (int oh = 0; oh < s.h / 2; ++oh)
+        for (int ow = 0; ow < s.w / 2; ++ow) {
+          float offs[4] = {0.0f, 0.1f, 0.2f, 0.3f};
+          std::shuffle(offs, offs + 4, g);
+          const float b = base(g);
+          for (int d = 0; d < 4; ++d)
+            x[(static_cast<std::size_t>(nc) * s.h + 2 * oh + d / 2) * s.w + 2 * ow + d % 2] = b + offs[d];
+        }
+    const std::vector<float> r = uniform(ny, g, -1.0f, 1.0f);
+    auto loss = [&] {
+      std::vector<float> y(ny);
+      std::vector<int32_t> am(ny);
+      ref::maxpool2x2_forward(s, x.data(), y.data(), am.data());
+      return gradcheck::dot(y, r);
+    };
+    std::vector<float> y(ny), dx(nx);
+    std::vector<int32_t> am(ny);
+    ref::maxpool2x2_forward(s, x.data(), y.data(), am.data());
+    ref::maxpool2x2_backward(s, r.data(), am.data(), dx.data());
+    CHECK_GRAD("maxpool dx", gradcheck::check(loss, x.data(), static_cast<int64_t>(nx), dx.data()));
+  }
+}
+
+TEST_CASE("ref dropout_backward matches finite differences (fixed mask)") {
+  std::mt19937 g(600);
+  const int64_t n = 180;
+  const engine::PhiloxStream stream{77, 3};
+  for (const float p : {0.0f, 0.3f, 0.75f}) {
+    CAPTURE(p);
+    std::vector<float> x = uniform(static_cast<std::size_t>(n), g, -1.0f, 1.0f);
+    const std::vector<float> r = uniform(static_cast<std::size_t>(n), g, -1.0f, 1.0f);
+    // Same stream and offset on every call: the mask is fixed.
+    auto loss = [&] {
+      std::vector<float> y(static_cast<std::size_t>(n));
+      std::vector<uint8_t> keep(static_cast<std::size_t>(n));
+      ref::dropout_forward(n, x.data(), p, stream, 5, y.data(), keep.data());
+      return gradcheck::dot(y, r);
+    };
+    std::vector<float> y(static_cast<std::size_t>(n)), dx(static_cast<std::size_t>(n));
+    std::vector<uint8_t> keep(static_cast<std::size_t>(n));
+    ref::dropout_forward(n, x.data(), p, stream, 5, y.data(), keep.data());
+    ref::dropout_backward(n, r.data(), keep.data(), p, dx.data());
+    CHECK_GRAD("dropout dx", gradcheck::check(loss, x.data(), n, dx.data()));
+  }
+}
+
+TEST_CASE("ref cross_entropy dlogits (grad_scale 1) is the gradient of the batch-mean loss") {
+  std::mt19937 g(700);
+  struct Case {
+    int n, classes;
+  };
+  for (const Case cs : {Case{4, 10}, Case{1, 10}, Case{7, 3}}) {
+    CAPTURE(cs.n);
+    CAPTURE(cs.classes);
+    std::vector<float> z = uniform(static_cast<std::size_t>(cs.n) * cs.classes, g, -3.0f, 3.0f);
+    std::vector<int32_t> labels(cs.n);
+    std::uniform_int_distribution<int32_t> lab(0, cs.classes - 1);
+    for (auto& l : labels) l = lab(g);
+    auto loss = [&] {
+      std::vector<float> l(cs.n), c(cs.n);
+      ref::cross_entropy(cs.n, cs.classes, z.data(), labels.data(), 1.0f, nullptr, l.data(), c.data());
+      double sum = 0.0;
+      for (float v : l) sum += v;
+      return sum / cs.n;
+    };
+    std::vector<float> l(cs.n), c(cs.n), d(z.size());
+    ref::cross_entropy(cs.n, cs.classes, z.data(), labels.data(), 1.0f, d.data(), l.data(), c.data());
+    CHECK_GRAD("cross_entropy dlogits", gradcheck::check(loss, z.data(), static_cast<int64_t>(z.size()), d.data()));
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Layers (fast CPU kernels through engine::Layer)
+// ---------------------------------------------------------------------------------
+namespace {
+
+engine::Tensor tensor_of(const engine::Shape& shape, const std::vector<float>& v) {
+  return engine::Tensor::from_vector(shape, v);
+}
+
+// Layer tolerance: float32 kernels, smooth or linear in each input (see top).
+Options layer_options() {
+  Options o;
+  o.h = 1e-2;
+  o.rtol = 5e-3;
+  o.atol_scale = 2e-3;
+  o.max_checks = 60;
+  return o;
+}
+
+// Checks a layer's input gradient and every parameter gradient for L = sum(y * r).
+// `rng_for_forward` returns the RNG each forward uses (a fresh copy keeps a Dropout mask
+// fixed).
+void check_layer(engine::Layer& layer, const engine::Shape& in_shape, uint32_t seed,
+                 const std::function<engine::Rng()>& rng_for_forward, float x_lo = -1.0f,
+                 float x_hi = 1.0f) {
+  std::mt19937 g(seed);
+  const std::size_t nx = static_cast<std::size_t>(engine::shape_numel(in_shape));
+  engine::Tensor x = tensor_of(in_shape, uniform(nx, g, x_lo, x_hi));
+  engine::Rng rng0 = rng_for_forward();
+  engine::Tensor y0 = layer.forward(x, engine::Mode::Train, rng0);
+  const engine::Shape out_shape = y0.shape();
+  const std::vector<float> r = uniform(static_cast<std::size_t>(y0.numel()), g, -1.0f, 1.0f);
+  // Analytic gradients first: backward reads what the last forward cached.
+  const engine::Tensor dx_t = layer.backward(tensor_of(out_shape, r), engine::InputGrad::Needed);
+  const std::vector<float> dx = dx_t.to_vector();
+  std::vector<std::vector<float>> pgrads;
+  for (engine::Parameter* p : layer.parameters()) pgrads.push_back(p->grad.to_vector());
+
+  auto loss = [&] {
+    engine::Rng rng = rng_for_forward();
+    const engine::Tensor y = layer.forward(x, engine::Mode::Train, rng);
+    return gradcheck::dot(y.to_vector(), r);
+  };
+  const Options o = layer_options();
+  CHECK_GRAD(layer.name() + " dx", gradcheck::check(loss, x.f32(), x.numel(), dx.data(), o));
+  std::size_t i = 0;
+  for (engine::Parameter* p : layer.parameters()) {
+    CHECK_GRAD(p->name, gradcheck::check(loss, p->value.f32(), p->value.numel(), pgrads[i].data(), o));
+    ++i;
+  }
+}
+
+engine::Rng fixed_rng() {
+  engine::Rng rng(2024);
+  rng.take(engine::RngStream::Dropout, 3);  // a non-zero, non-multiple-of-4 position
+  return rng;
+}
+
+}  // namespace
+
+TEST_CASE("layers: backward matches finite differences (fast CPU kernels)") {
+  SUBCASE("Conv2d") {
+    engine::Conv2d conv("conv", 3, 4, 3, 1);
+    engine::Rng init(5);
+    conv.reset_parameters(init);
+    check_layer(conv, {2, 3, 6, 5}, 1, fixed_rng);
+  }
+  SUBCASE("Conv2d, 1 input channel (first layer shape)") {
+    engine::Conv2d conv("conv1", 1, 5, 3, 1);
+    engine::Rng init(6);
+    conv.reset_parameters(init);
+    check_layer(conv, {3, 1, 8, 8}, 2, fixed_rng);
+  }
+  SUBCASE("BatchNorm2d (training mode)") {
+    engine::BatchNorm2d bn("bn", 3);
+    std::mt19937 g(7);
+    auto params = bn.parameters();
+    params[0]->value.copy_from(tensor_of({3}, uniform(3, g, 0.5f, 1.5f)));
+    params[1]->value.copy_from(tensor_of({3}, uniform(3, g, -1.0f, 1.0f)));
+    check_layer(bn, {4, 3, 3, 5}, 3, fixed_rng, -1.0f, 2.0f);
+  }
+  SUBCASE("ReLU") {
+    engine::ReLU relu("relu");
+    // Inputs in [-1, 1] may land within h of 0; use inputs bounded away from the kink.
+    std::mt19937 g(8);
+    engine::Rng rng = fixed_rng();
+    std::vector<float> xv = uniform(60, g, 0.1f, 1.0f);
+    for (std::size_t i = 0; i < xv.size(); i += 3) xv[i] = -xv[i];
+    engine::Tensor x = tensor_of({3, 20}, xv);
+    const std::vector<float> r = uniform(60, g, -1.0f, 1.0f);
+    relu.forward(x, engine::Mode::Train, rng);
+    const std::vector<float> dx = relu.backward(tensor_of({3, 20}, r), engine::InputGrad::Needed).to_vector();
+    auto loss = [&] {
+      engine::Rng rr = fixed_rng();
+      return gradcheck::dot(relu.forward(x, engine::Mode::Train, rr).to_vector(), r);
+    };
+    CHECK_GRAD("relu dx", gradcheck::check(loss, x.f32(), x.numel(), dx.data(), layer_options()));
+  }
+  SUBCASE("MaxPool2x2") {
+    engine::MaxPool2x2 pool("pool");
+    std::mt19937 g(9);
+    const engine::Shape shape{2, 2, 4, 6};
+    std::vector<float> xv(static_cast<std::size_t>(engine::shape_numel(shape)));
+    // Distinct values 0.05 apart in a shuffled order: no ties within +-h.
+    for (std::size_t i = 0; i < xv.size(); ++i) xv[i] = 0.05f * static_cast<float>(i) - 2.0f;
+    std::shuffle(xv.begin(), xv.end(), g);
+    engine::Tensor x = tensor_of(shape, xv);
+    engine::Rng rng = fixed_rng();
+    const engine::Tensor y0 = pool.forward(x, engine::Mode::Train, rng);
+    const std::vector<float> r = uniform(static_cast<std::size_t>(y0.numel()), g, -1.0f, 1.0f);
+    const std::vector<float> dx = pool.backward(tensor_of(y0.shape(), r), engine::InputGrad::Needed).to_vector();
+    auto loss = [&] {
+      engine::Rng rr = fixed_rng();
+      return gradcheck::dot(pool.forward(x, engine::Mode::Train, rr).to_vector(), r);
+    };
+    CHECK_GRAD("maxpool dx", gradcheck::check(loss, x.f32(), x.numel(), dx.data(), layer_options()));
+  }
+  SUBCASE("Flatten") {
+    engine::Flatten flatten("flatten");
+    check_layer(flatten, {2, 3, 2, 2}, 10, fixed_rng);
+  }
+  SUBCASE("Dropout p = 0.4 (mask fixed by a fresh RNG per forward)") {
+    engine::Dropout dropout("dropout", 0.4f);
+    check_layer(dropout, {4, 30}, 11, fixed_rng);
+  }
+  SUBCASE("Linear") {
+    engine::Linear fc("fc", 31, 10);
+    engine::Rng init(12);
+    fc.reset_parameters(init);
+    check_layer(fc, {4, 31}, 12, fixed_rng);
+  }
+  SUBCASE("Linear, first layer (input gradient not needed)") {
+    engine::Linear fc("fc", 6, 3);
+    engine::Rng init(13);
+    fc.reset_parameters(init);
+    std::mt19937 g(13);
+    engine::Tensor x = tensor_of({2, 6}, uniform(12, g, -1.0f, 1.0f));
+    engine::Rng rng = fixed_rng();
+    fc.forward(x, engine::Mode::Train, rng);
+    const std::vector<float> r = uniform(6, g, -1.0f, 1.0f);
+    const engine::Tensor dx = fc.backward(tensor_of({2, 3}, r), engine::InputGrad::NotNeeded);
+    CHECK_FALSE(dx.defined());
+    auto* w = fc.parameters()[0];
+    const std::vector<float> dw = w->grad.to_vector();
+    auto loss = [&] {
+      engine::Rng rr = fixed_rng();
+      return gradcheck::dot(fc.forward(x, engine::Mode::Train, rr).to_vector(), r);
+    };
+    CHECK_GRAD("fc.weight (dx not needed)", gradcheck::check(loss, w->value.f32(), w->value.numel(), dw.data(), layer_options()));
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// The whole model
+// ---------------------------------------------------------------------------------
+TEST_CASE("FashionCnn: parameter gradients match finite differences of the mean cross-entropy") {
+  // Dropout p = 0 (deterministic function), BatchNorm in training mode, batch of 4.
+  engine::FashionCnn model(0.0f);
+  engine::Rng rng(31337);
+  model.reset_parameters(rng);
+  // BatchNorm affine parameters away from their (1, 0) start, so their gradients are generic.
+  std::mt19937 g(42);
+  for (engine::Parameter* p : model.parameters())
+    if (p->name.rfind("bn", 0) == 0) {
+      const bool weight = p->name.find("weight") != std::string::npos;
+      p->value.copy_from(tensor_of(p->value.shape(),
+                                   uniform(static_cast<std::size_t>(p->value.numel()), g,
+                                           weight ? 0.5f : -0.5f, weight ? 1.5f : 0.5f)));
+    }
+  const int n = 4, classes = engine::FashionCnn::kClasses;
+  engine::Tensor x = tensor_of({n, 1, 28, 28}, uniform(static_cast<std::size_t>(n) * 28 * 28, g, -1.0f, 2.0f));
+  const std::vector<int32_t> labels = {3, 7, 0, 9};
+
+  // Mean cross-entropy in double from the float logits.
+  auto loss = [&] {
+    const std::vector<float> z = model.forward(x, engine::Mode::Train, rng).to_vector();
+    double total = 0.0;
+    for (int i = 0; i < n; ++i) {
+      const float* zi = z.data() + static_cast<std::size_t>(i) * classes;
+      const double zmax = *std::max_element(zi, zi + classes);
+      double s = 0.0;
+      for (int k = 0; k < classes; ++k) s += std::exp(zi[k] - zmax);
+      total += zmax + std::log(s) - zi[labels[i]];
+    }
+    return total / n;
+  };
+
+  // Analytic gradients: forward, dlogits of the batch-mean loss (grad_scale 1), backward.
+  const engine::Tensor logits = model.forward(x, engine::Mode::Train, rng);
+  std::vector<float> z = logits.to_vector(), dl(z.size()), sl(n), sc(n);
+  cpu::cross_entropy(n, classes, z.data(), labels.data(), 1.0f, dl.data(), sl.data(), sc.data());
+  model.backward(tensor_of({n, classes}, dl));
+  std::vector<std::vector<float>> grads;
+  double scale = 0.0;  // the largest gradient of the model
+  for (engine::Parameter* p : model.parameters()) {
+    grads.push_back(p->grad.to_vector());
+    for (float v : grads.back()) scale = std::max(scale, static_cast<double>(std::fabs(v)));
+  }
+  REQUIRE(scale > 0.0);
+
+  Options o;
+  o.h = 1e-2;
+  o.rtol = 2e-2;
+  o.atol = 1e-3 * scale;
+  o.atol_scale = 0.0;
+  o.max_checks = 8;
+  std::size_t i = 0;
+  for (engine::Parameter* p : model.parameters()) {
+    o.seed = 1000 + static_cast<uint32_t>(i);
+    CHECK_GRAD(p->name, gradcheck::check(loss, p->value.f32(), p->value.numel(), grads[i].data(), o));
+    ++i;
+  }
+}
