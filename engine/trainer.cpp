@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "engine/dispatch.h"
+#include "kernels/cuda/settings.h"
 
 namespace engine {
 
@@ -133,6 +134,7 @@ class Trainer::MetricsState : public Stateful {
 Trainer::Trainer(Config cfg, Device device, TrainerObserver* observer, SplitsNeeded splits)
     : cfg_(std::move(cfg)), device_(device), observer_(observer ? observer : &silent_),
       rng_(cfg_.seed) {
+  kernels::cuda::set_deterministic(cfg_.cuda.deterministic);
   data_ = load_datasets(cfg_.data, device_, splits);
   model_ = make_model(cfg_.model.name, static_cast<float>(cfg_.model.dropout));
   model_->reset_parameters(rng_);

@@ -19,6 +19,8 @@
 #include <set>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #ifndef ENGINE_VERSION
 #define ENGINE_VERSION "0.0.0-dev"  // standalone builds; CMake defines the real one
 #endif
@@ -1132,6 +1134,47 @@ std::string compare_scalars(const Scalar& a, const Scalar& b, bool& differs) {
   return "series max abs diff " + fmt_short(largest);
 }
 
+// Wall-clock measurements (metrics series named *_seconds) differ between runs with the
+// same state, so diff lists them without counting them.
+bool is_wall_clock(const std::string& group, const std::string& key) {
+  const std::string suffix = "_seconds";
+  return group == "metrics" && key.size() > suffix.size() &&
+         key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+void flatten_json(const nlohmann::json& j, const std::string& prefix, std::map<std::string, std::string>& out) {
+  if (j.is_object() && !j.empty()) {
+    for (const auto& [key, value] : j.items()) flatten_json(value, prefix.empty() ? key : prefix + "." + key, out);
+  } else {
+    out[prefix] = j.dump();
+  }
+}
+
+// "differs at a.b (x vs y), c.d (...)" naming the dotted keys, or "differs" for non-JSON.
+std::string config_difference(const std::string& a, const std::string& b) {
+  std::map<std::string, std::string> fa, fb;
+  try {
+    flatten_json(nlohmann::json::parse(a), "", fa);
+    flatten_json(nlohmann::json::parse(b), "", fb);
+  } catch (const std::exception&) {
+    return "differs";
+  }
+  std::set<std::string> keys;
+  for (const auto& kv : fa) keys.insert(kv.first);
+  for (const auto& kv : fb) keys.insert(kv.first);
+  std::string text;
+  int shown = 0, total = 0;
+  for (const std::string& key : keys) {
+    const auto ia = fa.find(key), ib = fb.find(key);
+    const std::string va = ia == fa.end() ? "absent" : ia->second, vb = ib == fb.end() ? "absent" : ib->second;
+    if (va == vb) continue;
+    if (++total > 8) continue;
+    text += std::string(shown++ ? ", " : "") + key + " (" + va + " vs " + vb + ")";
+  }
+  if (total > shown) text += ", and " + std::to_string(total - shown) + " more";
+  return total ? "differs at " + text : "differs only in formatting";
+}
+
 }  // namespace
 
 // -----------------------------------------------------------------------------------
@@ -1206,19 +1249,16 @@ CheckpointDiff diff_checkpoints(const std::string& path_a, const std::string& pa
   std::ostringstream o;
   int differing = 0;
   o << "a: " << path_a << "\n" << "b: " << path_b << "\n";
-  auto meta = [&](const char* name, const std::string& x, const std::string& y, bool counts) {
-    if (x == y) return;
-    o << "meta " << name << ": \"" << x << "\" vs \"" << y << "\"" << (counts ? "" : " (ignored)") << "\n";
-    if (counts) ++differing;
+  // The verdict is about state: metadata and config are listed, never counted (two
+  // runs with different run directories can still hold bit-identical state).
+  auto meta = [&](const char* name, const std::string& x, const std::string& y) {
+    if (x != y) o << "meta " << name << ": \"" << x << "\" vs \"" << y << "\" (ignored)\n";
   };
-  meta("format_version", std::to_string(a.meta.format_version), std::to_string(b.meta.format_version), true);
-  meta("engine_version", a.meta.engine_version, b.meta.engine_version, false);
-  meta("created_utc", a.meta.created_utc, b.meta.created_utc, false);
-  meta("saved_on", a.meta.saved_on, b.meta.saved_on, true);
-  if (a.config_json != b.config_json) {
-    o << "config: differs\n";
-    ++differing;
-  }
+  meta("format_version", std::to_string(a.meta.format_version), std::to_string(b.meta.format_version));
+  meta("engine_version", a.meta.engine_version, b.meta.engine_version);
+  meta("created_utc", a.meta.created_utc, b.meta.created_utc);
+  meta("saved_on", a.meta.saved_on, b.meta.saved_on);
+  if (a.config_json != b.config_json) o << "config: " << config_difference(a.config_json, b.config_json) << " (ignored)\n";
 
   std::set<std::string> groups = group_names(a);
   for (const auto& kv : b.groups) groups.insert(kv.first);
@@ -1245,7 +1285,10 @@ CheckpointDiff diff_checkpoints(const std::string& path_a, const std::string& pa
       }
       bool differs = false;
       const std::string verdict = compare_scalars(ia->second, ib->second, differs);
-      line(key, verdict, differs);
+      if (differs && is_wall_clock(g, key))
+        line(key, verdict + " (ignored: wall-clock time)", false);
+      else
+        line(key, verdict, differs);
     }
     keys.clear();
     for (const auto& kv : da.tensors) keys.insert(kv.first);

@@ -60,11 +60,13 @@ void verify_checkpoint_file(const std::string& path);
 std::string inspect_checkpoint(const std::string& path);
 
 struct CheckpointDiff {
-  bool identical = false;  // every tensor bit-identical, every scalar equal
+  bool identical = false;  // same keys, every tensor bit-identical, every scalar equal
   std::string report;      // one line per key
 };
-// Compares two checkpoints key by key. created_utc and engine_version are reported
-// when they differ but do not count against `identical`.
+// Compares two checkpoints key by key. Metadata (created_utc, engine_version, saved_on,
+// format_version), the config and wall-clock timings (metrics series named *_seconds)
+// are reported when they differ but do not count against `identical`: two runs in
+// different directories, timed differently, can hold bit-identical state.
 CheckpointDiff diff_checkpoints(const std::string& a, const std::string& b);
 
 // Strips the wrapper prefixes "_orig_mod." and "module." (torch.compile,

@@ -119,6 +119,35 @@ inline Result check(const std::function<double()>& loss, float* x, int64_t n,
   return check_indices(loss, x, n, analytic, pick_indices(n, opt.max_checks, opt.seed), opt);
 }
 
+// Directional check: perturbs all n elements of x at once by +-step * d[i] (rounded to
+// float) and compares L(x+) - L(x-) with sum_i analytic[i] * (x+_i - x-_i), the change the
+// analytic gradient predicts for the realised (float-rounded) step. Returns both; x is
+// restored exactly. Along d = the analytic gradient itself this tests the whole tensor's
+// gradient with one pair of evaluations and the largest possible signal.
+struct Directional {
+  double numeric = 0.0, analytic = 0.0;
+  double rel_error() const {
+    return std::fabs(numeric - analytic) / std::max(std::fabs(analytic), 1e-300);
+  }
+};
+inline Directional directional(const std::function<double()>& loss, float* x, int64_t n,
+                               const float* analytic, const std::vector<double>& d, double step) {
+  std::vector<float> x0(x, x + n), xp(static_cast<std::size_t>(n)), xm(static_cast<std::size_t>(n));
+  Directional r;
+  for (int64_t i = 0; i < n; ++i) {
+    xp[i] = static_cast<float>(static_cast<double>(x0[i]) + step * d[i]);
+    xm[i] = static_cast<float>(static_cast<double>(x0[i]) - step * d[i]);
+    r.analytic += static_cast<double>(analytic[i]) * (static_cast<double>(xp[i]) - xm[i]);
+  }
+  std::copy(xp.begin(), xp.end(), x);
+  const double lp = loss();
+  std::copy(xm.begin(), xm.end(), x);
+  const double lm = loss();
+  std::copy(x0.begin(), x0.end(), x);
+  r.numeric = lp - lm;
+  return r;
+}
+
 // One line for test messages: "name: 3/200 failed (worst |diff|/tol 4.2)\n  [i] ...".
 inline std::string describe(const std::string& name, const Result& r) {
   std::ostringstream o;

@@ -585,7 +585,7 @@ TEST_CASE("diff reports identical files and the largest difference") {
   CHECK(d.report.find("verdict: different") != std::string::npos);
 }
 
-TEST_CASE("diff ignores creation time but lists it") {
+TEST_CASE("diff lists metadata and config differences without counting them") {
   const std::string a = tmp_path("time_a.h5"), b = tmp_path("time_b.h5");
   save_checkpoint(a, sample());
   std::this_thread::sleep_for(std::chrono::milliseconds(1100));
@@ -596,10 +596,40 @@ TEST_CASE("diff ignores creation time but lists it") {
   CHECK(d.report.find("meta created_utc:") != std::string::npos);
   CHECK(d.report.find("(ignored)") != std::string::npos);
 
-  Checkpoint gpu = sample();
-  gpu.meta.saved_on = "cuda:0";
-  save_checkpoint(b, gpu);
-  CHECK(!diff_checkpoints(a, b).identical);
+  // Metadata and config are listed, but the verdict is about the state.
+  Checkpoint other = sample();
+  other.meta.saved_on = "cuda:0";
+  other.config_json = R"({"seed": 0, "optimizer": {"name": "adamw", "lr": 0.002}, "extra": true})";
+  save_checkpoint(b, other);
+  const CheckpointDiff m = diff_checkpoints(a, b);
+  INFO(m.report);
+  CHECK(m.identical);
+  CHECK(m.report.find("meta saved_on: \"cpu\" vs \"cuda:0\" (ignored)") != std::string::npos);
+  CHECK(m.report.find("config: differs at extra (absent vs true), optimizer.lr (0.001 vs 0.002) (ignored)") !=
+        std::string::npos);
+
+  // So are wall-clock timings.
+  other = sample();
+  other.groups["metrics"].scalars["epoch_seconds"] = std::vector<double>{3.5, 3.7};
+  save_checkpoint(b, other);
+  Checkpoint timed = sample();
+  timed.groups["metrics"].scalars["epoch_seconds"] = std::vector<double>{3.5, 3.9};
+  save_checkpoint(a, timed);
+  const CheckpointDiff t = diff_checkpoints(a, b);
+  INFO(t.report);
+  CHECK(t.identical);
+  CHECK(t.report.find("metrics/epoch_seconds: series max abs diff 0.2 (ignored: wall-clock time)") != std::string::npos);
+
+  // A state scalar does count.
+  save_checkpoint(a, sample());
+  other = sample();
+  other.groups["rng"].scalars["dropout"] = int64_t{1};
+  save_checkpoint(b, other);
+  const CheckpointDiff r = diff_checkpoints(a, b);
+  INFO(r.report);
+  CHECK(!r.identical);
+  CHECK(r.report.find("rng/dropout: 123456789 vs 1\n") != std::string::npos);
+  CHECK(r.report.find("verdict: different (1 entries differ)") != std::string::npos);
 }
 
 TEST_CASE("inspect lists metadata, scalars and every tensor") {
