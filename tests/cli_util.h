@@ -60,15 +60,22 @@ inline std::vector<std::string> read_lines(const std::string& path) {
   return lines;
 }
 
+// The Fashion-MNIST directory: $ENGINE_DATA_DIR (e.g. on a GPU machine where the files
+// travel with the tree), else Debian's location.
+inline std::string data_dir() {
+  const char* d = std::getenv("ENGINE_DATA_DIR");
+  return d ? d : "/usr/share/datasets/fashion-mnist";
+}
+
 inline bool dataset_available() {
-  return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz") ||
-         std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte");
+  return std::filesystem::exists(data_dir() + "/train-images-idx3-ubyte.gz") ||
+         std::filesystem::exists(data_dir() + "/train-images-idx3-ubyte");
 }
 
 // A small, quick run: 1024 training images, 4 epochs.
 inline std::string small_run(const std::string& run_dir) {
   return "train \"" + source_dir() + "/configs/mnist.json\" --device cpu --run-dir \"" + run_dir +
-         "\" --set data.train_limit=1024 --set data.val_split=512 --set data.test_limit=512"
+         "\" --set data.dir=\"" + data_dir() + "\" --set data.train_limit=1024 --set data.val_split=512 --set data.test_limit=512"
          " --set data.batch_size=64 --set train.epochs=4 --set checkpoint.every_n_epochs=2";
 }
 
