@@ -1306,7 +1306,10 @@ CheckpointDiff diff_checkpoints(const std::string& path_a, const std::string& pa
   }
   CheckpointDiff result;
   result.identical = differing == 0;
-  o << (result.identical ? "verdict: identical\n" : "verdict: different (" + std::to_string(differing) + " entries differ)\n");
+  if (result.identical)
+    o << "verdict: identical\n";
+  else
+    o << "verdict: different (" << differing << (differing == 1 ? " entry differs)\n" : " entries differ)\n");
   result.report = o.str();
   return result;
 }

@@ -629,7 +629,7 @@ TEST_CASE("diff lists metadata and config differences without counting them") {
   INFO(r.report);
   CHECK(!r.identical);
   CHECK(r.report.find("rng/dropout: 123456789 vs 1\n") != std::string::npos);
-  CHECK(r.report.find("verdict: different (1 entries differ)") != std::string::npos);
+  CHECK(r.report.find("verdict: different (1 entry differs)") != std::string::npos);
 }
 
 TEST_CASE("inspect lists metadata, scalars and every tensor") {

@@ -12,15 +12,18 @@
 //  - Reference ops: h = 1e-2, rtol = 2e-3, atol_scale = 1e-3 (the defaults; see
 //    gradcheck.h). The ops accumulate in double and round each output once, so the
 //    numerical gradient is good to ~1e-5 relative (linear ops have no truncation error;
-//    batchnorm and softmax have ~h^2 = 1e-4 relative).
-//  - Layers and model run the fast float32 kernels (float GEMM sums, float batchnorm):
-//    each loss carries rounding noise of ~1e-7 relative, i.e. ~1e-5 of the loss scale in
-//    the numerical gradient at h = 1e-2, and the model is not smooth: a perturbation of
-//    h moves some ReLU inputs across 0 and some max-pool windows to another maximum,
-//    an O(h) relative error of the central difference. Hence rtol = 2e-2 with h = 1e-2
-//    for the model, and an absolute floor (atol) scaled to the gradient magnitude of the
-//    whole model, for parameters whose true gradient is ~0 (conv biases followed by
-//    batchnorm). The layers alone are linear or smooth in each input: rtol = 5e-3.
+//    batchnorm and softmax ~h^2 = 1e-4 relative); a 1% error fails.
+//  - Layers (fast float32 kernels, linear or smooth in each input once ReLU/max-pool
+//    inputs are kept away from their kinks): the same h = 1e-2, rtol = 2e-3,
+//    atol_scale = 1e-3. Float summation noise in L(x +- h) is ~1e-7 relative, ~1e-5 of
+//    the gradient scale after dividing by 2h; the measured worst |diff|/tol is ~0.01.
+//  - The whole model is float32 and not smooth: perturbing one conv1 weight moves ~25k
+//    ReLU/max-pool inputs, and those crossing a kink within +-h bias the difference by
+//    up to a few % of the tensor's gradient whatever h (smaller h trades kink error for
+//    float noise). So the model is checked three ways: (1) the derivative along each
+//    tensor's own gradient (the largest signal; rtol 2e-2, measured <= 6.7e-3 over 8
+//    draws), (2) sampled elements with a coarse bound, (3) equality with the reference-op
+//    chain, whose every backward is finite-difference checked here (tight: 1e-4).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -378,8 +381,8 @@ engine::Tensor tensor_of(const engine::Shape& shape, const std::vector<float>& v
 Options layer_options() {
   Options o;
   o.h = 1e-2;
-  o.rtol = 5e-3;
-  o.atol_scale = 2e-3;
+  o.rtol = 2e-3;
+  o.atol_scale = 1e-3;
   o.max_checks = 60;
   return o;
 }
@@ -631,13 +634,15 @@ TEST_CASE("FashionCnn: each parameter's gradient matches the directional finite 
 
 // Per-element check on the largest-gradient element and 5 random ones of every tensor.
 // Through the whole float32 model an element's central difference is limited by the
-// kinks: a single conv1 weight feeds ~25k ReLU/max-pool decisions, and the ones that
-// switch inside +-h bias the difference (measured: up to ~5% of the tensor's largest
-// gradient at h = 1e-3 for conv1/bn1/conv2, ~1e-4 for the fully connected layers; at
-// h = 1e-2, up to 2x more; below h = 3e-4 float noise of the loss takes over). Hence
-// h = 1e-3 and |num - ana| <= 5e-2 |ana| + 0.15 max_t |g| + 1e-3 max_model |g|: a coarse
-// check of each element (sign, gross scale, wiring), the fine one being the reference
-// chain test below and the layer-level checks.
+// kinks: a single conv1 weight feeds ~25k ReLU/max-pool decisions, and those that switch
+// inside +-h bias the difference. Measured over 8 draws at h = 1e-3: up to ~2% of the
+// tensor's largest gradient (beyond 2% of the element's own) for conv1/bn1/conv2/bn2,
+// ~1e-4 for the fully connected layers; h = 1e-2 is ~2x worse, and below h = 3e-4 the
+// loss's float noise (~1e-7 / 2h) takes over. Hence h = 1e-3 and
+//   |num - ana| <= 5e-2 |ana| + 5e-2 max_t |g| + 1e-3 max_model |g|
+// (worst measured |diff|/tol: 0.45): a coarse check of every element's sign, scale and
+// wiring; the fine ones are the directional check above, the reference-chain check below
+// and the layer-level checks.
 TEST_CASE("FashionCnn: sampled gradient elements match central differences (coarse)") {
   ModelProblem mp;
   mp.forward_backward();
@@ -661,7 +666,7 @@ TEST_CASE("FashionCnn: sampled gradient elements match central differences (coar
     o.h = 1e-3;
     o.rtol = 5e-2;
     o.atol = 1e-3 * gmax_model;
-    o.atol_scale = 0.15;
+    o.atol_scale = 5e-2;
     CHECK_GRAD(p->name, gradcheck::check_indices([&] { return mp.loss(); }, p->value.f32(), n, g.data(), idx, o));
     ++i;
   }
@@ -669,8 +674,11 @@ TEST_CASE("FashionCnn: sampled gradient elements match central differences (coar
 
 // The model's gradients (fast kernels through the layers) equal those of the same network
 // written out with the reference ops, each of whose backward is finite-difference checked
-// above. Differences come only from float vs double accumulation (~1e-6 relative per op),
-// so the tolerance is tight: 1e-3 relative to each tensor's largest gradient.
+// above: this pins every element, which finite differences through the kinks cannot.
+// Differences come only from float vs double accumulation (~1e-6 relative per op; no
+// ReLU/max-pool decision flips at that level), so the tolerance is tight: 1e-4 of each
+// tensor's largest gradient, plus 1e-6 of the model's for the ~0 conv-bias gradients
+// (measured over 8 draws: at most 1% of that tolerance, 12% for the conv biases).
 TEST_CASE("FashionCnn: gradients equal the reference-op chain (forward and backward)") {
   ModelProblem mp;
   const std::vector<float> z_model = mp.forward_backward();

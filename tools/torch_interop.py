@@ -61,7 +61,10 @@ import tempfile
 import time
 import zlib
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # reported by main(); `--help` still works
+    np = None
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
@@ -301,7 +304,7 @@ def run(cmd, what):
 
 
 def cmd_compare(args):
-    torch = _torch()
+    _torch()  # sets the thread count
     check_header(args.ckpt)
     state, config = load_model_state(args.ckpt)
     model = make_model(config["model"]["dropout"])
@@ -375,7 +378,7 @@ def _write_dataset(group, name, value):
     ds[...] = value.astype(ds.dtype)
 
 
-def make_template(args, user_config, tmp, seed, val_small, test_small):
+def make_template(args, tmp, seed, val_small, test_small):
     run_dir = os.path.join(tmp, "template")
     cmd = [args.engine, "train", args.config, "--device", "cpu", "--run-dir", run_dir, "--fresh",
            "--set", "train.epochs=%d" % args.epochs,
@@ -402,8 +405,8 @@ def cmd_export(args):
     out_dir = os.path.dirname(out_path)
     os.makedirs(out_dir, exist_ok=True)
 
-    with tempfile.TemporaryDirectory(prefix="torch_interop.") as tmp:
-        template = make_template(args, user_config, tmp, seed, val_small=128, test_small=128)
+    with tempfile.TemporaryDirectory(prefix=".torch_interop.", dir=out_dir) as tmp:
+        template = make_template(args, tmp, seed, val_small=128, test_small=128)
         check_header(template)
         with h5py.File(template, "r") as f:
             config = json.loads(f.attrs["config"])
@@ -576,6 +579,9 @@ def main(argv=None):
         parser.error("--limit must be >= 1")
     if args.command == "export-torch" and (args.epochs < 1 or args.train_limit < 1):
         parser.error("--epochs and --train-limit must be >= 1")
+    if np is None:
+        print("torch_interop: needs numpy, torch and h5py (run it with /usr/bin/python3)", file=sys.stderr)
+        return 1
     try:
         return args.func(args)
     except (RuntimeError, ValueError, OSError, KeyError) as e:
