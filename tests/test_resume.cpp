@@ -108,3 +108,24 @@ TEST_CASE("SIGKILL mid-epoch (between and right after mid-epoch saves) resumes b
     expect_same_run(reference_run(extra), b);
   }
 }
+
+TEST_CASE("SIGTERM (a scheduler's time limit) stops after a step, saves, and resumes bit-exactly") {
+  if (!dataset_available()) return;
+  const std::string b = fresh_dir("resume_sigterm");
+  // timeout(1) sends SIGTERM after 2 s, wherever the run is: mid-epoch, in validation...
+  const std::string cmd = "timeout -s TERM 2 " + engine_bin() + " " + small_run(b) + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  REQUIRE(f);
+  std::string out;
+  char buf[4096];
+  for (std::size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  const int status = pclose(f);
+  INFO(out);
+  // 124: stopped by the signal (the engine exits 130 after saving); 0: finished first.
+  REQUIRE(WIFEXITED(status));
+  CHECK((WEXITSTATUS(status) == 124 || WEXITSTATUS(status) == 0));
+  const RunResult r = run(small_run(b));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  expect_same_run(reference_run(), b);
+}

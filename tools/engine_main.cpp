@@ -249,7 +249,12 @@ int cmd_train(const Args& a) {
   std::cout << "training " << cfg.model.name << " (" << trainer.model().parameter_count()
             << " parameters) on " << device.str() << ", run dir " << cfg.checkpoint.dir << "\n";
   if (resume) {
-    const StateReport r = trainer.resume_from(last, LoadMode::Strict);
+    StateReport r;
+    try {
+      r = trainer.resume_from(last, LoadMode::Strict);
+    } catch (const std::exception& e) {
+      fail(std::string(e.what()) + " (start over with --fresh)");
+    }
     print_report(r);
     std::cout << "resuming from epoch " << trainer.epochs_done() << ", step "
               << trainer.step_in_epoch() << " of epoch " << trainer.epochs_done() + 1 << " ("

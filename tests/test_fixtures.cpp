@@ -1,0 +1,50 @@
+// Every released checkpoint format_version has a fixture in tests/data/ that this
+// engine must keep reading (docs/checkpoint-format.md, "Versions and compatibility").
+#include <doctest/doctest.h>
+
+#include <vector>
+
+#include "cli_util.h"
+#include "io/checkpoint.h"
+
+using namespace test_util;
+
+namespace {
+std::string fixture(const char* name) { return source_dir() + "/tests/data/" + name; }
+}  // namespace
+
+TEST_CASE("format_version 1 fixture (CPU, mid-epoch, written by engine 0.1.0) still loads") {
+  const std::string path = fixture("checkpoint_v1_cpu_mid_epoch.h5");
+  const engine::Checkpoint ck = engine::load_checkpoint(path);
+  CHECK(ck.meta.format_version == 1);
+  CHECK(ck.meta.saved_on == "cpu");
+  CHECK(ck.groups.at("trainer").get_int("global_step") == 20);
+  CHECK(ck.groups.at("trainer").get_int("step_in_epoch") == 4);
+  CHECK(ck.groups.at("trainer").get_int("epoch") == 1);
+  CHECK(ck.groups.at("optimizer").get_int("step/fc1.weight") == 20);
+  CHECK(ck.groups.at("rng").get_string("algorithm") == "philox4x32-10");
+  // The exact values it was written with (h5py printed them at creation).
+  const std::vector<float> fc2_bias = {0.037644170224666595f, 0.011919811367988586f, -0.042249903082847595f,
+                                       0.0060997623950243f,   0.01485252846032381f,  0.04219144955277443f,
+                                       0.0059394133277237415f, 0.01663343608379364f,  0.07136961817741394f,
+                                       -0.05508960410952568f};
+  CHECK(ck.groups.at("model").get_tensor("fc2.bias").to_vector() == fc2_bias);
+  CHECK(run("verify \"" + path + "\"").exit_code == 0);
+}
+
+TEST_CASE("the v1 fixture evaluates and resumes mid-epoch with this engine") {
+  if (!dataset_available()) return;
+  const std::string path = fixture("checkpoint_v1_cpu_mid_epoch.h5");
+  RunResult r = run("eval \"" + path + "\" --device cpu --limit 256 --data-dir \"" + data_dir() + "\"");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  const std::string dir = fresh_dir("fixture_v1_resume");
+  r = run("resume \"" + path + "\" --device cpu --run-dir \"" + dir + "\" --set data.dir=\"" + data_dir() +
+          "\" --stop-after-epochs 2");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("resuming from epoch 1") != std::string::npos);
+  const engine::Checkpoint after = engine::load_checkpoint(dir + "/last.h5");
+  CHECK(after.groups.at("trainer").get_int("epoch") == 2);
+  CHECK(after.groups.at("trainer").get_int("global_step") == 32);
+}
