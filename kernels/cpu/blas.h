@@ -4,6 +4,8 @@
 #pragma once
 #include <cblas.h>
 
+#include <cstddef>
+
 namespace engine::kernels::cpu {
 
 // Pins the BLAS library to one thread (idempotent, cheap after the first call).
@@ -13,5 +15,9 @@ void blas_single_threaded();
 // A constant, not the thread count: the summation order, hence the bits, are the
 // same on every machine.
 inline constexpr int kBatchChunks = 8;
+
+// Per-thread scratch memory that grows and is reused across calls (no zero-filling,
+// no page faults on the hot path). `slot` separates buffers used at the same time.
+float* thread_scratch(int slot, std::size_t floats);
 
 }  // namespace engine::kernels::cpu

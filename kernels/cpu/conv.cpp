@@ -70,21 +70,21 @@ void conv2d_forward(const ConvShape& s, const float* x, const float* w, const fl
   const int max_chunk = (s.n + kBatchChunks - 1) / kBatchChunks;
 #pragma omp parallel
   {
-    std::vector<float> col(static_cast<std::size_t>(crs * ohw * max_chunk));
-    std::vector<float> out(static_cast<std::size_t>(s.k * ohw * max_chunk));
+    float* col = thread_scratch(0, static_cast<std::size_t>(crs * ohw * max_chunk));
+    float* out = thread_scratch(1, static_cast<std::size_t>(s.k * ohw * max_chunk));
 #pragma omp for schedule(static)
     for (int chunk = 0; chunk < kBatchChunks; ++chunk) {
       const int n0 = chunk_begin(s.n, chunk), nb = chunk_begin(s.n, chunk + 1) - n0;
       if (nb == 0) continue;
       const int64_t ld = nb * ohw;
-      for (int j = 0; j < nb; ++j) im2col(s, x + (n0 + j) * in_size, col.data() + j * ohw, ld);
-      for (int k = 0; k < s.k; ++k) std::fill(out.data() + k * ld, out.data() + (k + 1) * ld, b ? b[k] : 0.0f);
+      for (int j = 0; j < nb; ++j) im2col(s, x + (n0 + j) * in_size, col + j * ohw, ld);
+      for (int k = 0; k < s.k; ++k) std::fill(out + k * ld, out + (k + 1) * ld, b ? b[k] : 0.0f);
       // out[K, nb*OHW] += W[K, CRS] * col[CRS, nb*OHW]
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.k, static_cast<int>(ld), crs, 1.0f,
-                  w, crs, col.data(), static_cast<int>(ld), 1.0f, out.data(), static_cast<int>(ld));
+                  w, crs, col, static_cast<int>(ld), 1.0f, out, static_cast<int>(ld));
       for (int j = 0; j < nb; ++j)
         for (int k = 0; k < s.k; ++k)
-          std::memcpy(y + ((n0 + j) * static_cast<int64_t>(s.k) + k) * ohw, out.data() + k * ld + j * ohw,
+          std::memcpy(y + ((n0 + j) * static_cast<int64_t>(s.k) + k) * ohw, out + k * ld + j * ohw,
                       sizeof(float) * ohw);
     }
   }
@@ -102,8 +102,8 @@ void conv2d_backward(const ConvShape& s, const float* x, const float* w, const f
   std::vector<double> db_chunks(static_cast<std::size_t>(kBatchChunks) * s.k, 0.0);
 #pragma omp parallel
   {
-    std::vector<float> col(static_cast<std::size_t>(crs * ohw * max_chunk));
-    std::vector<float> dyc(static_cast<std::size_t>(s.k * ohw * max_chunk));
+    float* col = thread_scratch(0, static_cast<std::size_t>(crs * ohw * max_chunk));
+    float* dyc = thread_scratch(1, static_cast<std::size_t>(s.k * ohw * max_chunk));
 #pragma omp for schedule(static)
     for (int chunk = 0; chunk < kBatchChunks; ++chunk) {
       const int n0 = chunk_begin(s.n, chunk), nb = chunk_begin(s.n, chunk + 1) - n0;
@@ -112,25 +112,32 @@ void conv2d_backward(const ConvShape& s, const float* x, const float* w, const f
       // dy of the chunk as [K, nb*OHW], and the chunk's columns.
       for (int j = 0; j < nb; ++j) {
         for (int k = 0; k < s.k; ++k)
-          std::memcpy(dyc.data() + k * ld + j * ohw, dy + ((n0 + j) * static_cast<int64_t>(s.k) + k) * ohw,
+          std::memcpy(dyc + k * ld + j * ohw, dy + ((n0 + j) * static_cast<int64_t>(s.k) + k) * ohw,
                       sizeof(float) * ohw);
-        im2col(s, x + (n0 + j) * in_size, col.data() + j * ohw, ld);
+        im2col(s, x + (n0 + j) * in_size, col + j * ohw, ld);
       }
       double* db_c = db_chunks.data() + static_cast<int64_t>(chunk) * s.k;
       for (int k = 0; k < s.k; ++k) {
+        // 16 float lanes, then double: vectorisable, fixed order.
+        float lanes[16] = {};
+        const float* row = dyc + k * ld;
+        int64_t i = 0;
+        for (; i + 16 <= ld; i += 16)
+          for (int j = 0; j < 16; ++j) lanes[j] += row[i + j];
         double acc = 0.0;
-        for (int64_t i = 0; i < ld; ++i) acc += dyc[k * ld + i];
+        for (; i < ld; ++i) acc += row[i];
+        for (int j = 0; j < 16; ++j) acc += lanes[j];
         db_c[k] = acc;
       }
       // dW_chunk[K, CRS] = dy_c[K, nb*OHW] * col^T[nb*OHW, CRS]
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.k, crs, static_cast<int>(ld), 1.0f,
-                  dyc.data(), static_cast<int>(ld), col.data(), static_cast<int>(ld), 0.0f,
+                  dyc, static_cast<int>(ld), col, static_cast<int>(ld), 0.0f,
                   dw_chunks.data() + chunk * wsize, crs);
       if (dx) {
         // col[CRS, nb*OHW] = W^T[CRS, K] * dy_c[K, nb*OHW]
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, crs, static_cast<int>(ld), s.k, 1.0f,
-                    w, crs, dyc.data(), static_cast<int>(ld), 0.0f, col.data(), static_cast<int>(ld));
-        for (int j = 0; j < nb; ++j) col2im(s, col.data() + j * ohw, ld, dx + (n0 + j) * in_size);
+                    w, crs, dyc, static_cast<int>(ld), 0.0f, col, static_cast<int>(ld));
+        for (int j = 0; j < nb; ++j) col2im(s, col + j * ohw, ld, dx + (n0 + j) * in_size);
       }
     }
   }
