@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "engine/dispatch.h"
+#include "kernels/cuda/mixed_precision.h"
 
 namespace engine {
 
@@ -49,7 +50,10 @@ Tensor Conv2d::forward(const Tensor& x, Mode, Rng&) {
               out_, kernel_, kernel_, pad_};
   ensure(y_, {s.n, s.k, s.out_h(), s.out_w()}, d);
   x_ = x;
-  ENGINE_DISPATCH(d, conv2d_forward, s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
+  if (precision_ == Precision::Fp16 && d.is_cuda())
+    cuda::conv2d_forward_f16(s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
+  else
+    ENGINE_DISPATCH(d, conv2d_forward, s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
   return y_;
 }
 
@@ -59,8 +63,12 @@ Tensor Conv2d::backward(const Tensor& dy, InputGrad need) {
               out_, kernel_, kernel_, pad_};
   float* dx = nullptr;
   if (need == InputGrad::Needed) dx = ensure(dx_, x_.shape(), d).f32();
-  ENGINE_DISPATCH(d, conv2d_backward, s, x_.f32(), weight_.value.f32(), dy.f32(), dx,
-                  weight_.grad.f32(), bias_.grad.f32());
+  if (precision_ == Precision::Fp16 && d.is_cuda())
+    cuda::conv2d_backward_f16(s, x_.f32(), weight_.value.f32(), dy.f32(), dx, weight_.grad.f32(),
+                              bias_.grad.f32());
+  else
+    ENGINE_DISPATCH(d, conv2d_backward, s, x_.f32(), weight_.value.f32(), dy.f32(), dx,
+                    weight_.grad.f32(), bias_.grad.f32());
   return need == InputGrad::Needed ? dx_ : Tensor();
 }
 
@@ -214,7 +222,10 @@ Tensor Linear::forward(const Tensor& x, Mode, Rng&) {
   LinearShape s{static_cast<int>(x.dim(0)), in_, out_};
   ensure(y_, {s.n, out_}, d);
   x_ = x;
-  ENGINE_DISPATCH(d, linear_forward, s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
+  if (precision_ == Precision::Fp16 && d.is_cuda())
+    cuda::linear_forward_f16(s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
+  else
+    ENGINE_DISPATCH(d, linear_forward, s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
   return y_;
 }
 
@@ -223,8 +234,12 @@ Tensor Linear::backward(const Tensor& dy, InputGrad need) {
   LinearShape s{static_cast<int>(x_.dim(0)), in_, out_};
   float* dx = nullptr;
   if (need == InputGrad::Needed) dx = ensure(dx_, x_.shape(), d).f32();
-  ENGINE_DISPATCH(d, linear_backward, s, x_.f32(), weight_.value.f32(), dy.f32(), dx,
-                  weight_.grad.f32(), bias_.grad.f32());
+  if (precision_ == Precision::Fp16 && d.is_cuda())
+    cuda::linear_backward_f16(s, x_.f32(), weight_.value.f32(), dy.f32(), dx, weight_.grad.f32(),
+                              bias_.grad.f32());
+  else
+    ENGINE_DISPATCH(d, linear_backward, s, x_.f32(), weight_.value.f32(), dy.f32(), dx,
+                    weight_.grad.f32(), bias_.grad.f32());
   return need == InputGrad::Needed ? dx_ : Tensor();
 }
 

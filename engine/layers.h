@@ -5,6 +5,11 @@
 
 namespace engine {
 
+// Arithmetic of convolution and linear layers. Fp16 is mixed precision on CUDA
+// (kernels/cuda/mixed_precision.h: fp16 inputs, fp32 accumulation, fp32 parameters
+// and results); on the CPU it falls back to fp32. Other layers are always fp32.
+enum class Precision { Fp32, Fp16 };
+
 class Conv2d : public Layer {
  public:
   Conv2d(const std::string& name, int in_channels, int out_channels, int kernel, int pad);
@@ -13,10 +18,12 @@ class Conv2d : public Layer {
   Tensor backward(const Tensor& dy, InputGrad need) override;
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
   void to(Device device) override;
+  void set_precision(Precision p) { precision_ = p; }
 
  private:
   int in_, out_, kernel_, pad_;
   Parameter weight_, bias_;
+  Precision precision_ = Precision::Fp32;
   Tensor x_, y_, dx_;
 };
 
@@ -92,10 +99,12 @@ class Linear : public Layer {
   Tensor backward(const Tensor& dy, InputGrad need) override;
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
   void to(Device device) override;
+  void set_precision(Precision p) { precision_ = p; }
 
  private:
   int in_, out_;
   Parameter weight_, bias_;
+  Precision precision_ = Precision::Fp32;
   Tensor x_, y_, dx_;
 };
 

@@ -2,6 +2,7 @@
 #include <stdexcept>
 
 #include "kernels/cuda/cast.h"
+#include "kernels/cuda/mixed_precision.h"
 #include "kernels/cuda/philox_check.h"
 #include "kernels/cuda/settings.h"
 #include "kernels/cuda_runtime.h"
@@ -36,6 +37,10 @@ void conv2d_forward(const ConvShape&, const float*, const float*, const float*, 
 void conv2d_backward(const ConvShape&, const float*, const float*, const float*, float*, float*, float*) { unavailable(); }
 void linear_forward(const LinearShape&, const float*, const float*, const float*, float*) { unavailable(); }
 void linear_backward(const LinearShape&, const float*, const float*, const float*, float*, float*, float*) { unavailable(); }
+void conv2d_forward_f16(const ConvShape&, const float*, const float*, const float*, float*) { unavailable(); }
+void conv2d_backward_f16(const ConvShape&, const float*, const float*, const float*, float*, float*, float*) { unavailable(); }
+void linear_forward_f16(const LinearShape&, const float*, const float*, const float*, float*) { unavailable(); }
+void linear_backward_f16(const LinearShape&, const float*, const float*, const float*, float*, float*, float*) { unavailable(); }
 void batchnorm_forward_train(const BatchNormShape&, const float*, const float*, const float*, float, float, float*, float*, float*, float*, float*) { unavailable(); }
 void batchnorm_forward_eval(const BatchNormShape&, const float*, const float*, const float*, const float*, const float*, float, float*) { unavailable(); }
 void batchnorm_backward(const BatchNormShape&, const float*, const float*, const float*, const float*, const float*, float*, float*, float*) { unavailable(); }

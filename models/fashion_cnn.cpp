@@ -24,6 +24,14 @@ void FashionCnn::to(Device device) {
   device_ = device;
 }
 
+void FashionCnn::set_precision(Precision p) {
+  // Only convolutions and linear layers have an fp16 path (see engine/layers.h).
+  conv1_.set_precision(p);
+  conv2_.set_precision(p);
+  fc1_.set_precision(p);
+  fc2_.set_precision(p);
+}
+
 Tensor FashionCnn::forward(const Tensor& x, Mode mode, Rng& rng) {
   Tensor h = x;
   for (Layer* l : layers_) h = l->forward(h, mode, rng);

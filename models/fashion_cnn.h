@@ -24,6 +24,9 @@ class FashionCnn : public Stateful {
   void reset_parameters(Rng& rng);
   void to(Device device);
   Device device() const { return device_; }
+  // Fp16: mixed-precision convolutions and linear layers on CUDA (fp32 on the CPU);
+  // parameters, BatchNorm and everything else stay fp32. Default Fp32.
+  void set_precision(Precision p);
 
   // x: [N, 1, 28, 28] on the model's device -> logits [N, 10].
   Tensor forward(const Tensor& x, Mode mode, Rng& rng);
