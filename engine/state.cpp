@@ -60,8 +60,7 @@ std::string StateReport::summary() const {
     if (v.empty()) return;
     if (o.tellp() > 0) o << ", ";
     o << v.size() << ' ' << what << " (";
-    for (std::size_t i = 0; i < v.size() && i < 4; ++i) o << (i ? ", " : "") << v[i];
-    if (v.size() > 4) o << ", ...";
+    for (std::size_t i = 0; i < v.size(); ++i) o << (i ? ", " : "") << v[i];
     o << ')';
   };
   part(missing, "missing");

@@ -41,7 +41,7 @@ struct StateReport {
   // Prefixes every key with `group` + "/" and appends to this report.
   void merge(const StateReport& other, const std::string& group);
   std::string str() const;  // multi-line, one key per line; "" when clean
-  std::string summary() const;  // one line: "2 missing (a, b), 1 unexpected (c)"
+  std::string summary() const;  // one line, every key: "2 missing (a, b), 1 unexpected (c)"
 };
 
 // Compares keys, tensor shapes and dtypes, and scalar kinds. Series may differ in length.
