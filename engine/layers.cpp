@@ -125,22 +125,28 @@ Tensor BatchNorm2d::forward(const Tensor& x, Mode mode, Rng&) {
 Tensor BatchNorm2d::backward(const Tensor& dy, InputGrad) {
   const Device d = weight_.value.device();
   BatchNormShape s{static_cast<int>(x_.dim(0)), channels_, static_cast<int>(x_.dim(2) * x_.dim(3))};
-  ensure(dx_, x_.shape(), d);
+  Tensor dx = dy;  // in place: batchnorm_backward allows dx == dy
   ENGINE_DISPATCH(d, batchnorm_backward, s, x_.f32(), dy.f32(), weight_.value.f32(),
-                  save_mean_.f32(), save_invstd_.f32(), dx_.f32(), weight_.grad.f32(),
+                  save_mean_.f32(), save_invstd_.f32(), dx.f32(), weight_.grad.f32(),
                   bias_.grad.f32());
-  return dx_;
+  return dx;
 }
 
 // ---- ReLU ---------------------------------------------------------------------
 Tensor ReLU::forward(const Tensor& x, Mode, Rng&) {
-  ensure(y_, x.shape(), x.device());
+  if (in_place_ == InPlace::Yes)
+    y_ = x;
+  else
+    ensure(y_, x.shape(), x.device());
   ENGINE_DISPATCH(x.device(), relu_forward, x.numel(), x.f32(), y_.f32());
   return y_;
 }
 
 Tensor ReLU::backward(const Tensor& dy, InputGrad) {
-  ensure(dx_, dy.shape(), dy.device());
+  if (in_place_ == InPlace::Yes)
+    dx_ = dy;
+  else
+    ensure(dx_, dy.shape(), dy.device());
   ENGINE_DISPATCH(dy.device(), relu_backward, dy.numel(), y_.f32(), dy.f32(), dx_.f32());
   return dx_;
 }

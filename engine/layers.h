@@ -31,6 +31,7 @@ class BatchNorm2d : public Layer {
  public:
   BatchNorm2d(const std::string& name, int channels, float eps = 1e-5f, float momentum = 0.1f);
   Tensor forward(const Tensor& x, Mode mode, Rng& rng) override;
+  // Writes the input gradient over dy (the incoming gradient is not needed afterwards).
   Tensor backward(const Tensor& dy, InputGrad need) override;
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
   void buffers(StateDict& out) const override;
@@ -43,16 +44,23 @@ class BatchNorm2d : public Layer {
   Parameter weight_, bias_;
   Tensor running_mean_, running_var_;
   int64_t num_batches_tracked_ = 0;
-  Tensor x_, y_, dx_, save_mean_, save_invstd_;
+  Tensor x_, y_, save_mean_, save_invstd_;
 };
+
+// In place, ReLU overwrites its input with the output in forward and the incoming
+// gradient with the outgoing one in backward: for inputs nobody else needs afterwards
+// (the output of BatchNorm or of a Linear layer), it saves two activation buffers.
+enum class InPlace { No, Yes };
 
 class ReLU : public Layer {
  public:
-  using Layer::Layer;
+  explicit ReLU(const std::string& name, InPlace in_place = InPlace::No)
+      : Layer(name), in_place_(in_place) {}
   Tensor forward(const Tensor& x, Mode mode, Rng& rng) override;
   Tensor backward(const Tensor& dy, InputGrad need) override;
 
  private:
+  InPlace in_place_;
   Tensor y_, dx_;
 };
 

@@ -7,8 +7,10 @@ namespace engine {
 void Layer::to(Device) {}
 
 Tensor& Layer::ensure(Tensor& t, const Shape& shape, Device device, DType dtype) {
-  if (!t.defined() || t.shape() != shape || t.device() != device || t.dtype() != dtype)
+  if (!t.defined() || t.shape() != shape || t.device() != device || t.dtype() != dtype) {
+    t = Tensor();  // release first: never hold the old and the new buffer at once
     t = Tensor::empty(shape, dtype, device);
+  }
   return t;
 }
 

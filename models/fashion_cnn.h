@@ -43,15 +43,15 @@ class FashionCnn : public Stateful {
   Device device_ = Device::cpu();
   Conv2d conv1_;
   BatchNorm2d bn1_;
-  ReLU relu1_{"relu1"};
+  ReLU relu1_{"relu1", InPlace::Yes};
   MaxPool2x2 pool1_{"pool1"};
   Conv2d conv2_;
   BatchNorm2d bn2_;
-  ReLU relu2_{"relu2"};
+  ReLU relu2_{"relu2", InPlace::Yes};
   MaxPool2x2 pool2_{"pool2"};
   Flatten flatten_{"flatten"};
   Linear fc1_;
-  ReLU relu3_{"relu3"};
+  ReLU relu3_{"relu3", InPlace::Yes};
   Dropout dropout_;
   Linear fc2_;
   std::vector<Layer*> layers_;  // in forward order
