@@ -1,6 +1,5 @@
-// Fast CPU linear layer: sgemm over fixed chunks of the batch. Rows of y and dx are
-// independent; dW and db are summed per chunk, then over chunks in order.
-#include <vector>
+// Fast CPU linear layer: sgemm over fixed blocks (of batch rows for y and dx, of output
+// rows for dW), so every output element comes from the same call on any thread count.
 
 #include "kernels/cpu/blas.h"
 #include "kernels/ops.h"
@@ -29,27 +28,21 @@ void linear_forward(const LinearShape& s, const float* x, const float* w, const 
 void linear_backward(const LinearShape& s, const float* x, const float* w, const float* dy,
                      float* dx, float* dw, float* db) {
   blas_single_threaded();
-  const int64_t wsize = static_cast<int64_t>(s.out) * s.in;
-  std::vector<float> dw_chunks(static_cast<std::size_t>(kBatchChunks * wsize));
 #pragma omp parallel for schedule(static)
   for (int chunk = 0; chunk < kBatchChunks; ++chunk) {
+    // dW by fixed blocks of output rows, each summed over the whole batch in one GEMM:
+    // no partial buffers, and the same calls (hence bits) for any thread count.
+    const int o0 = chunk_begin(s.out, chunk), o1 = chunk_begin(s.out, chunk + 1);
+    if (o1 > o0)
+      // dW[o0:o1, IN] = dy[:, o0:o1]^T[rows, N] * x[N, IN]
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, s.in, s.n, 1.0f, dy + o0,
+                  s.out, x, s.in, 0.0f, dw + static_cast<int64_t>(o0) * s.in, s.in);
     const int n0 = chunk_begin(s.n, chunk), n1 = chunk_begin(s.n, chunk + 1);
-    float* dw_c = dw_chunks.data() + chunk * wsize;
-    const float* xc = x + static_cast<int64_t>(n0) * s.in;
-    const float* dyc = dy + static_cast<int64_t>(n0) * s.out;
-    // dW_c[OUT, IN] = dy_c^T[OUT, rows] * x_c[rows, IN]
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s.out, s.in, n1 - n0, 1.0f, dyc, s.out,
-                xc, s.in, 0.0f, dw_c, s.in);
     if (dx && n1 > n0)
       // dx_c[rows, IN] = dy_c[rows, OUT] * W[OUT, IN]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n1 - n0, s.in, s.out, 1.0f, dyc,
-                  s.out, w, s.in, 0.0f, dx + static_cast<int64_t>(n0) * s.in, s.in);
-  }
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < wsize; ++i) {
-    float acc = 0.0f;
-    for (int chunk = 0; chunk < kBatchChunks; ++chunk) acc += dw_chunks[chunk * wsize + i];
-    dw[i] = acc;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n1 - n0, s.in, s.out, 1.0f,
+                  dy + static_cast<int64_t>(n0) * s.out, s.out, w, s.in, 0.0f,
+                  dx + static_cast<int64_t>(n0) * s.in, s.in);
   }
   if (db)
     for (int o = 0; o < s.out; ++o) {
