@@ -1,7 +1,6 @@
 #include "engine/dataset.h"
 
 #include <algorithm>
-#include <stdexcept>
 
 #include "io/idx.h"
 
@@ -16,50 +15,66 @@ const char* split_name(Split s) {
   return "?";
 }
 
-const SplitData& Datasets::get(Split s) const {
-  switch (s) {
-    case Split::Train: return train;
-    case Split::Val: return val;
-    default: return test;
-  }
-}
-
 namespace {
-SplitData make_split(const IdxImages& images, const std::vector<uint8_t>& labels, int64_t first,
-                     int64_t count, Device device) {
-  const int64_t pixels = static_cast<int64_t>(images.rows) * images.cols;
+SplitData make_split(const IdxPair& raw, int64_t first, int64_t count, Device device) {
+  const int64_t pixels = static_cast<int64_t>(raw.images.rows) * raw.images.cols;
   SplitData s;
   s.count = count;
   Tensor img = Tensor::empty({count, pixels}, DType::U8);
   Tensor lab = Tensor::empty({count}, DType::U8);
-  std::copy_n(images.pixels.data() + first * pixels, count * pixels, img.u8());
-  std::copy_n(labels.data() + first, count, lab.u8());
+  std::copy_n(raw.images.pixels.data() + first * pixels, count * pixels, img.u8());
+  std::copy_n(raw.labels.data() + first, count, lab.u8());
   s.images = device.is_cpu() ? img : img.to(device);
   s.labels = device.is_cpu() ? lab : lab.to(device);
   return s;
 }
+
+void expect_28x28(const IdxPair& raw, const std::string& dir) {
+  if (raw.images.rows != 28 || raw.images.cols != 28)
+    throw DataError(dir + ": expected 28x28 images, found " + std::to_string(raw.images.rows) +
+                    "x" + std::to_string(raw.images.cols) + " (key data.dir)");
+}
 }  // namespace
 
-Datasets load_datasets(const DataConfig& cfg, Device device, SplitsNeeded needed) {
-  FashionMnist raw = load_fashion_mnist(cfg.dir);
-  if (raw.train_images.rows != 28 || raw.train_images.cols != 28 || raw.test_images.rows != 28 ||
-      raw.test_images.cols != 28)
-    throw DataError(cfg.dir + ": expected 28x28 images (key data.dir)");
-  Datasets d;
-  const int64_t total = raw.train_images.count;
-  if (cfg.val_split >= total)
-    throw DataError("data.val_split (" + std::to_string(cfg.val_split) +
+void Datasets::load_training_file() {
+  const IdxPair raw = load_fashion_mnist_part(cfg_.dir, FashionPart::Train);
+  expect_28x28(raw, cfg_.dir);
+  const int64_t total = raw.images.count;
+  if (cfg_.val_split >= total)
+    throw DataError("data.val_split (" + std::to_string(cfg_.val_split) +
                     ") must be smaller than the " + std::to_string(total) + " training images");
-  if (needed == SplitsNeeded::All) {
-    const int64_t train_total = total - cfg.val_split;
-    const int64_t train_n = cfg.train_limit ? std::min(*cfg.train_limit, train_total) : train_total;
-    d.train = make_split(raw.train_images, raw.train_labels, 0, train_n, device);
-    d.val = make_split(raw.train_images, raw.train_labels, train_total, cfg.val_split, device);
+  const int64_t train_total = total - cfg_.val_split;
+  const int64_t train_n = cfg_.train_limit ? std::min(*cfg_.train_limit, train_total) : train_total;
+  if (!train_) train_ = make_split(raw, 0, train_n, device_);
+  if (!val_) val_ = make_split(raw, train_total, cfg_.val_split, device_);
+}
+
+const SplitData& Datasets::get(Split s) {
+  switch (s) {
+    case Split::Train:
+      if (!train_) load_training_file();
+      return *train_;
+    case Split::Val:
+      if (!val_) load_training_file();
+      return *val_;
+    case Split::Test:
+    default:
+      if (!test_) {
+        const IdxPair raw = load_fashion_mnist_part(cfg_.dir, FashionPart::Test);
+        expect_28x28(raw, cfg_.dir);
+        const int64_t n = cfg_.test_limit ? std::min(*cfg_.test_limit, raw.images.count) : raw.images.count;
+        test_ = make_split(raw, 0, n, device_);
+      }
+      return *test_;
   }
-  const int64_t test_n =
-      cfg.test_limit ? std::min(*cfg.test_limit, raw.test_images.count) : raw.test_images.count;
-  d.test = make_split(raw.test_images, raw.test_labels, 0, test_n, device);
-  return d;
+}
+
+void Datasets::release(Split s) {
+  switch (s) {
+    case Split::Train: train_.reset(); break;
+    case Split::Val: val_.reset(); break;
+    case Split::Test: test_.reset(); break;
+  }
 }
 
 }  // namespace engine

@@ -19,6 +19,7 @@ class Conv2d : public Layer {
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
   void to(Device device) override;
   void set_precision(Precision p) { precision_ = p; }
+  void release_workspaces() override { x_ = y_ = dx_ = Tensor(); }
 
  private:
   int in_, out_, kernel_, pad_;
@@ -37,6 +38,7 @@ class BatchNorm2d : public Layer {
   void buffers(StateDict& out) const override;
   void load_buffers(const StateDict& in) override;
   void to(Device device) override;
+  void release_workspaces() override { x_ = y_ = Tensor(); }
 
  private:
   int channels_;
@@ -58,6 +60,7 @@ class ReLU : public Layer {
       : Layer(name), in_place_(in_place) {}
   Tensor forward(const Tensor& x, Mode mode, Rng& rng) override;
   Tensor backward(const Tensor& dy, InputGrad need) override;
+  void release_workspaces() override { y_ = dx_ = Tensor(); }
 
  private:
   InPlace in_place_;
@@ -69,6 +72,7 @@ class MaxPool2x2 : public Layer {
   using Layer::Layer;
   Tensor forward(const Tensor& x, Mode mode, Rng& rng) override;
   Tensor backward(const Tensor& dy, InputGrad need) override;
+  void release_workspaces() override { y_ = argmax_ = dx_ = Tensor(); }
 
  private:
   Shape in_shape_;
@@ -92,6 +96,7 @@ class Dropout : public Layer {
   // numel() outputs, element i uses the output at (first + i), on every device.
   Tensor forward(const Tensor& x, Mode mode, Rng& rng) override;
   Tensor backward(const Tensor& dy, InputGrad need) override;
+  void release_workspaces() override { y_ = keep_ = dx_ = Tensor(); }
 
  private:
   float p_;
@@ -108,6 +113,7 @@ class Linear : public Layer {
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
   void to(Device device) override;
   void set_precision(Precision p) { precision_ = p; }
+  void release_workspaces() override { x_ = y_ = dx_ = Tensor(); }
 
  private:
   int in_, out_;

@@ -36,6 +36,9 @@ class Layer {
   virtual void load_buffers(const StateDict&) {}
   // Moves parameters and buffers to `device` (workspaces are re-created lazily).
   virtual void to(Device device);
+  // Frees the activation and gradient buffers kept between forward and backward
+  // (re-created on the next forward): lowers the peak while checkpoints are written.
+  virtual void release_workspaces() {}
 
  protected:
   // (Re)allocates `t` when its shape, dtype or device differ; returns it.

@@ -135,10 +135,17 @@ Trainer::Trainer(Config cfg, Device device, TrainerObserver* observer, SplitsNee
     : cfg_(std::move(cfg)), device_(device), observer_(observer ? observer : &silent_),
       rng_(cfg_.seed) {
   kernels::cuda::set_deterministic(cfg_.cuda.deterministic);
-  data_ = load_datasets(cfg_.data, device_, splits);
+  data_ = Datasets(cfg_.data, device_);
+  // Fail fast on missing or corrupt data, before any training.
+  if (splits == SplitsNeeded::All) data_.get(Split::Train);
+  else data_.get(Split::Test);
   model_ = make_model(cfg_.model.name, static_cast<float>(cfg_.model.dropout));
   model_->reset_parameters(rng_);
   model_->to(device_);
+  // fp16: conv and linear math on fp16 inputs with fp32 accumulation (CUDA only; the
+  // CPU backend is fp32 and keeps the loss scaler's state unchanged).
+  model_->set_precision(device_.is_cuda() && cfg_.precision.mode == "fp16" ? Precision::Fp16
+                                                                           : Precision::Fp32);
   const OptimizerConfig& o = cfg_.optimizer;
   optimizer_ = std::make_unique<AdamOptimizer>(o.name, model_->parameters(), o.lr, o.beta1,
                                                o.beta2, o.eps, o.weight_decay);
@@ -157,7 +164,8 @@ Trainer::Trainer(Config cfg, Device device, TrainerObserver* observer, SplitsNee
   best_metric_ = lower_is_better(cfg_.train.early_stopping.monitor)
                      ? std::numeric_limits<double>::infinity()
                      : -std::numeric_limits<double>::infinity();
-  epoch_sample_loss_ = Tensor::zeros({data_.train.count}, DType::F32, device_);
+  epoch_sample_loss_ = Tensor::zeros({splits == SplitsNeeded::All ? data_.get(Split::Train).count : 0},
+                                     DType::F32, device_);
 }
 
 Trainer::~Trainer() = default;
@@ -194,6 +202,9 @@ FitResult Trainer::fit(const StopPlan& stop) {
   result.epochs_done = epoch_;
   if (result.ending != FitResult::Ending::Stopped) {
     if (stop_early) result.ending = FitResult::Ending::EarlyStopped;
+    // Training is over: hold the test images instead of the training images.
+    model_->release_workspaces();
+    data_.release(Split::Train);
     result.test = evaluate(Split::Test);
     write_metrics_jsonl(result.test);
   }
@@ -201,7 +212,7 @@ FitResult Trainer::fit(const StopPlan& stop) {
 }
 
 void Trainer::train_epoch(const StopPlan& stop, bool& interrupted) {
-  const SplitData& train = data_.train;
+  const SplitData& train = data_.get(Split::Train);
   const int64_t n = train.count;
   const int batch = cfg_.data.batch_size;
   const int64_t steps = (n + batch - 1) / batch;
@@ -234,7 +245,7 @@ void Trainer::train_epoch(const StopPlan& stop, bool& interrupted) {
       dlogits_ = Tensor::empty({b, classes}, DType::F32, device_);
       sample_correct_ = Tensor::empty({b}, DType::F32, device_);
     }
-    ENGINE_DISPATCH(device_, gather_batch, b, data_.pixels, train.images.u8(), train.labels.u8(),
+    ENGINE_DISPATCH(device_, gather_batch, b, data_.pixels(), train.images.u8(), train.labels.u8(),
                     permutation_.i32() + start, static_cast<float>(cfg_.data.mean),
                     static_cast<float>(cfg_.data.std), batch_x_.f32(), batch_labels_.i32());
     Tensor logits = model_->forward(batch_x_, Mode::Train, rng_);
@@ -285,7 +296,7 @@ void Trainer::train_epoch(const StopPlan& stop, bool& interrupted) {
 }
 
 void Trainer::end_epoch(double seconds, bool& stop_early) {
-  const int64_t n = data_.train.count;
+  const int64_t n = data_.get(Split::Train).count;
   EpochMetrics m;
   m.train_loss = ENGINE_DISPATCH(device_, reduce_sum, n, epoch_sample_loss_.f32()) / static_cast<double>(n);
   const EvalResult val = evaluate(Split::Val);
@@ -313,6 +324,10 @@ void Trainer::end_epoch(double seconds, bool& stop_early) {
   }
   stop_early = es.patience > 0 && epochs_without_improvement_ >= es.patience;
 
+  // The activation buffers are rebuilt by the next forward; without them the
+  // checkpoint image and its verification do not add to the training peak.
+  model_->release_workspaces();
+  batch_x_ = batch_labels_ = dlogits_ = sample_correct_ = Tensor();
   save(CheckpointKind::Last);
   if (improved) save(CheckpointKind::Best);
   const auto& every = cfg_.checkpoint.every_n_epochs;
@@ -350,7 +365,7 @@ EvalResult Trainer::evaluate(Split split) {
       x = Tensor::empty({b, 1, 28, 28}, DType::F32, device_);
       labels = Tensor::empty({b}, DType::I32, device_);
     }
-    ENGINE_DISPATCH(device_, gather_batch, b, data_.pixels, d.images.u8(), d.labels.u8(),
+    ENGINE_DISPATCH(device_, gather_batch, b, data_.pixels(), d.images.u8(), d.labels.u8(),
                     idx.i32() + start, static_cast<float>(cfg_.data.mean),
                     static_cast<float>(cfg_.data.std), x.f32(), labels.i32());
     Tensor logits = model_->forward(x, Mode::Eval, rng_);
@@ -379,7 +394,7 @@ Tensor Trainer::logits(Split split, int64_t n) {
   Tensor idx = device_.is_cpu() ? idx_host : idx_host.to(device_);
   Tensor x = Tensor::empty({n, 1, 28, 28}, DType::F32, device_);
   Tensor labels = Tensor::empty({n}, DType::I32, device_);
-  ENGINE_DISPATCH(device_, gather_batch, static_cast<int>(n), data_.pixels, d.images.u8(),
+  ENGINE_DISPATCH(device_, gather_batch, static_cast<int>(n), data_.pixels(), d.images.u8(),
                   d.labels.u8(), idx.i32(), static_cast<float>(cfg_.data.mean),
                   static_cast<float>(cfg_.data.std), x.f32(), labels.i32());
   return model_->forward(x, Mode::Eval, rng_).to(Device::cpu());
@@ -496,7 +511,7 @@ void Trainer::verify_saved(const std::string& path) {
   if (!r.clean())
     throw CheckpointError(path + ": verification failed: model state differs (" + r.summary() + ")");
   fresh.load_state(model_state);
-  const Split split = data_.val.count > 0 ? Split::Val : Split::Test;
+  const Split split = data_.get(Split::Val).count > 0 ? Split::Val : Split::Test;
   const SplitData& d = data_.get(split);
   const int64_t n = std::min<int64_t>(64, d.count);
   if (n == 0) return;
@@ -506,7 +521,7 @@ void Trainer::verify_saved(const std::string& path) {
   Tensor idx = device_.is_cpu() ? idx_host : idx_host.to(device_);
   Tensor x = Tensor::empty({n, 1, 28, 28}, DType::F32, device_);
   Tensor labels = Tensor::empty({n}, DType::I32, device_);
-  ENGINE_DISPATCH(device_, gather_batch, static_cast<int>(n), data_.pixels, d.images.u8(),
+  ENGINE_DISPATCH(device_, gather_batch, static_cast<int>(n), data_.pixels(), d.images.u8(),
                   d.labels.u8(), idx.i32(), static_cast<float>(cfg_.data.mean),
                   static_cast<float>(cfg_.data.std), x.f32(), labels.i32());
   Rng unused(0);

@@ -216,4 +216,21 @@ FashionMnist load_fashion_mnist(const std::string& dir) {
   return data;
 }
 
+IdxPair load_fashion_mnist_part(const std::string& dir, FashionPart part) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    throw DataError("data directory '" + dir + "' not found (key data.dir); " + kInstallHint);
+  const std::string train_images = find_data_file(dir, "train-images-idx3-ubyte");
+  const std::string train_labels = find_data_file(dir, "train-labels-idx1-ubyte");
+  const std::string test_images = find_data_file(dir, "t10k-images-idx3-ubyte");
+  const std::string test_labels = find_data_file(dir, "t10k-labels-idx1-ubyte");
+  const bool train = part == FashionPart::Train;
+  IdxPair p;
+  p.images = read_idx_images(train ? train_images : test_images);
+  p.labels = read_idx_labels(train ? train_labels : test_labels);
+  check_pair(train ? train_images : test_images, p.images, train ? train_labels : test_labels,
+             p.labels);
+  return p;
+}
+
 }  // namespace engine

@@ -36,4 +36,14 @@ struct FashionMnist {
 // are accepted (each image file matches its label file, train and test share a size).
 FashionMnist load_fashion_mnist(const std::string& dir);
 
+// One half of the dataset: the 60000 training images ("train-*") or the 10000 test
+// images ("t10k-*"), so a caller can hold only what it needs. Checks that all four
+// files exist first, like load_fashion_mnist.
+enum class FashionPart { Train, Test };
+struct IdxPair {
+  IdxImages images;
+  std::vector<uint8_t> labels;
+};
+IdxPair load_fashion_mnist_part(const std::string& dir, FashionPart part);
+
 }  // namespace engine

@@ -32,6 +32,10 @@ void FashionCnn::set_precision(Precision p) {
   fc2_.set_precision(p);
 }
 
+void FashionCnn::release_workspaces() {
+  for (Layer* l : layers_) l->release_workspaces();
+}
+
 Tensor FashionCnn::forward(const Tensor& x, Mode mode, Rng& rng) {
   Tensor h = x;
   for (Layer* l : layers_) h = l->forward(h, mode, rng);

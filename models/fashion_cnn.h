@@ -24,6 +24,8 @@ class FashionCnn : public Stateful {
   void reset_parameters(Rng& rng);
   void to(Device device);
   Device device() const { return device_; }
+  // Frees every layer's activation and gradient buffers (see Layer::release_workspaces).
+  void release_workspaces();
   // Fp16: mixed-precision convolutions and linear layers on CUDA (fp32 on the CPU);
   // parameters, BatchNorm and everything else stay fp32. Default Fp32.
   void set_precision(Precision p);

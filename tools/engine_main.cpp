@@ -1,5 +1,6 @@
 // The `engine` command line: a thin layer over the library (engine/trainer.h,
 // io/checkpoint.h). Every error is one line on stderr and a non-zero exit.
+#include <malloc.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -365,6 +366,9 @@ int cmd_diff(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Tensor buffers of 1 MiB and more get their own mappings and go back to the OS when
+  // freed (glibc would otherwise raise this threshold and keep them in the heap).
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   if (argc < 2) {
     std::cerr << kMainHelp;
     return 2;

@@ -56,6 +56,10 @@ void col2im(const ConvShape& s, const float* col, int64_t ld, float* dx) {
       }
 }
 
+// Images per GEMM inside a chunk: wide enough for BLAS to run near peak, small
+// enough that the per-thread column buffer stays a few MB.
+constexpr int kSubBatch = 8;
+
 int chunk_begin(int n, int chunk) {
   return static_cast<int>(static_cast<int64_t>(n) * chunk / kBatchChunks);
 }
@@ -67,25 +71,26 @@ void conv2d_forward(const ConvShape& s, const float* x, const float* w, const fl
   const int64_t ohw = static_cast<int64_t>(s.out_h()) * s.out_w();
   const int crs = s.c * s.r * s.s;
   const int64_t in_size = static_cast<int64_t>(s.c) * s.h * s.w;
-  const int max_chunk = (s.n + kBatchChunks - 1) / kBatchChunks;
 #pragma omp parallel
   {
-    float* col = thread_scratch(0, static_cast<std::size_t>(crs * ohw * max_chunk));
-    float* out = thread_scratch(1, static_cast<std::size_t>(s.k * ohw * max_chunk));
+    float* col = thread_scratch(0, static_cast<std::size_t>(crs * ohw * kSubBatch));
+    float* out = thread_scratch(1, static_cast<std::size_t>(s.k * ohw * kSubBatch));
 #pragma omp for schedule(static)
     for (int chunk = 0; chunk < kBatchChunks; ++chunk) {
-      const int n0 = chunk_begin(s.n, chunk), nb = chunk_begin(s.n, chunk + 1) - n0;
-      if (nb == 0) continue;
-      const int64_t ld = nb * ohw;
-      for (int j = 0; j < nb; ++j) im2col(s, x + (n0 + j) * in_size, col + j * ohw, ld);
-      for (int k = 0; k < s.k; ++k) std::fill(out + k * ld, out + (k + 1) * ld, b ? b[k] : 0.0f);
-      // out[K, nb*OHW] += W[K, CRS] * col[CRS, nb*OHW]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.k, static_cast<int>(ld), crs, 1.0f,
-                  w, crs, col, static_cast<int>(ld), 1.0f, out, static_cast<int>(ld));
-      for (int j = 0; j < nb; ++j)
-        for (int k = 0; k < s.k; ++k)
-          std::memcpy(y + ((n0 + j) * static_cast<int64_t>(s.k) + k) * ohw, out + k * ld + j * ohw,
-                      sizeof(float) * ohw);
+      const int c0 = chunk_begin(s.n, chunk), c1 = chunk_begin(s.n, chunk + 1);
+      for (int n0 = c0; n0 < c1; n0 += kSubBatch) {
+        const int nb = std::min(kSubBatch, c1 - n0);
+        const int64_t ld = nb * ohw;
+        for (int j = 0; j < nb; ++j) im2col(s, x + (n0 + j) * in_size, col + j * ohw, ld);
+        for (int k = 0; k < s.k; ++k) std::fill(out + k * ld, out + (k + 1) * ld, b ? b[k] : 0.0f);
+        // out[K, nb*OHW] += W[K, CRS] * col[CRS, nb*OHW]
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.k, static_cast<int>(ld), crs, 1.0f,
+                    w, crs, col, static_cast<int>(ld), 1.0f, out, static_cast<int>(ld));
+        for (int j = 0; j < nb; ++j)
+          for (int k = 0; k < s.k; ++k)
+            std::memcpy(y + ((n0 + j) * static_cast<int64_t>(s.k) + k) * ohw, out + k * ld + j * ohw,
+                        sizeof(float) * ohw);
+      }
     }
   }
 }
@@ -97,47 +102,50 @@ void conv2d_backward(const ConvShape& s, const float* x, const float* w, const f
   const int crs = s.c * s.r * s.s;
   const int64_t in_size = static_cast<int64_t>(s.c) * s.h * s.w;
   const int64_t wsize = static_cast<int64_t>(s.k) * crs;
-  const int max_chunk = (s.n + kBatchChunks - 1) / kBatchChunks;
-  std::vector<float> dw_chunks(static_cast<std::size_t>(kBatchChunks * wsize), 0.0f);
+  float* dw_chunks = thread_scratch(2, static_cast<std::size_t>(kBatchChunks * wsize));
   std::vector<double> db_chunks(static_cast<std::size_t>(kBatchChunks) * s.k, 0.0);
 #pragma omp parallel
   {
-    float* col = thread_scratch(0, static_cast<std::size_t>(crs * ohw * max_chunk));
-    float* dyc = thread_scratch(1, static_cast<std::size_t>(s.k * ohw * max_chunk));
+    float* col = thread_scratch(0, static_cast<std::size_t>(crs * ohw * kSubBatch));
+    float* dyc = thread_scratch(1, static_cast<std::size_t>(s.k * ohw * kSubBatch));
 #pragma omp for schedule(static)
     for (int chunk = 0; chunk < kBatchChunks; ++chunk) {
-      const int n0 = chunk_begin(s.n, chunk), nb = chunk_begin(s.n, chunk + 1) - n0;
-      if (nb == 0) continue;
-      const int64_t ld = nb * ohw;
-      // dy of the chunk as [K, nb*OHW], and the chunk's columns.
-      for (int j = 0; j < nb; ++j) {
-        for (int k = 0; k < s.k; ++k)
-          std::memcpy(dyc + k * ld + j * ohw, dy + ((n0 + j) * static_cast<int64_t>(s.k) + k) * ohw,
-                      sizeof(float) * ohw);
-        im2col(s, x + (n0 + j) * in_size, col + j * ohw, ld);
-      }
+      const int c0 = chunk_begin(s.n, chunk), c1 = chunk_begin(s.n, chunk + 1);
+      float* dw_c = dw_chunks + chunk * wsize;
       double* db_c = db_chunks.data() + static_cast<int64_t>(chunk) * s.k;
-      for (int k = 0; k < s.k; ++k) {
-        // 16 float lanes, then double: vectorisable, fixed order.
-        float lanes[16] = {};
-        const float* row = dyc + k * ld;
-        int64_t i = 0;
-        for (; i + 16 <= ld; i += 16)
-          for (int j = 0; j < 16; ++j) lanes[j] += row[i + j];
-        double acc = 0.0;
-        for (; i < ld; ++i) acc += row[i];
-        for (int j = 0; j < 16; ++j) acc += lanes[j];
-        db_c[k] = acc;
-      }
-      // dW_chunk[K, CRS] = dy_c[K, nb*OHW] * col^T[nb*OHW, CRS]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.k, crs, static_cast<int>(ld), 1.0f,
-                  dyc, static_cast<int>(ld), col, static_cast<int>(ld), 0.0f,
-                  dw_chunks.data() + chunk * wsize, crs);
-      if (dx) {
-        // col[CRS, nb*OHW] = W^T[CRS, K] * dy_c[K, nb*OHW]
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, crs, static_cast<int>(ld), s.k, 1.0f,
-                    w, crs, dyc, static_cast<int>(ld), 0.0f, col, static_cast<int>(ld));
-        for (int j = 0; j < nb; ++j) col2im(s, col + j * ohw, ld, dx + (n0 + j) * in_size);
+      if (c1 == c0) std::fill(dw_c, dw_c + wsize, 0.0f);
+      for (int n0 = c0; n0 < c1; n0 += kSubBatch) {
+        const int nb = std::min(kSubBatch, c1 - n0);
+        const int64_t ld = nb * ohw;
+        // dy of the sub-batch as [K, nb*OHW], and its columns.
+        for (int j = 0; j < nb; ++j) {
+          for (int k = 0; k < s.k; ++k)
+            std::memcpy(dyc + k * ld + j * ohw, dy + ((n0 + j) * static_cast<int64_t>(s.k) + k) * ohw,
+                        sizeof(float) * ohw);
+          im2col(s, x + (n0 + j) * in_size, col + j * ohw, ld);
+        }
+        for (int k = 0; k < s.k; ++k) {
+          // 16 float lanes, then double: vectorisable, fixed order.
+          float lanes[16] = {};
+          const float* row = dyc + k * ld;
+          int64_t i = 0;
+          for (; i + 16 <= ld; i += 16)
+            for (int j = 0; j < 16; ++j) lanes[j] += row[i + j];
+          double acc = 0.0;
+          for (; i < ld; ++i) acc += row[i];
+          for (int j = 0; j < 16; ++j) acc += lanes[j];
+          db_c[k] += acc;
+        }
+        // dW_chunk[K, CRS] (+)= dy_c[K, nb*OHW] * col^T[nb*OHW, CRS]
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.k, crs, static_cast<int>(ld), 1.0f,
+                    dyc, static_cast<int>(ld), col, static_cast<int>(ld), n0 == c0 ? 0.0f : 1.0f,
+                    dw_c, crs);
+        if (dx) {
+          // col[CRS, nb*OHW] = W^T[CRS, K] * dy_c[K, nb*OHW]
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, crs, static_cast<int>(ld), s.k, 1.0f,
+                      w, crs, dyc, static_cast<int>(ld), 0.0f, col, static_cast<int>(ld));
+          for (int j = 0; j < nb; ++j) col2im(s, col + j * ohw, ld, dx + (n0 + j) * in_size);
+        }
       }
     }
   }

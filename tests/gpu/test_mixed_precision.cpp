@@ -14,8 +14,8 @@
 // result (a bad layout, a missing term) is ~100x larger than the bound.
 // Bias gradients stay fp32: 1e-4 of their magnitude, as in test_cuda_ops.cpp.
 // Model level (4 stacked fp16 layers, fp32 BatchNorm between): logits within 1e-2 of
-// the largest |logit|; parameter gradients within 3e-2 of the layer's largest
-// gradient (measured on the GPU: see the MESSAGE lines).
+// the largest |logit| (a CPU emulation of the fp16 path gave <= 1e-3); parameter
+// gradients in relative L2 norm, see the test (the MESSAGE lines log the margins).
 //
 // Exits with 77 (CTest: skipped) when the build has no CUDA backend or the machine
 // has no GPU.
@@ -479,25 +479,38 @@ TEST_CASE("FashionCnn: fp16 on CUDA is close to fp32; fp16 on the CPU is fp32") 
   CHECK(eval_diff > 0.0);  // the fp16 path really ran
   check_all_finite(f16.eval_logits, "fp16 eval logits");
 
-  // Gradients: within 3e-2 of the layer's largest gradient. Per layer rather than per
-  // tensor because conv biases feed BatchNorm: their exact gradient is zero and both
-  // paths return rounding noise, small against the layer's weight gradient.
-  std::map<std::string, double> layer_scale;
+  // Gradients. ReLU masks and pooling argmaxes of near-ties flip between fp16 and fp32,
+  // moving whole gradient terms, so the gradients agree in norm rather than element by
+  // element: ||g16 - g32|| / ||g32|| <= 0.15 per tensor. (A CPU emulation of this path,
+  // fp32 kernels on fp16-rounded operands, gave up to 0.05 over six seeds; a wrong
+  // layout gives ~1.) The conv biases feed BatchNorm, so their exact gradient is zero
+  // and both paths return rounding noise: they are held to 1e-3 of the layer's largest
+  // weight gradient instead (emulation: ~1e-6).
   for (const auto& [name, g] : f32.grads) {
-    const std::string layer = name.substr(0, name.find('.'));
-    layer_scale[layer] = std::max(layer_scale[layer], magnitude(g));
-  }
-  for (const auto& [name, g] : f32.grads) {
-    const std::string layer = name.substr(0, name.find('.'));
     const std::vector<float>& h = f16.grads.at(name);
-    double d = 0.0;
-    for (std::size_t i = 0; i < g.size(); ++i)
-      d = std::max(d, std::fabs(static_cast<double>(h[i]) - g[i]));
-    const double rel = d / std::max(layer_scale[layer], 1e-30);
-    MESSAGE(name << ": largest fp16-fp32 gradient difference / layer max|grad| = " << rel);
-    INFO(name);
-    CHECK(rel <= 3e-2);
     check_all_finite(h, name + " fp16 grad");
+    const bool conv_bias = name.rfind("conv", 0) == 0 && name.find(".bias") != std::string::npos;
+    if (conv_bias) {
+      const std::string weight = name.substr(0, name.find('.')) + ".weight";
+      double d = 0.0;
+      for (std::size_t i = 0; i < g.size(); ++i)
+        d = std::max(d, std::fabs(static_cast<double>(h[i]) - g[i]));
+      const double rel = d / std::max(magnitude(f32.grads.at(weight)), 1e-30);
+      MESSAGE(name << ": largest fp16-fp32 difference / max|" << weight << " grad| = " << rel);
+      INFO(name);
+      CHECK(rel <= 1e-3);
+    } else {
+      double num = 0.0, den = 0.0;
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        const double e = static_cast<double>(h[i]) - g[i];
+        num += e * e;
+        den += static_cast<double>(g[i]) * g[i];
+      }
+      const double rel = std::sqrt(num / std::max(den, 1e-300));
+      MESSAGE(name << ": ||fp16 - fp32 grad|| / ||fp32 grad|| = " << rel);
+      INFO(name);
+      CHECK(rel <= 0.15);
+    }
   }
 
   // On the CPU, Fp16 falls back to fp32: the same bits as Fp32.
