@@ -386,7 +386,7 @@ EvalResult Trainer::evaluate(Split split) {
   return r;
 }
 
-Tensor Trainer::logits(Split split, int64_t n) {
+Tensor Trainer::first_images(Split split, int64_t n) {
   const SplitData& d = data_.get(split);
   n = std::min(n, d.count);
   Tensor idx_host = Tensor::empty({n}, DType::I32);
@@ -397,7 +397,11 @@ Tensor Trainer::logits(Split split, int64_t n) {
   ENGINE_DISPATCH(device_, gather_batch, static_cast<int>(n), data_.pixels(), d.images.u8(),
                   d.labels.u8(), idx.i32(), static_cast<float>(cfg_.data.mean),
                   static_cast<float>(cfg_.data.std), x.f32(), labels.i32());
-  return model_->forward(x, Mode::Eval, rng_).to(Device::cpu());
+  return x;
+}
+
+Tensor Trainer::logits(Split split, int64_t n) {
+  return model_->forward(first_images(split, n), Mode::Eval, rng_).to(Device::cpu());
 }
 
 // ---- checkpoints ---------------------------------------------------------------------
@@ -512,20 +516,10 @@ void Trainer::verify_saved(const std::string& path) {
     throw CheckpointError(path + ": verification failed: model state differs (" + r.summary() + ")");
   fresh.load_state(model_state);
   const Split split = data_.get(Split::Val).count > 0 ? Split::Val : Split::Test;
-  const SplitData& d = data_.get(split);
-  const int64_t n = std::min<int64_t>(64, d.count);
-  if (n == 0) return;
-  Tensor live = logits(split, n);
-  Tensor idx_host = Tensor::empty({n}, DType::I32);
-  std::iota(idx_host.i32(), idx_host.i32() + n, 0);
-  Tensor idx = device_.is_cpu() ? idx_host : idx_host.to(device_);
-  Tensor x = Tensor::empty({n, 1, 28, 28}, DType::F32, device_);
-  Tensor labels = Tensor::empty({n}, DType::I32, device_);
-  ENGINE_DISPATCH(device_, gather_batch, static_cast<int>(n), data_.pixels(), d.images.u8(),
-                  d.labels.u8(), idx.i32(), static_cast<float>(cfg_.data.mean),
-                  static_cast<float>(cfg_.data.std), x.f32(), labels.i32());
-  Rng unused(0);
-  const std::vector<float> a = live.to_vector();
+  const Tensor x = first_images(split, 64);
+  if (x.dim(0) == 0) return;
+  Rng unused(0);  // eval mode draws nothing
+  const std::vector<float> a = model_->forward(x, Mode::Eval, rng_).to_vector();
   const std::vector<float> b = fresh.forward(x, Mode::Eval, unused).to_vector();
   if (std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0)
     throw CheckpointError(path + ": verification failed: the reloaded model's outputs differ from the live model's");

@@ -115,6 +115,8 @@ class Trainer {
   void verify_saved(const std::string& path);
   void write_metrics_jsonl(const std::optional<EvalResult>& test);
   std::string run_path(const std::string& file) const;
+  // The first n images of a split, normalised, on the training device: [n, 1, 28, 28].
+  Tensor first_images(Split split, int64_t n);
   std::vector<std::pair<std::string, Stateful*>> components();
 
   Config cfg_;
