@@ -2,6 +2,8 @@
 // implements it on the HDF5 C library plus zlib's crc32.
 #include "io/checkpoint.h"
 
+#include "io/crc32.h"
+
 #include <fcntl.h>
 #include <hdf5.h>
 #include <sys/stat.h>
@@ -108,34 +110,7 @@ class Bytes {
   std::size_t size_ = 0, capacity_ = 0;
 };
 
-uint32_t crc32_serial(const unsigned char* data, std::size_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  // zlib's length is a uInt; feed large payloads in pieces.
-  while (n > 0) {
-    const std::size_t piece = std::min<std::size_t>(n, std::size_t(1) << 30);
-    crc = crc32(crc, data, static_cast<uInt>(piece));
-    data += piece;
-    n -= piece;
-  }
-  return static_cast<uint32_t>(crc);
-}
-
-// The same CRC-32 as crc32_serial, computed over slices on all cores and joined with
-// crc32_combine (checksumming is a large share of a save or load otherwise).
-uint32_t crc32_of(const unsigned char* data, std::size_t n) {
-  constexpr int kSlices = 8;
-  if (n < (std::size_t(1) << 20)) return crc32_serial(data, n);
-  uint32_t crcs[kSlices];
-  std::size_t bounds[kSlices + 1];
-  for (int i = 0; i <= kSlices; ++i) bounds[i] = n / kSlices * i;
-  bounds[kSlices] = n;
-#pragma omp parallel for schedule(static)
-  for (int i = 0; i < kSlices; ++i) crcs[i] = crc32_serial(data + bounds[i], bounds[i + 1] - bounds[i]);
-  uLong crc = crcs[0];
-  for (int i = 1; i < kSlices; ++i)
-    crc = crc32_combine(crc, crcs[i], static_cast<z_off_t>(bounds[i + 1] - bounds[i]));
-  return static_cast<uint32_t>(crc);
-}
+uint32_t crc32_of(const unsigned char* data, std::size_t n) { return crc32_parallel(data, n); }
 
 // ---------------------------------------------------------------------------------
 // HDF5 plumbing: quiet errors, owned handles, failures turned into CheckpointError.
