@@ -32,18 +32,23 @@ step() {  # step NAME COMMAND...: runs, logs, records PASS/FAIL/SKIP with second
 }
 
 say "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | sed 's/^/gpu: /' | tee -a "$SUMMARY"
+GPU_PRESENT=0
+if nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >/tmp/gpu-name 2>&1; then
+  GPU_PRESENT=1
+fi
+sed 's/^/gpu: /' /tmp/gpu-name | tee -a "$SUMMARY"
 
 # ---- the build and its libraries --------------------------------------------------
 if [ -d "$ROOT/gpu-pack" ]; then
-  BUILD="$ROOT/gpu-pack/build"
-  mkdir -p /tmp/engine-libs && tar -C /tmp/engine-libs -xJf "$ROOT/gpu-pack/libs.tar.xz"
+  mkdir -p /tmp/engine-pack /tmp/engine-libs
+  tar -C /tmp/engine-pack -xJf "$ROOT/gpu-pack/build.tar.xz"
+  tar -C /tmp/engine-libs -xJf "$ROOT/gpu-pack/libs.tar.xz"
+  BUILD=/tmp/engine-pack/build
   export LD_LIBRARY_PATH="/tmp/engine-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export ENGINE_DATA_DIR="$ROOT/gpu-pack/data"
 else
   BUILD="$ROOT/build-gpu"
   step build bash -c "cmake -S '$ROOT' -B '$BUILD' -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES='90-real;90-virtual' && cmake --build '$BUILD'" || exit 1
-  BUILD_TESTS="$BUILD/tests"
 fi
 cudnn_dir=$(python3 -c "import nvidia.cudnn as m, os; print(os.path.join(m.__path__[0], 'lib'))" 2>/dev/null || true)
 [ -n "$cudnn_dir" ] && export LD_LIBRARY_PATH="$cudnn_dir:$LD_LIBRARY_PATH"
@@ -56,7 +61,11 @@ if ! ldd "$ENGINE_BIN" | grep -q "not found"; then :; else
 fi
 
 # ---- 1. gpu-labelled tests, then the CPU suites (16 cores there) --------------------
-for t in "$BUILD"/tests/gpu_test_*; do step "$(basename "$t")" "$t"; done
+for t in "$BUILD"/tests/gpu_test_*; do
+  step "$(basename "$t")" "$t"
+  # On a GPU machine a skipped GPU test means the engine did not find the GPU.
+  if [ $? -eq 77 ] && [ $GPU_PRESENT -eq 1 ]; then say "FAIL  $(basename "$t") skipped although nvidia-smi sees a GPU"; failures=$((failures + 1)); fi
+done
 for t in test_kernels test_gradcheck test_checkpoint test_optim test_state; do
   [ -x "$BUILD/tests/$t" ] && step "$t (cpu)" "$BUILD/tests/$t"
 done

@@ -2,7 +2,7 @@
 # Prepares, on a machine WITHOUT a GPU, everything tools/gpu-check.sh needs on a GPU
 # machine that has CUDA but no package registry: a CUDA build for sm_90 (H100/H200),
 # the shared libraries it needs beyond the CUDA toolkit (HDF5, OpenBLAS, ...; xz
-# compressed), and the Fashion-MNIST files. Output: gpu-pack/ (git-ignored, < 64 MiB),
+# compressed), and the Fashion-MNIST files. Output: gpu-pack/ (git-ignored, < 60 MiB),
 # to carry with the working tree:  device run --carry gpu-pack 'tools/gpu-check.sh'
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,6 +30,8 @@ skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so
   done
 tar -C "$PACK/libs" -cJf "$PACK/libs.tar.xz" .
 rm -rf "$PACK/libs"
+tar -C "$PACK" -cJf "$PACK/build.tar.xz" build
+rm -rf "$PACK/build"
 cp "$DATA"/*-ubyte* "$PACK/data/"
 du -sh "$PACK"
 size_kb=$(du -sk "$PACK" | cut -f1)
