@@ -39,6 +39,8 @@ fi
 sed 's/^/gpu: /' /tmp/gpu-name | tee -a "$SUMMARY"
 
 # ---- the build and its libraries --------------------------------------------------
+# cuDNN comes from PyTorch's Python environment there (pip package nvidia-cudnn-cu13).
+cudnn_dir=$(python3 -c "import nvidia.cudnn as m, os; print(os.path.join(m.__path__[0], 'lib'))" 2>/dev/null || true)
 if [ -d "$ROOT/gpu-pack" ]; then
   mkdir -p /tmp/engine-pack /tmp/engine-libs
   tar -C /tmp/engine-pack -xJf "$ROOT/gpu-pack/build.tar.xz"
@@ -50,7 +52,6 @@ else
   BUILD="$ROOT/build-gpu"
   step build bash -c "cmake -S '$ROOT' -B '$BUILD' -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES='90-real;90-virtual' && cmake --build '$BUILD'" || exit 1
 fi
-cudnn_dir=$(python3 -c "import nvidia.cudnn as m, os; print(os.path.join(m.__path__[0], 'lib'))" 2>/dev/null || true)
 [ -n "$cudnn_dir" ] && export LD_LIBRARY_PATH="$cudnn_dir:$LD_LIBRARY_PATH"
 export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:/usr/local/cuda/lib64"
 export ENGINE_BIN="$BUILD/engine" ENGINE_SOURCE_DIR="$ROOT" ENGINE_TEST_TMP=/tmp/engine-gpu-tests

@@ -16,8 +16,10 @@ engine_s=$(python3 -c "
 import json,sys
 e=[json.loads(l)['epoch_seconds'] for l in open('$RUN/metrics.jsonl') if 'epoch_seconds' in l]
 print(min(e[1:]) if len(e)>1 else e[0])")
-eager=$(python3 "$ROOT/tools/bench/torch_gpu_epoch.py" --epochs "$EPOCHS" --data-dir "$DATA")
-compiled=$(python3 "$ROOT/tools/bench/torch_gpu_epoch.py" --epochs "$EPOCHS" --data-dir "$DATA" --compile)
+# PyTorch runs with its own libraries, not the engine's (LD_LIBRARY_PATH may point at an
+# older libstdc++ carried for the engine).
+eager=$(env -u LD_LIBRARY_PATH python3 "$ROOT/tools/bench/torch_gpu_epoch.py" --epochs "$EPOCHS" --data-dir "$DATA")
+compiled=$(env -u LD_LIBRARY_PATH python3 "$ROOT/tools/bench/torch_gpu_epoch.py" --epochs "$EPOCHS" --data-dir "$DATA" --compile)
 eager_s=$(echo "$eager" | awk '/^torch_eager_epoch_seconds/ {print $2}')
 compiled_s=$(echo "$compiled" | awk '/^torch_compiled_epoch_seconds/ {print $2}')
 {
