@@ -37,9 +37,10 @@ inline std::string fresh_dir(const std::string& name) {
   return p.string();
 }
 
-inline RunResult run(const std::string& args) {
+// Runs the engine with extra environment assignments ("A=1 B=2") before the command.
+inline RunResult run_with_env(const std::string& env, const std::string& args) {
   RunResult r;
-  const std::string cmd = engine_bin() + " " + args + " 2>&1";
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + engine_bin() + " " + args + " 2>&1";
   FILE* f = popen(cmd.c_str(), "r");
   if (!f) return r;
   char buf[4096];
@@ -52,6 +53,8 @@ inline RunResult run(const std::string& args) {
   if (r.exit_code > 128 && r.signal == 0) r.signal = r.exit_code - 128, r.exit_code = -1;
   return r;
 }
+
+inline RunResult run(const std::string& args) { return run_with_env("", args); }
 
 inline std::vector<std::string> read_lines(const std::string& path) {
   std::ifstream in(path);

@@ -129,3 +129,12 @@ TEST_CASE("SIGTERM (a scheduler's time limit) stops after a step, saves, and res
   REQUIRE(r.exit_code == 0);
   expect_same_run(reference_run(), b);
 }
+
+TEST_CASE("the number of CPU threads does not change a single bit") {
+  if (!dataset_available()) return;
+  const std::string b = fresh_dir("resume_threads");
+  const RunResult r = run_with_env("OMP_NUM_THREADS=1", small_run(b));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  expect_same_run(reference_run(), b);
+}

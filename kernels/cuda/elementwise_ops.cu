@@ -260,12 +260,14 @@ __global__ void batchnorm_backward_kernel(int n, int c, int64_t hw, const float*
 constexpr int kWarp = 32;
 
 // Max with its index over the warp; on equal values the lower index wins, so the
-// overall result is the first maximum. Every lane ends with the same pair.
+// overall result is the first maximum. index == INT_MAX marks a lane without a
+// candidate. Values are never NaN here, so the order is total and every lane ends with
+// the same pair.
 __device__ void warp_argmax(float& value, int& index) {
   for (int offset = kWarp / 2; offset > 0; offset >>= 1) {
     const float v = __shfl_xor_sync(0xffffffffu, value, offset);
     const int i = __shfl_xor_sync(0xffffffffu, index, offset);
-    if (v > value || (v == value && i < index)) {
+    if (i != INT_MAX && (index == INT_MAX || v > value || (v == value && i < index))) {
       value = v;
       index = i;
     }
@@ -291,23 +293,23 @@ __global__ void cross_entropy_kernel(int n, int classes, const float* logits,
   if (sample >= n) return;  // whole warps leave together (blockDim is a multiple of 32)
   const float* row = logits + sample * classes;
 
+  // The reference's argmax: start at class 0, move on only to a strictly greater
+  // value. So a NaN never becomes the maximum unless it is class 0, and then nothing
+  // replaces it. Here: the first maximum of the non-NaN values (NaN skipped, so the
+  // warp reduction sees a total order), then class 0 when it is NaN or all are NaN.
   float best = -INFINITY;
   int best_index = INT_MAX;
   for (int j = lane; j < classes; j += kWarp) {
-    // The first element a lane sees seeds its maximum (even when it is -inf or NaN);
-    // later ones replace it only when strictly greater.
     const float v = row[j];
+    if (isnan(v)) continue;
     if (best_index == INT_MAX || v > best) {
       best = v;
       best_index = j;
     }
   }
   warp_argmax(best, best_index);
-  // With NaN logits the pairwise choice is not symmetric and lanes could disagree;
-  // take lane 0's answer so the whole warp uses one maximum.
-  best = __shfl_sync(0xffffffffu, best, 0);
-  best_index = __shfl_sync(0xffffffffu, best_index, 0);
-  const double max_logit = best;
+  if (best_index == INT_MAX || isnan(row[0])) best_index = 0;
+  const double max_logit = row[best_index];
 
   double sum = 0.0;
   for (int j = lane; j < classes; j += kWarp) sum += exp(static_cast<double>(row[j]) - max_logit);

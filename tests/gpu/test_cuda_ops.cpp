@@ -501,6 +501,63 @@ TEST_CASE("cross_entropy matches the reference") {
   }
 }
 
+TEST_CASE("cross_entropy with NaN logits follows the reference's argmax rule") {
+  // The reference starts at class 0 and moves on only to a strictly greater value: a NaN
+  // is the prediction only when it is class 0. 40 classes so lanes hold two values each.
+  const int classes = 40, n = 6;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::mt19937 rng(650);
+  auto logits = uniform(static_cast<std::size_t>(n) * classes, rng, -5.0f, 5.0f);
+  auto at = [&](int i, int k) -> float& { return logits[static_cast<std::size_t>(i) * classes + k]; };
+  at(0, 0) = nan;                        // NaN first: class 0 is the prediction
+  at(1, 1) = nan, at(1, 7) = 9.0f;       // NaN in lane 1, maximum in another odd lane
+  at(2, 33) = nan, at(2, 3) = 9.0f;      // NaN in a lane's second value
+  for (int k = 0; k < classes; ++k) at(3, k) = nan;  // all NaN
+  at(4, 5) = nan, at(4, 2) = 8.0f, at(4, 18) = 8.0f;  // tie behind a NaN: first wins
+  // row 5: no NaN
+  const std::vector<int32_t> labels = {0, 7, 3, 0, 2, 11};
+  std::vector<float> dl_ref(logits.size()), loss_ref(n), corr_ref(n);
+  ref::cross_entropy(n, classes, logits.data(), labels.data(), 1.0f, dl_ref.data(),
+                     loss_ref.data(), corr_ref.data());
+  DeviceArray<float> z(logits), dl(logits.size()), loss(n), corr(n);
+  DeviceArray<int32_t> lab(labels);
+  gpu::cross_entropy(n, classes, z.get(), lab.get(), 1.0f, dl.get(), loss.get(), corr.get());
+  check_bits(corr.download(), corr_ref, "cross_entropy NaN rows: correct");
+  check_close(loss.download(), loss_ref, 1e-5, 1e-6, "cross_entropy NaN rows: loss");
+  check_close(dl.download(), dl_ref, 1e-5, 1e-6, "cross_entropy NaN rows: dlogits");
+}
+
+TEST_CASE("in-place ops (relu y == x, relu dx == dy, batchnorm dx == dy) match out of place") {
+  std::mt19937 rng(660);
+  {
+    const int64_t n = 70001;
+    const auto xh = quantised(static_cast<std::size_t>(n), rng, 7);
+    const auto dyh = uniform(static_cast<std::size_t>(n), rng);
+    DeviceArray<float> x(xh), y(xh.size()), dy(dyh), dx(xh.size()), inplace(xh), g(dyh);
+    gpu::relu_forward(n, x.get(), y.get());
+    gpu::relu_forward(n, inplace.get(), inplace.get());
+    check_bits(inplace.download(), y.download(), "relu forward in place");
+    gpu::relu_backward(n, y.get(), dy.get(), dx.get());
+    gpu::relu_backward(n, y.get(), g.get(), g.get());
+    check_bits(g.download(), dx.download(), "relu backward in place");
+  }
+  {
+    const BatchNormShape s{16, 8, 49};
+    const std::size_t total = static_cast<std::size_t>(s.n) * s.c * s.hw;
+    const auto xh = uniform(total, rng), dyh = uniform(total, rng);
+    const auto gh = uniform(8, rng, 0.5f, 1.5f), mh = uniform(8, rng), ih = uniform(8, rng, 0.5f, 2.0f);
+    DeviceArray<float> x(xh), dy(dyh), g(gh), m(mh), inv(ih), dx(total), dg(8), db(8),
+        inplace(dyh), dg2(8), db2(8);
+    gpu::batchnorm_backward(s, x.get(), dy.get(), g.get(), m.get(), inv.get(), dx.get(), dg.get(),
+                            db.get());
+    gpu::batchnorm_backward(s, x.get(), inplace.get(), g.get(), m.get(), inv.get(), inplace.get(),
+                            dg2.get(), db2.get());
+    check_bits(inplace.download(), dx.download(), "batchnorm dx in place");
+    check_bits(dg2.download(), dg.download(), "batchnorm dgamma (in-place call)");
+    check_bits(db2.download(), db.download(), "batchnorm dbeta (in-place call)");
+  }
+}
+
 TEST_CASE("reduce_sum matches the reference and is deterministic") {
   const int64_t sizes[] = {1, 255, 256, 1000, 262145, 1000003};
   std::mt19937 rng(700);
