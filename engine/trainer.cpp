@@ -144,8 +144,7 @@ Trainer::Trainer(Config cfg, Device device, TrainerObserver* observer, SplitsNee
   model_->to(device_);
   // fp16: conv and linear math on fp16 inputs with fp32 accumulation (CUDA only; the
   // CPU backend is fp32 and keeps the loss scaler's state unchanged).
-  model_->set_precision(device_.is_cuda() && cfg_.precision.mode == "fp16" ? Precision::Fp16
-                                                                           : Precision::Fp32);
+  model_->set_precision(compute_precision());
   const OptimizerConfig& o = cfg_.optimizer;
   optimizer_ = std::make_unique<AdamOptimizer>(o.name, model_->parameters(), o.lr, o.beta1,
                                                o.beta2, o.eps, o.weight_decay);
@@ -175,6 +174,10 @@ std::vector<std::pair<std::string, Stateful*>> Trainer::components() {
           {"scheduler", scheduler_.get()}, {"scaler", scaler_.get()},
           {"rng", &rng_},                  {"trainer", counter_state_.get()},
           {"metrics", metrics_state_.get()}};
+}
+
+Precision Trainer::compute_precision() const {
+  return device_.is_cuda() && cfg_.precision.mode == "fp16" ? Precision::Fp16 : Precision::Fp32;
 }
 
 // ---- training ------------------------------------------------------------------------
@@ -510,6 +513,7 @@ void Trainer::verify_saved(const std::string& path) {
   const Checkpoint reloaded = load_checkpoint(path);
   FashionCnn fresh(static_cast<float>(cfg_.model.dropout));
   fresh.to(device_);
+  fresh.set_precision(compute_precision());  // the same math as the live model, or the bits differ
   const StateDict& model_state = reloaded.groups.at("model");
   const StateReport r = compare_state(fresh.state(), model_state);
   if (!r.clean())

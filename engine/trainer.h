@@ -115,6 +115,8 @@ class Trainer {
   void verify_saved(const std::string& path);
   void write_metrics_jsonl(const std::optional<EvalResult>& test);
   std::string run_path(const std::string& file) const;
+  // fp16 conv/GEMM math on CUDA when precision.mode is fp16; fp32 otherwise.
+  Precision compute_precision() const;
   // The first n images of a split, normalised, on the training device: [n, 1, 28, 28].
   Tensor first_images(Split split, int64_t n);
   std::vector<std::pair<std::string, Stateful*>> components();

@@ -6,8 +6,9 @@
 // Determinism: no kernel here uses atomics to combine values. Every reduction has a
 // fixed partition (depending only on the sizes, never on the GPU) and a fixed tree
 // order, so results are bitwise identical from run to run. Per-element math comes
-// from kernels/elementwise.h, shared with the CPU backend; with -fmad=false and IEEE
-// division/sqrt (nvcc's defaults) those elements give the same bits as the CPU.
+// from kernels/elementwise.h, shared with the CPU backend; with -fmad=false (set in
+// CMakeLists.txt: nvcc's default is -fmad=true) and IEEE division/sqrt (nvcc's
+// defaults) those elements give the same bits as the CPU.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
