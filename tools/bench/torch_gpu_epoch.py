@@ -8,50 +8,15 @@ reported separately).
 usage: torch_gpu_epoch.py [--compile] [--epochs 3] [--data-dir DIR] [--limit N]
 """
 import argparse
-import gzip
 import os
-import struct
-import sys
 import time
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-
-def read_idx(path):
-    with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as f:
-        data = f.read()
-    magic, = struct.unpack(">I", data[:4])
-    ndim = magic & 0xFF
-    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
-
-
-def find(data_dir, stem):
-    for name in (stem + ".gz", stem):
-        p = os.path.join(data_dir, name)
-        if os.path.exists(p):
-            return p
-    sys.exit(f"{stem} not found in {data_dir}")
-
-
-class FashionCnn(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
-        self.bn1 = nn.BatchNorm2d(32)
-        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
-        self.bn2 = nn.BatchNorm2d(64)
-        self.fc1 = nn.Linear(3136, 128)
-        self.dropout = nn.Dropout(0.25)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x):
-        x = torch.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 2)
-        x = torch.max_pool2d(torch.relu(self.bn2(self.conv2(x))), 2)
-        x = torch.relu(self.fc1(x.flatten(1)))
-        return self.fc2(self.dropout(x))
+# The same model and IDX reader as the CPU benchmark (this script's folder is on sys.path).
+from torch_epoch import FashionCnn, find, read_idx
 
 
 def main():
