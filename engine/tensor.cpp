@@ -1,5 +1,6 @@
 #include "engine/tensor.h"
 
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 
@@ -40,7 +41,7 @@ int64_t shape_numel(const Shape& s) {
 }
 
 Tensor::Storage::~Storage() {
-  if (ptr) device_free(device, ptr);
+  if (ptr && !owner) device_free(device, ptr);
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
@@ -55,6 +56,24 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   t.storage_->bytes = t.nbytes();
   // Always allocate at least one byte so raw() is never null for a defined tensor.
   t.storage_->ptr = device_alloc(device, t.storage_->bytes ? t.storage_->bytes : 1);
+  return t;
+}
+
+Tensor Tensor::wrap_host(std::shared_ptr<void> owner, void* data, const Shape& shape, DType dtype) {
+  for (int64_t d : shape)
+    if (d < 0) throw std::invalid_argument("negative tensor dimension in " + shape_str(shape));
+  if (!owner || !data) throw std::invalid_argument("wrap_host: no memory to wrap");
+  if (reinterpret_cast<std::uintptr_t>(data) % 64 != 0)
+    throw std::invalid_argument("wrap_host: memory is not 64-byte aligned");
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.device_ = Device::cpu();
+  t.storage_ = std::make_shared<Storage>();
+  t.storage_->device = Device::cpu();
+  t.storage_->bytes = t.nbytes();
+  t.storage_->ptr = data;
+  t.storage_->owner = std::move(owner);
   return t;
 }
 

@@ -27,6 +27,11 @@ class Tensor {
   // Host float data -> tensor on `device`.
   static Tensor from_vector(const Shape& shape, const std::vector<float>& values,
                             Device device = Device::cpu());
+  // A CPU tensor over `data`, which lives as long as `owner` does (the tensor and its
+  // copies keep `owner` alive). `data` must be 64-byte aligned, like every CPU
+  // allocation, because the CPU kernels rely on it. Used by the checkpoint loader to
+  // hand out tensors inside the verified file buffer instead of copying them.
+  static Tensor wrap_host(std::shared_ptr<void> owner, void* data, const Shape& shape, DType dtype);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -62,6 +67,7 @@ class Tensor {
     void* ptr = nullptr;
     std::size_t bytes = 0;
     Device device;
+    std::shared_ptr<void> owner;  // set when the memory is borrowed, not allocated
     ~Storage();
   };
   std::shared_ptr<Storage> storage_;

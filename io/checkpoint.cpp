@@ -49,6 +49,14 @@ constexpr uint64_t kMaxElements = uint64_t(1) << 31;
 constexpr int kMaxNesting = 16;
 // Growth step of the in-memory HDF5 file; large steps mean few reallocations.
 constexpr std::size_t kCoreIncrement = std::size_t(4) << 20;
+// Tensor data of at least kAlignThreshold bytes starts on a kDataAlignment boundary in
+// the file (the user block is a multiple of it too), and the loader's file buffer is
+// kBufferAlignment-aligned, so loaded tensors can point into the buffer (the alignment
+// the CPU kernels need) instead of being copied out of it.
+constexpr std::size_t kBufferAlignment = 64;
+constexpr hsize_t kDataAlignment = 64;
+constexpr hsize_t kAlignThreshold = 64;
+static_assert(kUserBlockBytes % kDataAlignment == 0, "the user block must keep data aligned");
 
 const char* const kRootAttributes[] = {"format",      "format_version", "engine_version",
                                        "created_utc", "saved_on",       "config"};
@@ -85,7 +93,7 @@ std::string fmt_short(double v) {
 
 // A byte buffer that is never zero-filled: every byte is written before it is read
 // (file reads, HDF5 images, the sealed header), and 5 MB of memset per save or load
-// is measurable.
+// is measurable. 64-byte aligned, so that tensors can live inside a loaded file.
 class Bytes {
  public:
   Bytes() = default;
@@ -97,7 +105,9 @@ class Bytes {
   // Keeps the first min(size, n) bytes; new bytes are uninitialised.
   void resize(std::size_t n) {
     if (n > capacity_) {
-      std::unique_ptr<unsigned char[]> bigger(new unsigned char[n]);
+      void* p = std::aligned_alloc(kBufferAlignment, (n + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment);
+      if (!p) throw std::bad_alloc();
+      std::unique_ptr<unsigned char[], FreeDeleter> bigger(static_cast<unsigned char*>(p));
       if (size_) std::memcpy(bigger.get(), data_.get(), size_);
       data_ = std::move(bigger);
       capacity_ = n;
@@ -106,7 +116,10 @@ class Bytes {
   }
 
  private:
-  std::unique_ptr<unsigned char[]> data_;
+  struct FreeDeleter {
+    void operator()(unsigned char* p) const { std::free(p); }
+  };
+  std::unique_ptr<unsigned char[], FreeDeleter> data_;
   std::size_t size_ = 0, capacity_ = 0;
 };
 
@@ -518,9 +531,12 @@ class ImageWriter {
       space = c_.own(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose,
                      "cannot create the dataspace of " + raw.path);
     // Chunked and never written: HDF5 allocates nothing, so any shape costs nothing.
+    // External: contiguous, with its (unwritten) data in another file.
     H5Handle dcpl = c_.plist(H5P_DATASET_CREATE, "a dataset property list");
     const bool has_zero = std::find(dims.begin(), dims.end(), 0) != dims.end();
-    if (!dims.empty() && !has_zero) {
+    if (!raw.external_file.empty()) {
+      c_.ok(H5Pset_external(dcpl.get(), raw.external_file.c_str(), 0, H5F_UNLIMITED), "cannot set external storage");
+    } else if (!dims.empty() && !has_zero) {
       const std::vector<hsize_t> chunk(dims.size(), 1);
       c_.ok(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), "cannot set chunking");
     }
@@ -541,6 +557,7 @@ Bytes build_image(const H5Ctx& c, const Checkpoint& ckpt,
   if (!tamper.plain_hdf5) c.ok(H5Pset_userblock(fcpl.get(), kUserBlockBytes), "cannot reserve the user block");
   H5Handle fapl = c.plist(H5P_FILE_ACCESS, "a file access property list");
   c.ok(H5Pset_fapl_core(fapl.get(), kCoreIncrement, 0), "cannot select the in-memory driver");
+  c.ok(H5Pset_alignment(fapl.get(), kAlignThreshold, kDataAlignment), "cannot set the data alignment");
   H5Handle file = c.own(H5Fcreate(unique_image_name("save").c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()),
                         H5Fclose, "cannot create the in-memory HDF5 file");
   Bytes image;
@@ -695,11 +712,18 @@ Bytes read_whole_file(const std::string& path) {
   Bytes bytes(static_cast<std::size_t>(st.st_size));
   std::size_t got = 0;
   while (true) {
-    if (got == bytes.size()) bytes.resize(bytes.size() + 65536);  // the file grew meanwhile
-    const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
+    // A full buffer is probed with a small read first: growing (and so copying) the
+    // buffer is only for a file that grew since fstat, which check_integrity refuses.
+    unsigned char probe[512];
+    const bool full = got == bytes.size();
+    const ssize_t n = full ? ::read(fd, probe, sizeof probe) : ::read(fd, bytes.data() + got, bytes.size() - got);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) fail(path, std::string("cannot read: ") + std::strerror(errno));
     if (n == 0) break;
+    if (full) {
+      bytes.resize(got + static_cast<std::size_t>(n));
+      std::memcpy(bytes.data() + got, probe, static_cast<std::size_t>(n));
+    }
     got += static_cast<std::size_t>(n);
   }
   bytes.resize(got);
@@ -748,51 +772,84 @@ herr_t collect_attribute_name(hid_t, const char* name, const H5A_info_t*, void* 
   }
 }
 
+struct LinkEntry {
+  std::string name;
+  H5L_type_t type;
+};
+#if H5_VERSION_GE(1, 12, 0)
+using LinkInfo = H5L_info2_t;
+#define ENGINE_H5_LITERATE H5Literate2
+#else
+using LinkInfo = H5L_info_t;
+#define ENGINE_H5_LITERATE H5Literate
+#endif
+herr_t collect_link(hid_t, const char* name, const LinkInfo* info, void* out) {
+  try {
+    static_cast<std::vector<LinkEntry>*>(out)->push_back(LinkEntry{name, info->type});
+    return 0;
+  } catch (...) {
+    return -1;
+  }
+}
+
+// An object below a group, opened by the kind of handle its type needs.
+struct Child {
+  H5Handle handle;
+  H5O_type_t type = H5O_TYPE_UNKNOWN;
+  hsize_t num_attrs = 0;
+};
+
+// Walks a verified image. Loading is dominated by HDF5's per-call cost, so each object
+// is visited with as few calls as the checks allow, and error messages are only built
+// on failure.
 class ImageReader {
  public:
-  explicit ImageReader(const H5Ctx& c) : c_(c), half_le_(half_type(c, false)), half_be_(half_type(c, true)) {}
+  // `file` is the verified file the HDF5 image was opened from; tensors stored plainly
+  // in it are returned as views of it (see read_tensor).
+  ImageReader(const H5Ctx& c, std::shared_ptr<Bytes> file)
+      : c_(c), file_(std::move(file)), half_le_(half_type(c, false)), half_be_(half_type(c, true)) {}
 
   std::vector<std::string> attribute_names(hid_t obj, const std::string& where) {
     std::vector<std::string> names;
-    c_.ok(H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_attribute_name, &names),
-          "cannot list the attributes of " + where);
+    ok(H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_attribute_name, &names),
+       "cannot list the attributes of ", where);
     return names;
   }
 
   std::string read_string(hid_t attr, hid_t ftype, const std::string& where) {
-    H5Handle mtype = c_.own(H5Tget_native_type(ftype, H5T_DIR_DEFAULT), H5Tclose, "cannot read string " + where);
+    H5Handle mtype = own(H5Tget_native_type(ftype, H5T_DIR_DEFAULT), H5Tclose, "cannot read string ", where);
     const htri_t variable = H5Tis_variable_str(ftype);
-    c_.ok(variable, "cannot read string " + where);
+    ok(variable, "cannot read string ", where);
     if (variable > 0) {
       char* p = nullptr;
-      c_.ok(H5Aread(attr, mtype.get(), &p), "cannot read string " + where);
+      ok(H5Aread(attr, mtype.get(), &p), "cannot read string ", where);
       std::string s = p ? p : "";
       H5free_memory(p);
       return s;
     }
     std::string s(H5Tget_size(ftype), '\0');
-    c_.ok(H5Aread(attr, mtype.get(), s.data()), "cannot read string " + where);
+    ok(H5Aread(attr, mtype.get(), s.data()), "cannot read string ", where);
     s.resize(std::strlen(s.c_str()));
     return s;
   }
 
   Scalar read_attribute(hid_t obj, const std::string& name, const std::string& where) {
-    H5Handle attr = c_.own(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose, "cannot open attribute " + where);
-    H5Handle space = c_.own(H5Aget_space(attr.get()), H5Sclose, "cannot read attribute " + where);
+    H5Handle attr = own(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose, "cannot open attribute ", where);
+    H5Handle space = own(H5Aget_space(attr.get()), H5Sclose, "cannot read attribute ", where);
     if (H5Sget_simple_extent_type(space.get()) != H5S_SCALAR)
       c_.fail("attribute " + where + " is not a single value (only scalar attributes are allowed)");
-    H5Handle ftype = c_.own(H5Aget_type(attr.get()), H5Tclose, "cannot read attribute " + where);
+    H5Handle ftype = own(H5Aget_type(attr.get()), H5Tclose, "cannot read attribute ", where);
     const H5T_class_t cls = H5Tget_class(ftype.get());
     const std::size_t size = H5Tget_size(ftype.get());
     if (cls == H5T_INTEGER && (size < 8 || H5Tget_sign(ftype.get()) == H5T_SGN_2)) {
       int64_t v = 0;
-      c_.ok(H5Aread(attr.get(), H5T_NATIVE_INT64, &v), "cannot read attribute " + where);
+      ok(H5Aread(attr.get(), H5T_NATIVE_INT64, &v), "cannot read attribute ", where);
       return v;
     }
     if (cls == H5T_FLOAT && (type_equals(ftype.get(), H5T_IEEE_F64LE) || type_equals(ftype.get(), H5T_IEEE_F64BE) ||
                              type_equals(ftype.get(), H5T_IEEE_F32LE) || type_equals(ftype.get(), H5T_IEEE_F32BE))) {
       double v = 0;
-      c_.ok(H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &v), "cannot read attribute " + where);
+      ok(H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &v), "cannot read attribute ", where);
       return v;
     }
     if (cls == H5T_STRING) return read_string(attr.get(), ftype.get(), where);
@@ -801,151 +858,216 @@ class ImageReader {
   }
 
   // Reads one group into `out`; `prefix` is the key prefix of its contents ("" or "step/").
-  void read_group(hid_t g, const std::string& where, const std::string& prefix, StateDict& out, int depth) {
+  void read_group(hid_t g, hsize_t num_attrs, const std::string& where, const std::string& prefix, StateDict& out,
+                  int depth) {
     if (depth > kMaxNesting) c_.fail("groups below " + where + " are nested more than 16 deep");
-    for (const std::string& name : attribute_names(g, where)) {
-      const std::string key = prefix + name;
-      out.scalars.emplace(key, read_attribute(g, name, where + "@" + name));
-    }
-    H5G_info_t info{};
-    c_.ok(H5Gget_info(g, &info), "cannot read group " + where);
-    for (hsize_t i = 0; i < info.nlinks; ++i) {
-      const std::string name = link_name(g, i, where);
-      const std::string at = where + "/" + name;
-      H5Handle obj = open_hard_link(g, name, at);
-      const std::string key = prefix + name;
-      switch (H5Iget_type(obj.get())) {
-        case H5I_GROUP: read_group(obj.get(), at, key + "/", out, depth + 1); break;
-        case H5I_DATASET: read_dataset(obj.get(), at, key, out); break;
-        default: c_.fail(at + " is neither a group nor a dataset");
+    if (num_attrs > 0)
+      for (const std::string& name : attribute_names(g, where)) {
+        const std::string key = prefix + name;
+        out.scalars.emplace(key, read_attribute(g, name, where + "@" + name));
       }
+    for (const LinkEntry& link : links(g, where)) {
+      const std::string at = where + "/" + link.name;
+      Child child = open_child(g, link, at);
+      const std::string key = prefix + link.name;
+      if (child.type == H5O_TYPE_GROUP)
+        read_group(child.handle.get(), child.num_attrs, at, key + "/", out, depth + 1);
+      else
+        read_dataset(child.handle.get(), child.num_attrs, at, key, out);
     }
   }
 
-  std::string link_name(hid_t g, hsize_t i, const std::string& where) {
-    const ssize_t n = H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
-    if (n < 0) c_.fail("cannot list group " + where + hdf5_reason());
-    std::string name(static_cast<std::size_t>(n) + 1, '\0');
-    if (H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(), H5P_DEFAULT) < 0)
-      c_.fail("cannot list group " + where + hdf5_reason());
-    name.resize(static_cast<std::size_t>(n));
-    return name;
+  // The links of a group in name order (the order h5dump lists them).
+  std::vector<LinkEntry> links(hid_t g, const std::string& where) {
+    std::vector<LinkEntry> out;
+    ok(ENGINE_H5_LITERATE(g, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_link, &out), "cannot list group ",
+       where.empty() ? "/" : where);
+    return out;
   }
 
   // Soft and external links could point anywhere (other files included), and an object
   // linked twice could make the walk loop; neither is ever written by the engine.
-  H5Handle open_hard_link(hid_t g, const std::string& name, const std::string& at) {
-    H5L_info_t link{};
-    c_.ok(H5Lget_info(g, name.c_str(), &link, H5P_DEFAULT), "cannot read link " + at);
+  Child open_child(hid_t g, const LinkEntry& link, const std::string& at) {
     if (link.type != H5L_TYPE_HARD) c_.fail(at + " is a soft or external link (only plain objects are allowed)");
-    H5Handle obj = c_.own(H5Oopen(g, name.c_str(), H5P_DEFAULT), H5Oclose, "cannot open " + at);
+    Child child;
 #if H5_VERSION_GE(1, 12, 0)
     H5O_info2_t oinfo{};
-    c_.ok(H5Oget_info3(obj.get(), &oinfo, H5O_INFO_BASIC), "cannot inspect " + at);
+    ok(H5Oget_info_by_name3(g, link.name.c_str(), &oinfo, H5O_INFO_BASIC | H5O_INFO_NUM_ATTRS, H5P_DEFAULT),
+       "cannot inspect ", at);
 #else
     H5O_info_t oinfo{};
-    c_.ok(H5Oget_info2(obj.get(), &oinfo, H5O_INFO_BASIC), "cannot inspect " + at);
+    ok(H5Oget_info_by_name2(g, link.name.c_str(), &oinfo, H5O_INFO_BASIC | H5O_INFO_NUM_ATTRS, H5P_DEFAULT),
+       "cannot inspect ", at);
 #endif
     if (oinfo.rc != 1) c_.fail(at + " is linked more than once");
-    return obj;
+    child.type = oinfo.type;
+    child.num_attrs = oinfo.num_attrs;
+    if (oinfo.type == H5O_TYPE_GROUP)
+      child.handle = own(H5Gopen2(g, link.name.c_str(), H5P_DEFAULT), H5Gclose, "cannot open ", at);
+    else if (oinfo.type == H5O_TYPE_DATASET)
+      child.handle = own(H5Dopen2(g, link.name.c_str(), H5P_DEFAULT), H5Dclose, "cannot open ", at);
+    else
+      c_.fail(at + " is neither a group nor a dataset");
+    return child;
   }
 
-  void read_dataset(hid_t d, const std::string& at, const std::string& key, StateDict& out) {
+  void read_dataset(hid_t d, hsize_t num_attrs, const std::string& at, const std::string& key, StateDict& out) {
     bool series = false;
-    const htri_t has_kind = H5Aexists(d, "kind");
-    c_.ok(has_kind, "cannot read " + at);
-    if (has_kind > 0) {
-      const Scalar kind = read_attribute(d, "kind", at + "@kind");
-      if (!std::holds_alternative<std::string>(kind) || std::get<std::string>(kind) != "series")
-        c_.fail(at + " has an unknown kind attribute (only \"series\" is defined)");
-      series = true;
+    if (num_attrs > 0) {
+      const htri_t has_kind = H5Aexists(d, "kind");
+      ok(has_kind, "cannot read ", at);
+      if (has_kind > 0) {
+        const Scalar kind = read_attribute(d, "kind", at + "@kind");
+        if (!std::holds_alternative<std::string>(kind) || std::get<std::string>(kind) != "series")
+          c_.fail(at + " has an unknown kind attribute (only \"series\" is defined)");
+        series = true;
+      }
     }
 
-    // Data kept outside this file would be read from wherever it points.
-    H5Handle dcpl = c_.own(H5Dget_create_plist(d), H5Pclose, "cannot read the layout of " + at);
-    const H5D_layout_t layout = H5Pget_layout(dcpl.get());
-    if (layout != H5D_CONTIGUOUS && layout != H5D_CHUNKED && layout != H5D_COMPACT)
-      c_.fail(at + " has an unsupported storage layout (virtual or unknown)");
-    if (H5Pget_external_count(dcpl.get()) != 0) c_.fail(at + " keeps its data in external files");
-
     const Shape shape = read_shape(d, at);
-    const int64_t numel = shape_numel(shape);
-    H5Handle ftype = c_.own(H5Dget_type(d), H5Tclose, "cannot read the type of " + at);
-    H5Handle mtype;
+    H5Handle ftype = own(H5Dget_type(d), H5Tclose, "cannot read the type of ", at);
     DType dtype = DType::F32;
     if (series) {
       if (!type_equals(ftype.get(), H5T_IEEE_F64LE) && !type_equals(ftype.get(), H5T_IEEE_F64BE))
         c_.fail(at + " is a series of " + describe_type(ftype.get()) + " (series are float64)");
       if (shape.size() != 1) c_.fail(at + " is a series of rank " + std::to_string(shape.size()) + " (series are 1-D)");
-    } else {
-      mtype = tensor_memory_type(ftype.get(), dtype);
-      if (mtype.get() < 0)
-        c_.fail(at + " has unsupported dtype " + describe_type(ftype.get()) +
-                " (supported: float32, float16, int32, uint8)");
-    }
-    if (numel > 0) {
-      H5D_space_status_t status{};
-      c_.ok(H5Dget_space_status(d, &status), "cannot read " + at);
-      if (status == H5D_SPACE_STATUS_NOT_ALLOCATED) c_.fail(at + " has no stored data");
+    } else if (!tensor_dtype(ftype.get(), dtype)) {
+      c_.fail(at + " has unsupported dtype " + describe_type(ftype.get()) +
+              " (supported: float32, float16, int32, uint8)");
     }
     if (out.scalars.count(key) || out.tensors.count(key)) c_.fail(at + " repeats key '" + key + "'");
 
-    if (series) {
-      std::vector<double> values(static_cast<std::size_t>(numel));
-      if (numel > 0)
-        c_.ok(H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "cannot read " + at);
-      out.scalars.emplace(key, std::move(values));
-    } else {
+    if (!series) {
+      const std::size_t nbytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
+      if (Tensor view = view_in_file(d, at, shape, dtype, ftype.get(), nbytes); view.defined()) {
+        out.tensors.emplace(key, std::move(view));
+        return;
+      }
+      check_stored_here(d, at, nbytes > 0);
       Tensor t = Tensor::empty(shape, dtype, Device::cpu());
-      if (numel > 0) c_.ok(H5Dread(d, mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()), "cannot read " + at);
+      if (nbytes > 0) {
+        H5Handle mtype = memory_type_of(c_, dtype);
+        ok(H5Dread(d, mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()), "cannot read ", at);
+      }
       out.tensors.emplace(key, std::move(t));
+      return;
     }
+    std::vector<double> values(static_cast<std::size_t>(shape[0]));
+    check_stored_here(d, at, !values.empty());
+    if (!values.empty())
+      ok(H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "cannot read ", at);
+    out.scalars.emplace(key, std::move(values));
+  }
+
+  // A tensor stored contiguously in this file, aligned and without conversion (every
+  // tensor the engine writes since kDataAlignment, except those under kAlignThreshold
+  // bytes), is returned as a view of the file buffer; an undefined tensor otherwise.
+  // A defined offset with the full storage size is only reported for contiguous data
+  // inside the file (not external, compact, chunked, virtual or unallocated).
+  Tensor view_in_file(hid_t d, const std::string& at, const Shape& shape, DType dtype, hid_t ftype,
+                      std::size_t nbytes) {
+    if (nbytes == 0 || !file_ || !stored_as_in_memory(ftype, dtype)) return Tensor();
+    const haddr_t offset = H5Dget_offset(d);
+    if (offset == HADDR_UNDEF || offset < kUserBlockBytes || offset > file_->size() ||
+        nbytes > file_->size() - offset || H5Dget_storage_size(d) != nbytes)
+      return Tensor();
+    unsigned char* data = file_->data() + offset;
+    if (reinterpret_cast<std::uintptr_t>(data) % kBufferAlignment != 0) return Tensor();
+    views_.push_back(View{static_cast<std::size_t>(offset), nbytes, at});
+    return Tensor::wrap_host(file_, data, shape, dtype);
+  }
+
+  // Data kept outside this file would be read from wherever it points, and data never
+  // written would read as fill values.
+  void check_stored_here(hid_t d, const std::string& at, bool has_elements) {
+    H5Handle dcpl = own(H5Dget_create_plist(d), H5Pclose, "cannot read the layout of ", at);
+    const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+    if (layout != H5D_CONTIGUOUS && layout != H5D_CHUNKED && layout != H5D_COMPACT)
+      c_.fail(at + " has an unsupported storage layout (virtual or unknown)");
+    if (H5Pget_external_count(dcpl.get()) != 0) c_.fail(at + " keeps its data in external files");
+    if (has_elements) {
+      H5D_space_status_t status{};
+      ok(H5Dget_space_status(d, &status), "cannot read ", at);
+      if (status == H5D_SPACE_STATUS_NOT_ALLOCATED) c_.fail(at + " has no stored data");
+    }
+  }
+
+  // HDF5 never stores two datasets in the same bytes; a crafted file that does would
+  // make two loaded tensors share memory, so it is refused.
+  void check_views_disjoint() {
+    std::sort(views_.begin(), views_.end(), [](const View& a, const View& b) { return a.offset < b.offset; });
+    for (std::size_t i = 1; i < views_.size(); ++i)
+      if (views_[i].offset < views_[i - 1].offset + views_[i - 1].bytes)
+        c_.fail(corrupt(views_[i - 1].at + " and " + views_[i].at + " share stored bytes"));
   }
 
   // The shape, refused before anything is allocated if absurd.
   Shape read_shape(hid_t d, const std::string& at) {
-    H5Handle space = c_.own(H5Dget_space(d), H5Sclose, "cannot read the shape of " + at);
+    H5Handle space = own(H5Dget_space(d), H5Sclose, "cannot read the shape of ", at);
     const H5S_class_t cls = H5Sget_simple_extent_type(space.get());
     if (cls == H5S_SCALAR) return {};
     if (cls != H5S_SIMPLE) c_.fail(at + " has no shape (null dataspace)");
     const int rank = H5Sget_simple_extent_ndims(space.get());
     if (rank < 0) c_.fail("cannot read the shape of " + at + hdf5_reason());
     if (rank > kMaxRank) c_.fail(at + " has rank " + std::to_string(rank) + " (at most 8)");
-    std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
-    c_.ok(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), "cannot read the shape of " + at);
-    std::string text = "[";
-    for (std::size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(dims[i]);
-    text += "]";
+    hsize_t dims[kMaxRank] = {};
+    ok(H5Sget_simple_extent_dims(space.get(), dims, nullptr), "cannot read the shape of ", at);
     uint64_t total = 1;
-    for (hsize_t dim : dims) {
-      if (dim > static_cast<hsize_t>(INT64_MAX)) c_.fail(at + " has a negative dimension in " + text);
-      if (dim > kMaxElements) c_.fail(at + " has shape " + text + ", more than 2^31 elements");
-      total *= dim;  // both factors are at most 2^31: no overflow
-      if (total > kMaxElements) c_.fail(at + " has shape " + text + ", more than 2^31 elements");
+    for (int i = 0; i < rank; ++i) {
+      if (dims[i] > kMaxElements || (total *= dims[i]) > kMaxElements) {  // both factors <= 2^31: no overflow
+        std::string text = "[";
+        for (int j = 0; j < rank; ++j) text += (j ? ", " : "") + std::to_string(dims[j]);
+        c_.fail(at + " has shape " + text + "], more than 2^31 elements");
+      }
     }
-    return Shape(dims.begin(), dims.end());
+    return Shape(dims, dims + rank);
   }
 
-  // Memory type to read a tensor dataset with, or an invalid handle if unsupported.
-  H5Handle tensor_memory_type(hid_t ftype, DType& dtype) {
+  // The dtype a tensor dataset loads as; false if unsupported.
+  bool tensor_dtype(hid_t ftype, DType& dtype) {
     const H5T_class_t cls = H5Tget_class(ftype);
     const std::size_t size = H5Tget_size(ftype);
-    if (type_equals(ftype, H5T_IEEE_F32LE) || type_equals(ftype, H5T_IEEE_F32BE)) {
+    if (cls == H5T_FLOAT && size == 4 && (type_equals(ftype, H5T_IEEE_F32LE) || type_equals(ftype, H5T_IEEE_F32BE))) {
       dtype = DType::F32;
-    } else if (type_equals(ftype, half_le_.get()) || type_equals(ftype, half_be_.get())) {
+    } else if (cls == H5T_FLOAT && size == 2 && (type_equals(ftype, half_le_.get()) || type_equals(ftype, half_be_.get()))) {
       dtype = DType::F16;
     } else if (cls == H5T_INTEGER && size == 4 && H5Tget_sign(ftype) == H5T_SGN_2) {
       dtype = DType::I32;
     } else if (cls == H5T_INTEGER && size == 1 && H5Tget_sign(ftype) == H5T_SGN_NONE) {
       dtype = DType::U8;
     } else {
-      return H5Handle();
+      return false;
     }
-    return memory_type_of(c_, dtype);
+    return true;
   }
 
  private:
+  // Whether the bytes in the file are exactly the bytes of the tensor in memory.
+  bool stored_as_in_memory(hid_t ftype, DType dtype) const {
+    switch (dtype) {
+      case DType::F32: return type_equals(ftype, H5T_IEEE_F32LE);
+      case DType::F16: return type_equals(ftype, half_le_.get());
+      case DType::I32: return type_equals(ftype, H5T_STD_I32LE);
+      case DType::U8: return true;
+    }
+    return false;
+  }
+
+  void ok(herr_t r, const char* what, const std::string& at) const {
+    if (r < 0) c_.fail(what + at + hdf5_reason());
+  }
+  H5Handle own(hid_t id, H5Handle::Closer close, const char* what, const std::string& at) const {
+    if (id < 0) c_.fail(what + at + hdf5_reason());
+    return H5Handle(id, close);
+  }
+
+  struct View {
+    std::size_t offset, bytes;
+    std::string at;
+  };
   const H5Ctx& c_;
+  std::shared_ptr<Bytes> file_;
+  std::vector<View> views_;
   H5Handle half_le_, half_be_;
 };
 
@@ -962,8 +1084,8 @@ const std::map<int64_t, Upgrade>& upgrades() {
   return table;
 }
 
-Checkpoint read_checkpoint(const H5Ctx& c, hid_t file, const Header& header) {
-  ImageReader r(c);
+Checkpoint read_checkpoint(const H5Ctx& c, hid_t file, const Header& header, std::shared_ptr<Bytes> bytes) {
+  ImageReader r(c, std::move(bytes));
   H5Handle root = c.own(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose, "cannot open the root group");
   std::map<std::string, Scalar> attrs;
   for (const char* name : kRootAttributes) {
@@ -992,14 +1114,13 @@ Checkpoint read_checkpoint(const H5Ctx& c, hid_t file, const Header& header) {
     c.ok(exists, "cannot look up group /" + g);
     if (exists == 0) c.fail("missing group /" + g);
   }
-  H5G_info_t info{};
-  c.ok(H5Gget_info(root.get(), &info), "cannot read the root group");
-  for (hsize_t i = 0; i < info.nlinks; ++i) {
-    const std::string name = r.link_name(root.get(), i, "");
-    H5Handle obj = r.open_hard_link(root.get(), name, "/" + name);
-    if (H5Iget_type(obj.get()) != H5I_GROUP) c.fail("/" + name + " is not a group (only groups belong at the root)");
-    r.read_group(obj.get(), "/" + name, "", ckpt.groups[name], 1);
+  for (const LinkEntry& link : r.links(root.get(), "")) {
+    const std::string at = "/" + link.name;
+    Child child = r.open_child(root.get(), link, at);
+    if (child.type != H5O_TYPE_GROUP) c.fail(at + " is not a group (only groups belong at the root)");
+    r.read_group(child.handle.get(), child.num_attrs, at, "", ckpt.groups[link.name], 1);
   }
+  r.check_views_disjoint();
   normalise_keys(c.path, ckpt.groups);
   for (int64_t v = *version; v < kCheckpointFormatVersion; ++v) {
     auto it = upgrades().find(v);
@@ -1253,11 +1374,12 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
 Checkpoint load_checkpoint(const std::string& path) {
   Hdf5Session session;
   const H5Ctx c{path};
-  Bytes bytes = read_whole_file(path);
-  const Header header = check_integrity(path, bytes);
+  // Declared before `file`, so HDF5 closes the image before the buffer can go away.
+  auto bytes = std::make_shared<Bytes>(read_whole_file(path));
+  const Header header = check_integrity(path, *bytes);
   LentImage lent{};
-  H5Handle file = open_image(c, bytes, lent);
-  return read_checkpoint(c, file.get(), header);
+  H5Handle file = open_image(c, *bytes, lent);
+  return read_checkpoint(c, file.get(), header, bytes);
 }
 
 void verify_checkpoint_file(const std::string& path) { (void)load_checkpoint(path); }
@@ -1363,6 +1485,13 @@ CheckpointDiff diff_checkpoints(const std::string& path_a, const std::string& pa
 
 void checkpoint_testing::save_tampered(const std::string& path, const Checkpoint& ckpt, const Tamper& tamper) {
   save_impl(path, ckpt, tamper);
+}
+
+void checkpoint_testing::reseal(const std::string& path, int64_t format_version) {
+  Bytes bytes = read_whole_file(path);
+  if (bytes.size() < kUserBlockBytes) fail(path, "too short to reseal");
+  seal(bytes, format_version);
+  atomic_write(path, bytes);
 }
 
 }  // namespace engine

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -486,6 +487,71 @@ TEST_CASE("datasets of unsupported dtypes are refused") {
   refuse({"/model/w", "string", {}, false}, "has unsupported dtype string");
   refuse({"/metrics/loss2d", "float64", {2, 3}, true}, "/metrics/loss2d is a series of rank 2");
   refuse({"/metrics/f32", "float32", {3}, true}, "/metrics/f32 is a series of float32");
+}
+
+TEST_CASE("data kept in external files is refused") {
+  const std::string path = tmp_path("external.h5");
+  checkpoint_testing::Tamper tamper;
+  checkpoint_testing::RawDataset raw{"/model/ext", "float32", {64}, false};
+  raw.external_file = tmp_path("external.bin");
+  tamper.raw_datasets = {raw};
+  checkpoint_testing::save_tampered(path, sample(), tamper);
+  check_refused(path, "/model/ext keeps its data in external files");
+}
+
+TEST_CASE("loaded tensors live in the verified file buffer and outlive the checkpoint") {
+  const std::string path = tmp_path("views.h5");
+  const Checkpoint saved = sample();
+  save_checkpoint(path, saved);
+  Tensor weight, moment;
+  {
+    Checkpoint back = load_checkpoint(path);
+    CHECK(state_difference(saved.groups.at("model"), back.groups.at("model")).empty());
+    weight = back.groups.at("model").tensors.at("conv1.weight");
+    moment = back.groups.at("optimizer").tensors.at("exp_avg/conv1.weight");
+    for (const auto& [group, d] : back.groups)
+      for (const auto& [key, t] : d.tensors) {
+        INFO(group << "/" << key);
+        CHECK(reinterpret_cast<std::uintptr_t>(t.raw()) % 64 == 0);
+      }
+  }
+  // The checkpoint is gone; the tensors keep the buffer alive and stay independent.
+  const Tensor& expected_weight = saved.groups.at("model").tensors.at("conv1.weight");
+  const Tensor& expected_moment = saved.groups.at("optimizer").tensors.at("exp_avg/conv1.weight");
+  CHECK(same_bits(weight.raw(), expected_weight.raw(), weight.nbytes()));
+  weight.f32()[0] = 42.0f;
+  CHECK(same_bits(moment.raw(), expected_moment.raw(), moment.nbytes()));
+  const Checkpoint again = load_checkpoint(path);  // a new buffer: the file is untouched
+  CHECK(again.groups.at("model").tensors.at("conv1.weight").f32()[0] == expected_weight.f32()[0]);
+}
+
+TEST_CASE("two tensors stored in the same bytes are refused") {
+  // Points the layout of one tensor at the data of another of the same size, as only a
+  // hand-crafted file can, then reseals the header so the structure check sees it.
+  const std::string path = tmp_path("shared.h5");
+  const Checkpoint c = sample();
+  save_checkpoint(path, c);
+  std::vector<unsigned char> bytes = read_bytes(path);
+  auto find = [&](const void* needle, std::size_t n) {
+    std::vector<std::size_t> at;
+    const auto* p = static_cast<const unsigned char*>(needle);
+    for (auto it = bytes.begin(); (it = std::search(it, bytes.end(), p, p + n)) != bytes.end(); ++it)
+      at.push_back(static_cast<std::size_t>(it - bytes.begin()));
+    return at;
+  };
+  const Tensor& a = c.groups.at("model").tensors.at("conv1.weight");
+  const Tensor& b = c.groups.at("optimizer").tensors.at("exp_avg/conv1.weight");
+  const std::vector<std::size_t> data_a = find(a.raw(), a.nbytes()), data_b = find(b.raw(), b.nbytes());
+  REQUIRE(data_a.size() == 1);
+  REQUIRE(data_b.size() == 1);
+  // Addresses in the HDF5 metadata are relative to the end of the 512-byte user block.
+  const uint64_t address_a = data_a[0] - 512, address_b = data_b[0] - 512;
+  const std::vector<std::size_t> refs = find(&address_b, 8);
+  REQUIRE(refs.size() == 1);
+  std::memcpy(bytes.data() + refs[0], &address_a, 8);
+  write_bytes(path, bytes);
+  checkpoint_testing::reseal(path);
+  check_refused(path, "share stored bytes");
 }
 
 TEST_CASE("wrapper prefixes are stripped from model and optimizer keys") {
