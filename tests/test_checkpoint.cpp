@@ -2,6 +2,7 @@
 // every kind of bad file (docs/checkpoint-format.md).
 #include <doctest/doctest.h>
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -386,6 +387,33 @@ TEST_CASE("a flipped bit anywhere is a checksum mismatch") {
   }
   write_bytes(damaged, good);
   verify_checkpoint_file(damaged);
+}
+
+TEST_CASE("a flipped bit in a large file is a checksum mismatch, with one thread or two") {
+  // Files of 1 MiB and more are checksummed on a second thread while they are read.
+  Checkpoint c = sample();
+  c.groups["model"].tensors["big.weight"] = f32_fill({1024, 1024}, 0.5f);  // 4 MiB
+  const std::string path = tmp_path("big_source.h5");
+  save_checkpoint(path, c);
+  const auto good = read_bytes(path);
+  REQUIRE(good.size() > (std::size_t(4) << 20));
+  const std::string damaged = tmp_path("big_flipped.h5");
+  const int threads_before = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    for (std::size_t off : {std::size_t(600), std::size_t(300) << 10, good.size() / 2, good.size() - 1}) {
+      auto bytes = good;
+      bytes[off] ^= 0x10;
+      write_bytes(damaged, bytes);
+      const std::string msg = error_of([&] { load_checkpoint(damaged); });
+      INFO(threads << " threads, offset " << off << ": " << msg);
+      CHECK(msg.rfind(damaged + ": checksum mismatch (file is corrupt)", 0) == 0);
+    }
+    write_bytes(damaged, good);
+    const Checkpoint back = load_checkpoint(damaged);
+    CHECK(state_difference(c.groups.at("model"), back.groups.at("model")).empty());
+  }
+  omp_set_num_threads(threads_before);
 }
 
 TEST_CASE("truncated and extended files are refused") {
