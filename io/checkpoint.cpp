@@ -19,7 +19,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <utility>
 #include <vector>
@@ -99,9 +101,20 @@ class Bytes {
  public:
   Bytes() = default;
   explicit Bytes(std::size_t n) { resize(n); }
+  Bytes(Bytes&& o) noexcept : data_(std::move(o.data_)), size_(o.size_), capacity_(o.capacity_) {
+    o.size_ = o.capacity_ = 0;
+  }
+  Bytes& operator=(Bytes&& o) noexcept {
+    data_ = std::move(o.data_);
+    size_ = o.size_;
+    capacity_ = o.capacity_;
+    o.size_ = o.capacity_ = 0;
+    return *this;
+  }
   unsigned char* data() { return data_.get(); }
   const unsigned char* data() const { return data_.get(); }
   std::size_t size() const { return size_; }
+  std::size_t capacity() const { return capacity_; }
   unsigned char* begin() { return data_.get(); }
   // Keeps the first min(size, n) bytes; new bytes are uninitialised.
   void resize(std::size_t n) {
@@ -191,6 +204,12 @@ class H5Handle {
   ~H5Handle() { reset(); }
 
   hid_t get() const { return id_; }
+  // Gives up ownership without closing (the caller closed it or hands it on).
+  hid_t release() {
+    const hid_t id = id_;
+    id_ = -1;
+    return id;
+  }
   void reset() {
     if (id_ >= 0 && close_) close_(id_);
     id_ = -1;
@@ -429,21 +448,23 @@ class ImageWriter {
                   "cannot create group " + where);
   }
 
-  // Opens (creating as needed) the group holding `key` below `group`; returns the leaf name.
-  H5Handle parent_of(hid_t group, const std::string& where, const std::string& key, std::string& leaf) {
-    std::vector<std::string> parts = split_key(key);
-    leaf = parts.back();
-    parts.pop_back();
-    H5Handle cur = c_.own(H5Gopen2(group, ".", H5P_DEFAULT), H5Gclose, "cannot open group " + where);
-    std::string at = where;
-    for (const std::string& part : parts) {
-      at += "/" + part;
-      const htri_t exists = H5Lexists(cur.get(), part.c_str(), H5P_DEFAULT);
-      c_.ok(exists, "cannot look up " + at);
-      cur = exists > 0 ? c_.own(H5Gopen2(cur.get(), part.c_str(), H5P_DEFAULT), H5Gclose, "cannot open group " + at)
-                       : create_group(cur.get(), part, at);
-    }
-    return cur;
+  // The group holding `key` below the group `g` (created on first use and kept open in
+  // `open_groups` for the keys that follow); sets `leaf` to the last part of the key.
+  hid_t parent_of(hid_t g, const std::string& where, const std::string& key, std::string& leaf,
+                  std::map<std::string, H5Handle>& open_groups) {
+    const std::size_t slash = key.rfind('/');
+    leaf = slash == std::string::npos ? key : key.substr(slash + 1);
+    if (slash == std::string::npos) return g;
+    const std::string dir = key.substr(0, slash);
+    if (auto it = open_groups.find(dir); it != open_groups.end()) return it->second.get();
+    std::string rest;
+    const hid_t above = parent_of(g, where, dir, rest, open_groups);
+    const std::string at = where + "/" + dir;
+    const htri_t exists = H5Lexists(above, rest.c_str(), H5P_DEFAULT);
+    c_.ok(exists, "cannot look up " + at);
+    H5Handle opened = exists > 0 ? c_.own(H5Gopen2(above, rest.c_str(), H5P_DEFAULT), H5Gclose, "cannot open group " + at)
+                                 : create_group(above, rest, at);
+    return open_groups.emplace(dir, std::move(opened)).first->second.get();
   }
 
   void write_attribute(hid_t obj, const std::string& name, const Scalar& s, const std::string& where) {
@@ -490,25 +511,26 @@ class ImageWriter {
   void write_group(hid_t root, const std::string& group, const StateDict& d) {
     const std::string gpath = "/" + group;
     H5Handle g = create_group(root, group, gpath);
+    std::map<std::string, H5Handle> open_groups;
     for (const auto& [key, s] : d.scalars) {
       std::string leaf;
-      H5Handle parent = parent_of(g.get(), gpath, key, leaf);
+      const hid_t parent = parent_of(g.get(), gpath, key, leaf, open_groups);
       const std::string where = gpath + "/" + key;
       if (auto series = std::get_if<std::vector<double>>(&s)) {
-        H5Handle dset = write_dataset(parent.get(), leaf, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
+        H5Handle dset = write_dataset(parent, leaf, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
                                       {static_cast<int64_t>(series->size())}, series->data(), where);
         write_attribute(dset.get(), "kind", std::string("series"), where + "@kind");
       } else {
-        write_attribute(parent.get(), leaf, s, where);
+        write_attribute(parent, leaf, s, where);
       }
     }
     for (const auto& [key, tensor] : d.tensors) {
       std::string leaf;
-      H5Handle parent = parent_of(g.get(), gpath, key, leaf);
+      const hid_t parent = parent_of(g.get(), gpath, key, leaf, open_groups);
       const Tensor host = tensor.device().is_cpu() ? tensor : tensor.to(Device::cpu());
       H5Handle ftype = file_type_of(c_, host.dtype());
       H5Handle mtype = memory_type_of(c_, host.dtype());
-      write_dataset(parent.get(), leaf, ftype.get(), mtype.get(), host.shape(), host.raw(), gpath + "/" + key);
+      write_dataset(parent, leaf, ftype.get(), mtype.get(), host.shape(), host.raw(), gpath + "/" + key);
     }
   }
 
@@ -552,16 +574,90 @@ class ImageWriter {
   H5Handle scalar_space_, string_type_, gcpl_, dcpl_;
 };
 
-Bytes build_image(const H5Ctx& c, const Checkpoint& ckpt,
-                                       const checkpoint_testing::Tamper& tamper) {
+// The in-memory HDF5 file of a save grows inside a Bytes that this file owns, through
+// the core driver's file-image callbacks, and is taken over at close: no copy of the
+// image with H5Fget_file_image, and no second buffer to fault in.
+// File-image udata is our own object, shared rather than copied by HDF5.
+void* image_udata_share(void* udata) { return udata; }
+herr_t image_udata_keep(void*) { return 0; }
+
+struct GrowingImage {
+  Bytes bytes;
+  bool failed = false;
+};
+
+// The buffer of the last save, kept for the next one: a training run saves the same
+// state size again and again, and faulting in fresh pages for every save costs more than
+// building the file. One buffer per process, the size of the largest checkpoint saved.
+class SpareImage {
+ public:
+  static Bytes take() {
+    std::lock_guard<std::mutex> lock(mutex());
+    return std::move(slot());
+  }
+  static void give_back(Bytes bytes) {
+    std::lock_guard<std::mutex> lock(mutex());
+    if (bytes.capacity() >= slot().capacity()) slot() = std::move(bytes);
+  }
+
+ private:
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static Bytes& slot() {
+    static Bytes b;
+    return b;
+  }
+};
+void* growing_realloc(void* ptr, std::size_t size, H5FD_file_image_op_t, void* udata) {
+  auto* img = static_cast<GrowingImage*>(udata);
+  if (ptr != nullptr && ptr != img->bytes.data()) return nullptr;  // never ours to move
+  try {
+    img->bytes.resize(size);  // keeps the content, like realloc
+  } catch (const std::bad_alloc&) {
+    img->failed = true;
+    return nullptr;
+  }
+  return img->bytes.data();
+}
+void* growing_malloc(std::size_t size, H5FD_file_image_op_t op, void* udata) {
+  return growing_realloc(nullptr, size, op, udata);
+}
+void* growing_memcpy(void* dest, const void* src, std::size_t size, H5FD_file_image_op_t, void*) {
+  if (dest != src) std::memcpy(dest, src, size);
+  return dest;
+}
+herr_t growing_free(void*, H5FD_file_image_op_t, void*) { return 0; }  // the Bytes keeps it
+
+// Bytes the file will take: tensors and series plus their alignment, and room for the
+// metadata, so the core driver allocates once.
+std::size_t estimated_file_bytes(const Checkpoint& ckpt) {
+  std::size_t total = kUserBlockBytes + (std::size_t(256) << 10) + ckpt.config_json.size();
+  for (const auto& [group, d] : ckpt.groups) {
+    for (const auto& [key, t] : d.tensors) total += t.nbytes() + kDataAlignment + 512;
+    for (const auto& [key, s] : d.scalars)
+      total += 512 + (std::holds_alternative<std::vector<double>>(s) ? std::get<std::vector<double>>(s).size() * 8 : 0);
+  }
+  constexpr std::size_t kStep = std::size_t(64) << 10;
+  return (total + kStep - 1) / kStep * kStep;
+}
+
+Bytes build_image(const H5Ctx& c, const Checkpoint& ckpt, const checkpoint_testing::Tamper& tamper) {
   H5Handle fcpl = c.plist(H5P_FILE_CREATE, "a file property list");
   if (!tamper.plain_hdf5) c.ok(H5Pset_userblock(fcpl.get(), kUserBlockBytes), "cannot reserve the user block");
   H5Handle fapl = c.plist(H5P_FILE_ACCESS, "a file access property list");
-  c.ok(H5Pset_fapl_core(fapl.get(), kCoreIncrement, 0), "cannot select the in-memory driver");
+  c.ok(H5Pset_fapl_core(fapl.get(), estimated_file_bytes(ckpt), 0), "cannot select the in-memory driver");
   c.ok(H5Pset_alignment(fapl.get(), kAlignThreshold, kDataAlignment), "cannot set the data alignment");
+  GrowingImage image;
+  image.bytes = SpareImage::take();
+  image.bytes.resize(0);
+  H5FD_file_image_callbacks_t callbacks = {growing_malloc,  growing_memcpy,  growing_realloc, growing_free,
+                                           image_udata_share, image_udata_keep, &image};
+  c.ok(H5Pset_file_image_callbacks(fapl.get(), &callbacks), "cannot set the file image callbacks");
   H5Handle file = c.own(H5Fcreate(unique_image_name("save").c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()),
                         H5Fclose, "cannot create the in-memory HDF5 file");
-  Bytes image;
+  ssize_t hdf5_bytes = 0;
   {
     ImageWriter w(c);
     H5Handle root = c.own(H5Gopen2(file.get(), "/", H5P_DEFAULT), H5Gclose, "cannot open the root group");
@@ -583,31 +679,41 @@ Bytes build_image(const H5Ctx& c, const Checkpoint& ckpt,
     for (const auto& raw : tamper.raw_datasets) w.write_raw(root.get(), raw);
 
     c.ok(H5Fflush(file.get(), H5F_SCOPE_LOCAL), "cannot flush the in-memory HDF5 file");
-    // The image starts at the superblock: the user block is not part of it, but the
-    // superblock records it, so the header must be prepended, not patched in.
-    const ssize_t size = H5Fget_file_image(file.get(), nullptr, 0);
-    if (size <= 0) c.fail("cannot get the HDF5 file image" + hdf5_reason());
-    const std::size_t offset = tamper.plain_hdf5 ? 0 : kUserBlockBytes;
-    image.resize(offset + static_cast<std::size_t>(size));
-    if (H5Fget_file_image(file.get(), image.data() + offset, static_cast<std::size_t>(size)) != size)
-      c.fail("cannot get the HDF5 file image" + hdf5_reason());
+    // The size of the HDF5 part (from the superblock on; the driver's memory also holds
+    // the user block in front of it, zero-filled).
+    hdf5_bytes = H5Fget_file_image(file.get(), nullptr, 0);
+    if (hdf5_bytes <= 0) c.fail("cannot get the HDF5 file image size" + hdf5_reason());
   }
-  return image;
+  if (H5Fclose(file.get()) < 0) {
+    (void)file.release();
+    c.fail("cannot close the in-memory HDF5 file" + hdf5_reason());
+  }
+  (void)file.release();
+  if (image.failed) throw std::bad_alloc();
+  const std::size_t total = (tamper.plain_hdf5 ? 0 : kUserBlockBytes) + static_cast<std::size_t>(hdf5_bytes);
+  if (image.bytes.size() < total) c.fail("the in-memory HDF5 file is shorter than its image");
+  image.bytes.resize(total);
+  return std::move(image.bytes);
 }
 
 // ---------------------------------------------------------------------------------
 // The integrity header in the user block (layout in docs/checkpoint-format.md).
 
-void seal(Bytes& image, int64_t format_version) {
+// Fills the user block of `image` given the CRC-32 of everything after it.
+void seal_with(Bytes& image, int64_t format_version, uint32_t payload_crc) {
   const std::size_t payload = image.size() - kUserBlockBytes;
   std::string text = kMagic;
   text += "format_version " + std::to_string(format_version) + "\n";
   text += "userblock_bytes " + std::to_string(kUserBlockBytes) + "\n";
   text += "payload_bytes " + std::to_string(payload) + "\n";
-  text += "payload_crc32 " + hex32(crc32_of(image.data() + kUserBlockBytes, payload)) + "\n";
+  text += "payload_crc32 " + hex32(payload_crc) + "\n";
   text += "header_crc32 " + hex32(crc32_of(reinterpret_cast<const unsigned char*>(text.data()), text.size())) + "\n";
   std::fill(image.begin(), image.begin() + kUserBlockBytes, 0);
   std::copy(text.begin(), text.end(), image.begin());
+}
+
+void seal(Bytes& image, int64_t format_version) {
+  seal_with(image, format_version, crc32_of(image.data() + kUserBlockBytes, image.size() - kUserBlockBytes));
 }
 
 struct Header {
@@ -817,8 +923,6 @@ void* lent_memcpy(void* dest, const void* src, std::size_t size, H5FD_file_image
 }
 void* lent_realloc(void*, std::size_t, H5FD_file_image_op_t, void*) { return nullptr; }
 herr_t lent_free(void*, H5FD_file_image_op_t, void*) { return 0; }
-void* lent_udata_copy(void* udata) { return udata; }
-herr_t lent_udata_free(void*) { return 0; }
 
 // Opens verified bytes as an HDF5 file in memory, so the disk is read once and the
 // bytes are not copied again.
@@ -827,7 +931,7 @@ H5Handle open_image(const H5Ctx& c, Bytes& bytes, LentImage& lent) {
   c.ok(H5Pset_fapl_core(fapl.get(), kCoreIncrement, 0), "cannot select the in-memory driver");
   lent = LentImage{bytes.data(), bytes.size()};
   H5FD_file_image_callbacks_t callbacks = {lent_malloc,     lent_memcpy,     lent_realloc, lent_free,
-                                           lent_udata_copy, lent_udata_free, &lent};
+                                           image_udata_share, image_udata_keep, &lent};
   c.ok(H5Pset_file_image_callbacks(fapl.get(), &callbacks), "cannot set the file image callbacks");
   c.ok(H5Pset_file_image(fapl.get(), bytes.data(), bytes.size()), "cannot hand the file image to HDF5");
   return c.own(H5Fopen(unique_image_name("load").c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose,
@@ -1200,18 +1304,53 @@ Checkpoint read_checkpoint(const H5Ctx& c, hid_t file, const Header& header, std
 // Atomic write.
 
 // Writes everything or returns false with errno set.
-bool write_fully(int fd, const unsigned char* data, std::size_t n) {
+// pwrite of all `n` bytes at `offset`; 0 or the errno of the failure.
+int write_fully_at(int fd, const unsigned char* data, std::size_t n, off_t offset) {
   while (n > 0) {
-    const ssize_t w = ::write(fd, data, n);
+    const ssize_t w = ::pwrite(fd, data, n, offset);
     if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return false;
+    if (w < 0) return errno;
+    if (w == 0) return EIO;
     data += w;
     n -= static_cast<std::size_t>(w);
+    offset += w;
   }
-  return true;
+  return 0;
 }
 
-void atomic_write(const std::string& path, const Bytes& bytes) {
+// Writes a checkpoint image into `fd`: the HDF5 payload first, while a second thread
+// takes its CRC-32 from the same memory, then the sealed header in front of it (the
+// file is still a temporary, so the order is invisible). 0 or the errno of a failure.
+int write_sealed(int fd, Bytes& image, int64_t format_version) {
+  const unsigned char* payload = image.data() + kUserBlockBytes;
+  const std::size_t payload_bytes = image.size() - kUserBlockBytes;
+  int err = 0;
+  uint32_t crc = 0;
+  if (payload_bytes >= (std::size_t(1) << 20) && omp_get_max_threads() >= 2) {
+#pragma omp parallel num_threads(2)
+    {
+      if (omp_get_num_threads() < 2) {
+        err = write_fully_at(fd, payload, payload_bytes, static_cast<off_t>(kUserBlockBytes));
+        crc = crc32_update(0, payload, payload_bytes);
+      } else if (omp_get_thread_num() == 0) {
+        err = write_fully_at(fd, payload, payload_bytes, static_cast<off_t>(kUserBlockBytes));
+      } else {
+        crc = crc32_update(0, payload, payload_bytes);
+      }
+    }
+  } else {
+    err = write_fully_at(fd, payload, payload_bytes, static_cast<off_t>(kUserBlockBytes));
+    crc = crc32_update(0, payload, payload_bytes);
+  }
+  if (err != 0) return err;
+  seal_with(image, format_version, crc);
+  return write_fully_at(fd, image.data(), kUserBlockBytes, 0);
+}
+
+// Writes a new file under `path` atomically: `write_content(fd)` fills a temporary
+// file in the same directory (returning 0 or an errno), which is fsynced, renamed over
+// `path`, and the directory fsynced.
+void atomic_write(const std::string& path, const std::function<int(int)>& write_content) {
   const std::size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
@@ -1223,7 +1362,7 @@ void atomic_write(const std::string& path, const Bytes& bytes) {
   if (fd < 0) fail(path, "cannot create temporary file " + tmp + ": " + std::strerror(errno));
   const char* step = nullptr;
   int err = 0;
-  if (!write_fully(fd, bytes.data(), bytes.size())) step = "write", err = errno;
+  if ((err = write_content(fd)) != 0) step = "write";
   else if (::fsync(fd) != 0) step = "fsync", err = errno;
   if (::close(fd) != 0 && !step) step = "close", err = errno;
   if (!step && ::rename(tmp.c_str(), path.c_str()) != 0) step = "rename", err = errno;
@@ -1250,8 +1389,11 @@ void save_impl(const std::string& path, const Checkpoint& ckpt, const checkpoint
   normalise_keys(path, normalised.groups);
   for (const auto& [group, d] : normalised.groups) check_group_keys(path, group, d);
   Bytes image = build_image(c, normalised, tamper);
-  if (!tamper.plain_hdf5) seal(image, tamper.format_version);
-  atomic_write(path, image);
+  atomic_write(path, [&](int fd) {
+    return tamper.plain_hdf5 ? write_fully_at(fd, image.data(), image.size(), 0)
+                             : write_sealed(fd, image, tamper.format_version);
+  });
+  SpareImage::give_back(std::move(image));
 }
 
 // ---------------------------------------------------------------------------------
@@ -1558,7 +1700,7 @@ void checkpoint_testing::reseal(const std::string& path, int64_t format_version)
   Bytes bytes = read_and_checksum(path, kUserBlockBytes).bytes;
   if (bytes.size() < kUserBlockBytes) fail(path, "too short to reseal");
   seal(bytes, format_version);
-  atomic_write(path, bytes);
+  atomic_write(path, [&](int fd) { return write_fully_at(fd, bytes.data(), bytes.size(), 0); });
 }
 
 }  // namespace engine
