@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <omp.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include <thread>
 
 #include "io/checkpoint.h"
+#include "io/deferred_remove.h"
 
 using namespace engine;
 namespace fs = std::filesystem;
@@ -331,6 +333,62 @@ TEST_CASE("saving is atomic and replaces an existing file") {
   fs::current_path(old_cwd);
   CHECK(load_checkpoint(dir + "/relative.h5").groups.at("trainer").get_int("epoch") == 3);
   CHECK(temp_files_in(dir).empty());
+}
+
+namespace {
+std::vector<std::string> hidden_files_in(const std::string& dir) {
+  std::vector<std::string> found;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string()[0] == '.') found.push_back(e.path().filename().string());
+  std::sort(found.begin(), found.end());
+  return found;
+}
+}  // namespace
+
+TEST_CASE("replacing a checkpoint leaves no hidden files once the background removals are done") {
+  const std::string dir = tmp_path("replace_dir");
+  fs::create_directories(dir);
+  const std::string path = dir + "/last.h5";
+  for (int i = 0; i < 3; ++i) save_checkpoint(path, sample());
+  finish_pending_removals();
+  CHECK(hidden_files_in(dir).empty());
+  verify_checkpoint_file(path);
+}
+
+TEST_CASE("a reader holding the replaced file open keeps reading the old version") {
+  const std::string path = tmp_path("held_open.h5");
+  Checkpoint first = sample();
+  save_checkpoint(path, first);
+  const std::vector<unsigned char> old_bytes = read_bytes(path);
+  std::ifstream held(path, std::ios::binary);
+  REQUIRE(held.good());
+  Checkpoint second = sample();
+  second.groups["model"].tensors["conv1.bias"] = f32_fill({4}, 9.0f);
+  save_checkpoint(path, second);
+  save_checkpoint(path, second);
+  finish_pending_removals();
+  const std::vector<unsigned char> seen((std::istreambuf_iterator<char>(held)), {});
+  CHECK(seen == old_bytes);
+  CHECK(read_bytes(path) != old_bytes);
+}
+
+TEST_CASE("hidden leftovers of a process that died are swept by the next save in that directory") {
+  const std::string dir = tmp_path("sweep_dir");
+  fs::create_directories(dir);
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  REQUIRE(child > 0);
+  REQUIRE(waitpid(child, nullptr, 0) == child);  // its pid now belongs to no process
+  const std::string dead = std::to_string(child), alive = std::to_string(getppid());
+  const std::vector<std::string> swept = {".last.h5.old." + dead + ".0", ".last.h5.tmp." + dead};
+  const std::vector<std::string> kept = {".best.h5.tmp." + alive, ".notes.txt.tmp." + dead, ".last.h5.old." + dead + ".x"};
+  for (const auto& name : swept) write_bytes(dir + "/" + name, {1, 2, 3});
+  for (const auto& name : kept) write_bytes(dir + "/" + name, {1, 2, 3});
+  save_checkpoint(dir + "/last.h5", sample());
+  finish_pending_removals();
+  std::vector<std::string> expected = kept;
+  std::sort(expected.begin(), expected.end());
+  CHECK(hidden_files_in(dir) == expected);
 }
 
 TEST_CASE("a failed save keeps the previous file and leaves no temporary file") {

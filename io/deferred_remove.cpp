@@ -1,0 +1,144 @@
+#include "io/deferred_remove.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <set>
+#include <system_error>
+#include <thread>
+
+namespace engine {
+
+namespace {
+
+// One worker thread and its queue. The function-local static is destroyed at exit, and
+// its destructor waits for the queue to empty, so a normal exit leaves nothing behind.
+class Remover {
+ public:
+  static Remover& instance() {
+    static Remover remover;
+    return remover;
+  }
+
+  void add(std::string path) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!worker_.joinable()) {
+      try {
+        worker_ = std::thread([this] { run(); });
+      } catch (const std::system_error&) {
+        lock.unlock();
+        ::unlink(path.c_str());  // no thread to be had: remove it now
+        return;
+      }
+    }
+    queue_.push_back(std::move(path));
+    wake_.notify_one();
+  }
+
+  void drain() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  }
+
+  ~Remover() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+ private:
+  Remover() = default;
+
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and nothing left
+      const std::string path = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      ::unlink(path.c_str());
+      lock.lock();
+      busy_ = false;
+      if (queue_.empty()) idle_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_, idle_;
+  std::deque<std::string> queue_;
+  bool busy_ = false, stopping_ = false;
+  std::thread worker_;
+};
+
+bool all_digits(const std::string& s) {
+  return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// The pid a leftover name was made by, or -1 if `name` is not one of ours:
+// ".<x>.h5.old.<pid>.<n>" or ".<x>.h5.tmp.<pid>".
+long leftover_pid(const std::string& name) {
+  if (name.size() < 2 || name[0] != '.') return -1;
+  std::size_t at = name.rfind(".tmp.");
+  std::string pid_text;
+  if (at != std::string::npos && all_digits(name.substr(at + 5))) {
+    pid_text = name.substr(at + 5);
+  } else {
+    at = name.rfind(".old.");
+    if (at == std::string::npos) return -1;
+    const std::string rest = name.substr(at + 5);
+    const std::size_t dot = rest.find('.');
+    if (dot == std::string::npos || !all_digits(rest.substr(0, dot)) || !all_digits(rest.substr(dot + 1))) return -1;
+    pid_text = rest.substr(0, dot);
+  }
+  if (!ends_with(name.substr(0, at), ".h5") || pid_text.size() > 9) return -1;
+  return std::stol(pid_text);
+}
+
+}  // namespace
+
+void remove_later(std::string path) { Remover::instance().add(std::move(path)); }
+
+void finish_pending_removals() { Remover::instance().drain(); }
+
+std::string replaced_version_name(const std::string& dir_prefix, const std::string& name) {
+  static std::atomic<unsigned long> counter{0};
+  return dir_prefix + "." + name + ".old." + std::to_string(getpid()) + "." + std::to_string(counter++);
+}
+
+void sweep_leftovers_once(const std::string& dir) {
+  static std::mutex mutex;
+  static std::set<std::string> swept;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!swept.insert(dir).second) return;
+  }
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  const long self = static_cast<long>(getpid());
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    const long pid = leftover_pid(name);
+    if (pid <= 0 || pid == self) continue;
+    // A live process (or one we may not signal) may still be using its files.
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    remove_later(dir + "/" + name);
+  }
+  ::closedir(d);
+}
+
+}  // namespace engine
