@@ -808,23 +808,37 @@ Header check_integrity(const std::string& path, const Bytes& file, uint32_t crc_
 // ---------------------------------------------------------------------------------
 // Reading.
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
 struct FileBytes {
   Bytes bytes;
   uint32_t crc_after_skip = 0;  // crc32 of bytes [skip, end), 0 if the file is shorter
 };
 
+// Reads [begin, end) of `fd` into data + begin, in pieces small enough to stay in cache
+// while their part of the checksum (of the bytes from `skip` on) is taken. Returns the
+// offset reached (short of `end` at end of file) and sets `crc` and `err` (an errno).
+std::size_t read_range_with_crc(int fd, unsigned char* data, std::size_t begin, std::size_t end, std::size_t skip,
+                                uint32_t& crc, int& err) {
+  constexpr std::size_t kPiece = std::size_t(256) << 10;
+  std::size_t pos = begin;
+  crc = 0;
+  while (pos < end) {
+    const ssize_t n = ::pread(fd, data + pos, std::min(end - pos, kPiece), static_cast<off_t>(pos));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) err = errno;
+    if (n <= 0) break;
+    const std::size_t from = std::max(pos, skip), to = pos + static_cast<std::size_t>(n);
+    if (to > from) crc = crc32_update(crc, data + from, to - from);
+    pos = to;
+  }
+  return pos;
+}
+
 // Reads a whole file and takes the CRC-32 of everything after its first `skip` bytes.
-// For large files the checksum runs on a second OpenMP thread, chunk by chunk behind
-// the read, so verifying a checkpoint costs almost nothing beyond reading it.
+// A large file is read as two halves by two OpenMP threads, each checksumming its
+// pieces as they arrive, and the two checksums are joined with crc32_combine: verifying
+// a checkpoint costs almost nothing beyond reading it.
 FileBytes read_and_checksum(const std::string& path, std::size_t skip) {
-  constexpr std::size_t kReadChunk = std::size_t(256) << 10;
-  constexpr std::size_t kOverlapFrom = std::size_t(1) << 20;
+  constexpr std::size_t kSplitFrom = std::size_t(1) << 20;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
   struct Closer {
@@ -840,68 +854,45 @@ FileBytes read_and_checksum(const std::string& path, std::size_t skip) {
   out.bytes.resize(expected);
   unsigned char* const data = out.bytes.data();
   std::size_t got = 0;
-  int read_errno = 0;
-  std::atomic<std::size_t> ready{0};
-  std::atomic<bool> finished{false};
-  auto read_all = [&] {
-    while (got < expected) {
-      const ssize_t n = ::read(fd, data + got, std::min(expected - got, kReadChunk));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) read_errno = errno;
-      if (n <= 0) break;
-      got += static_cast<std::size_t>(n);
-      ready.store(got, std::memory_order_release);
-    }
-    finished.store(true, std::memory_order_release);
-  };
   uint32_t crc = 0;
-  std::size_t crc_end = skip;
-  auto checksum_behind = [&] {
-    while (true) {
-      const bool done = finished.load(std::memory_order_acquire);
-      const std::size_t available = ready.load(std::memory_order_acquire);
-      if (available > crc_end) {
-        crc = crc32_update(crc, data + crc_end, available - crc_end);
-        crc_end = available;
-      } else if (done) {
-        return;
-      } else {
-        cpu_relax();
-      }
-    }
-  };
-
-  if (expected >= kOverlapFrom && omp_get_max_threads() >= 2) {
+  int err = 0;
+  if (expected >= kSplitFrom && omp_get_max_threads() >= 2) {
+    const std::size_t mid = (skip + (expected - skip) / 2) / 4096 * 4096;  // > skip: expected >= 1 MiB
+    uint32_t crcs[2] = {0, 0};
+    std::size_t reached[2] = {0, 0};
+    int errs[2] = {0, 0};
 #pragma omp parallel num_threads(2)
     {
-      if (omp_get_num_threads() < 2) {
-        read_all();
-        checksum_behind();
-      } else if (omp_get_thread_num() == 0) {
-        read_all();
-      } else {
-        checksum_behind();
-      }
+      // With one thread (nested parallelism, say) that thread reads both halves.
+      for (int half = omp_get_thread_num(); half < 2; half += omp_get_num_threads())
+        reached[half] = read_range_with_crc(fd, data, half == 0 ? 0 : mid, half == 0 ? mid : expected, skip,
+                                            crcs[half], errs[half]);
+    }
+    err = errs[0] ? errs[0] : errs[1];
+    if (reached[0] < mid) {  // the file shrank into the first half
+      got = reached[0];
+      crc = crcs[0];
+    } else {
+      got = reached[1];
+      crc = static_cast<uint32_t>(crc32_combine(crcs[0], crcs[1], static_cast<z_off_t>(reached[1] - mid)));
     }
   } else {
-    read_all();
-    checksum_behind();
+    got = read_range_with_crc(fd, data, 0, expected, skip, crc, err);
   }
-  if (read_errno != 0) fail(path, std::string("cannot read: ") + std::strerror(read_errno));
+  if (err != 0) fail(path, std::string("cannot read: ") + std::strerror(err));
 
   // A file that grew since fstat is read to its end, so the length check names its size.
-  if (got == expected) {
-    while (true) {
-      unsigned char more[4096];
-      const ssize_t n = ::read(fd, more, sizeof more);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) fail(path, std::string("cannot read: ") + std::strerror(errno));
-      if (n == 0) break;
-      out.bytes.resize(got + static_cast<std::size_t>(n));
-      std::memcpy(out.bytes.data() + got, more, static_cast<std::size_t>(n));
-      got += static_cast<std::size_t>(n);
-    }
-    if (got > crc_end && crc_end >= skip) crc = crc32_update(crc, out.bytes.data() + crc_end, got - crc_end);
+  while (got >= expected) {
+    unsigned char more[4096];
+    const ssize_t n = ::pread(fd, more, sizeof more, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(path, std::string("cannot read: ") + std::strerror(errno));
+    if (n == 0) break;
+    out.bytes.resize(got + static_cast<std::size_t>(n));
+    std::memcpy(out.bytes.data() + got, more, static_cast<std::size_t>(n));
+    const std::size_t from = std::max(got, skip), to = got + static_cast<std::size_t>(n);
+    if (to > from) crc = crc32_update(crc, out.bytes.data() + from, to - from);
+    got = to;
   }
   out.bytes.resize(got);
   out.crc_after_skip = got > skip ? crc : 0;
