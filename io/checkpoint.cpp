@@ -1100,11 +1100,12 @@ class ImageReader {
     const Shape shape = read_shape(d, at);
     H5Handle ftype = own(H5Dget_type(d), H5Tclose, "cannot read the type of ", at);
     DType dtype = DType::F32;
+    bool as_in_memory = false;
     if (series) {
       if (!type_equals(ftype.get(), H5T_IEEE_F64LE) && !type_equals(ftype.get(), H5T_IEEE_F64BE))
         c_.fail(at + " is a series of " + describe_type(ftype.get()) + " (series are float64)");
       if (shape.size() != 1) c_.fail(at + " is a series of rank " + std::to_string(shape.size()) + " (series are 1-D)");
-    } else if (!tensor_dtype(ftype.get(), dtype)) {
+    } else if (!tensor_dtype(ftype.get(), dtype, as_in_memory)) {
       c_.fail(at + " has unsupported dtype " + describe_type(ftype.get()) +
               " (supported: float32, float16, int32, uint8)");
     }
@@ -1112,7 +1113,7 @@ class ImageReader {
 
     if (!series) {
       const std::size_t nbytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
-      if (Tensor view = view_in_file(d, at, shape, dtype, ftype.get(), nbytes); view.defined()) {
+      if (Tensor view = as_in_memory ? view_in_file(d, at, shape, dtype, nbytes) : Tensor(); view.defined()) {
         out.tensors.emplace(key, std::move(view));
         return;
       }
@@ -1137,9 +1138,8 @@ class ImageReader {
   // bytes), is returned as a view of the file buffer; an undefined tensor otherwise.
   // A defined offset with the full storage size is only reported for contiguous data
   // inside the file (not external, compact, chunked, virtual or unallocated).
-  Tensor view_in_file(hid_t d, const std::string& at, const Shape& shape, DType dtype, hid_t ftype,
-                      std::size_t nbytes) {
-    if (nbytes == 0 || !file_ || !stored_as_in_memory(ftype, dtype)) return Tensor();
+  Tensor view_in_file(hid_t d, const std::string& at, const Shape& shape, DType dtype, std::size_t nbytes) {
+    if (nbytes == 0 || !file_) return Tensor();
     const haddr_t offset = H5Dget_offset(d);
     if (offset == HADDR_UNDEF || offset < kUserBlockBytes || offset > file_->size() ||
         nbytes > file_->size() - offset || H5Dget_storage_size(d) != nbytes)
@@ -1177,14 +1177,17 @@ class ImageReader {
   // The shape, refused before anything is allocated if absurd.
   Shape read_shape(hid_t d, const std::string& at) {
     H5Handle space = own(H5Dget_space(d), H5Sclose, "cannot read the shape of ", at);
-    const H5S_class_t cls = H5Sget_simple_extent_type(space.get());
-    if (cls == H5S_SCALAR) return {};
-    if (cls != H5S_SIMPLE) c_.fail(at + " has no shape (null dataspace)");
-    const int rank = H5Sget_simple_extent_ndims(space.get());
+    // Every call into HDF5 costs, and loading is made of them: one call gets the rank and
+    // the dims (HDF5 never has more than H5S_MAX_RANK), the class only when rank is 0.
+    hsize_t dims[H5S_MAX_RANK] = {};
+    const int rank = H5Sget_simple_extent_dims(space.get(), dims, nullptr);
     if (rank < 0) c_.fail("cannot read the shape of " + at + hdf5_reason());
+    if (rank == 0) {
+      const H5S_class_t cls = H5Sget_simple_extent_type(space.get());
+      if (cls == H5S_SCALAR) return {};
+      c_.fail(at + " has no shape (null dataspace)");
+    }
     if (rank > kMaxRank) c_.fail(at + " has rank " + std::to_string(rank) + " (at most 8)");
-    hsize_t dims[kMaxRank] = {};
-    ok(H5Sget_simple_extent_dims(space.get(), dims, nullptr), "cannot read the shape of ", at);
     uint64_t total = 1;
     for (int i = 0; i < rank; ++i) {
       if (dims[i] > kMaxElements || (total *= dims[i]) > kMaxElements) {  // both factors <= 2^31: no overflow
@@ -1197,10 +1200,18 @@ class ImageReader {
   }
 
   // The dtype a tensor dataset loads as; false if unsupported.
-  bool tensor_dtype(hid_t ftype, DType& dtype) {
+  // The dtype a tensor dataset loads as (false if unsupported), and whether its stored
+  // bytes are the bytes of the tensor in memory (little-endian, as the engine writes).
+  bool tensor_dtype(hid_t ftype, DType& dtype, bool& as_in_memory) {
+    as_in_memory = false;
+    if (type_equals(ftype, H5T_IEEE_F32LE)) {  // nearly every tensor: one call
+      dtype = DType::F32;
+      as_in_memory = true;
+      return true;
+    }
     const H5T_class_t cls = H5Tget_class(ftype);
     const std::size_t size = H5Tget_size(ftype);
-    if (cls == H5T_FLOAT && size == 4 && (type_equals(ftype, H5T_IEEE_F32LE) || type_equals(ftype, H5T_IEEE_F32BE))) {
+    if (cls == H5T_FLOAT && size == 4 && type_equals(ftype, H5T_IEEE_F32BE)) {
       dtype = DType::F32;
     } else if (cls == H5T_FLOAT && size == 2 && (type_equals(ftype, half_le_.get()) || type_equals(ftype, half_be_.get()))) {
       dtype = DType::F16;
@@ -1211,6 +1222,7 @@ class ImageReader {
     } else {
       return false;
     }
+    as_in_memory = stored_as_in_memory(ftype, dtype);
     return true;
   }
 
