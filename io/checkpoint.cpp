@@ -22,8 +22,10 @@
 #include <ctime>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <utility>
 #include <vector>
 #include <set>
@@ -492,8 +494,11 @@ class ImageWriter {
     c_.ok(H5Awrite(attr.get(), mtype, data), "cannot write attribute " + where);
   }
 
-  H5Handle write_dataset(hid_t parent, const std::string& name, hid_t ftype, hid_t mtype, const Shape& shape,
-                         const void* data, const std::string& where) {
+  // Creates a dataset and queues its data for write_pending_data(): the data of every
+  // dataset is written after all the metadata exists, so that HDF5 allocates it after the
+  // metadata and the file ends with a region of dataset bytes only (see metadata_bytes).
+  hid_t create_dataset(hid_t parent, const std::string& name, hid_t ftype, const Shape& shape, const void* data,
+                       const Tensor& keep_alive, std::optional<DType> tensor_dtype, const std::string& where) {
     H5Handle space;
     if (shape.empty()) {
       space = c_.own(H5Screate(H5S_SCALAR), H5Sclose, "cannot create the dataspace of " + where);
@@ -504,9 +509,25 @@ class ImageWriter {
     }
     H5Handle dset = c_.own(H5Dcreate2(parent, name.c_str(), ftype, space.get(), H5P_DEFAULT, dcpl_.get(), H5P_DEFAULT),
                            H5Dclose, "cannot create dataset " + where);
-    if (shape_numel(shape) > 0)
-      c_.ok(H5Dwrite(dset.get(), mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "cannot write dataset " + where);
-    return dset;
+    const hid_t id = dset.get();
+    if (shape_numel(shape) > 0) pending_.push_back(PendingData{std::move(dset), keep_alive, data, tensor_dtype, where});
+    else finished_.push_back(std::move(dset));
+    return id;
+  }
+
+  // Writes the queued data; returns where each dataset's bytes went (file offsets).
+  std::vector<std::pair<uint64_t, uint64_t>> write_pending_data() {
+    std::vector<std::pair<uint64_t, uint64_t>> extents;
+    for (PendingData& p : pending_) {
+      H5Handle mtype = p.tensor_dtype ? memory_type_of(c_, *p.tensor_dtype) : c_.copy_type(H5T_NATIVE_DOUBLE);
+      c_.ok(H5Dwrite(p.dset.get(), mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, p.data),
+            "cannot write dataset " + p.where);
+      const haddr_t offset = H5Dget_offset(p.dset.get());
+      if (offset != HADDR_UNDEF) extents.emplace_back(offset, H5Dget_storage_size(p.dset.get()));
+    }
+    pending_.clear();
+    finished_.clear();
+    return extents;
   }
 
   void write_group(hid_t root, const std::string& group, const StateDict& d) {
@@ -518,9 +539,9 @@ class ImageWriter {
       const hid_t parent = parent_of(g.get(), gpath, key, leaf, open_groups);
       const std::string where = gpath + "/" + key;
       if (auto series = std::get_if<std::vector<double>>(&s)) {
-        H5Handle dset = write_dataset(parent, leaf, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
-                                      {static_cast<int64_t>(series->size())}, series->data(), where);
-        write_attribute(dset.get(), "kind", std::string("series"), where + "@kind");
+        const hid_t dset = create_dataset(parent, leaf, H5T_IEEE_F64LE, {static_cast<int64_t>(series->size())},
+                                          series->data(), Tensor(), std::nullopt, where);
+        write_attribute(dset, "kind", std::string("series"), where + "@kind");
       } else {
         write_attribute(parent, leaf, s, where);
       }
@@ -530,8 +551,7 @@ class ImageWriter {
       const hid_t parent = parent_of(g.get(), gpath, key, leaf, open_groups);
       const Tensor host = tensor.device().is_cpu() ? tensor : tensor.to(Device::cpu());
       H5Handle ftype = file_type_of(c_, host.dtype());
-      H5Handle mtype = memory_type_of(c_, host.dtype());
-      write_dataset(parent, leaf, ftype.get(), mtype.get(), host.shape(), host.raw(), gpath + "/" + key);
+      create_dataset(parent, leaf, ftype.get(), host.shape(), host.raw(), host, host.dtype(), gpath + "/" + key);
     }
   }
 
@@ -571,8 +591,17 @@ class ImageWriter {
   }
 
  private:
+  struct PendingData {
+    H5Handle dset;
+    Tensor keep_alive;  // a host copy of a device tensor lives until its data is written
+    const void* data;
+    std::optional<DType> tensor_dtype;  // nullopt: a float64 series
+    std::string where;
+  };
   const H5Ctx& c_;
   H5Handle scalar_space_, string_type_, gcpl_, dcpl_;
+  std::vector<PendingData> pending_;
+  std::vector<H5Handle> finished_;
 };
 
 // The in-memory HDF5 file of a save grows inside a Bytes that this file owns, through
@@ -644,7 +673,30 @@ std::size_t estimated_file_bytes(const Checkpoint& ckpt) {
   return (total + kStep - 1) / kStep * kStep;
 }
 
-Bytes build_image(const H5Ctx& c, const Checkpoint& ckpt, const checkpoint_testing::Tamper& tamper) {
+// A built file: the image (user block still blank) and how many bytes after the user
+// block hold all of the HDF5 metadata (the rest holds only dataset bytes and zeros).
+struct BuiltImage {
+  Bytes bytes;
+  std::size_t metadata_bytes = 0;
+};
+
+// Whether [metadata_end, end) of `image` holds nothing but the given dataset extents
+// and zero bytes: then no HDF5 metadata lies past metadata_end.
+bool only_data_after(const Bytes& image, std::size_t metadata_end, std::vector<std::pair<uint64_t, uint64_t>> extents) {
+  std::sort(extents.begin(), extents.end());
+  std::size_t pos = metadata_end;
+  auto zeros = [&](std::size_t from, std::size_t to) {
+    return std::all_of(image.data() + from, image.data() + to, [](unsigned char b) { return b == 0; });
+  };
+  for (const auto& [offset, bytes] : extents) {
+    if (offset < metadata_end || offset > image.size() || bytes > image.size() - offset) return false;
+    if (offset > pos && !zeros(pos, offset)) return false;
+    pos = std::max<std::size_t>(pos, offset + bytes);
+  }
+  return zeros(pos, image.size());
+}
+
+BuiltImage build_image(const H5Ctx& c, const Checkpoint& ckpt, const checkpoint_testing::Tamper& tamper) {
   H5Handle fcpl = c.plist(H5P_FILE_CREATE, "a file property list");
   if (!tamper.plain_hdf5) c.ok(H5Pset_userblock(fcpl.get(), kUserBlockBytes), "cannot reserve the user block");
   H5Handle fapl = c.plist(H5P_FILE_ACCESS, "a file access property list");
@@ -658,7 +710,8 @@ Bytes build_image(const H5Ctx& c, const Checkpoint& ckpt, const checkpoint_testi
   c.ok(H5Pset_file_image_callbacks(fapl.get(), &callbacks), "cannot set the file image callbacks");
   H5Handle file = c.own(H5Fcreate(unique_image_name("save").c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()),
                         H5Fclose, "cannot create the in-memory HDF5 file");
-  ssize_t hdf5_bytes = 0;
+  ssize_t hdf5_bytes = 0, metadata_hdf5_bytes = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> extents;
   {
     ImageWriter w(c);
     H5Handle root = c.own(H5Gopen2(file.get(), "/", H5P_DEFAULT), H5Gclose, "cannot open the root group");
@@ -679,6 +732,12 @@ Bytes build_image(const H5Ctx& c, const Checkpoint& ckpt, const checkpoint_testi
       if (!omitted(tamper.omit_groups, group)) w.write_group(root.get(), group, d);
     for (const auto& raw : tamper.raw_datasets) w.write_raw(root.get(), raw);
 
+    // Everything but the dataset bytes exists now; where the file ends is where the
+    // data will begin.
+    c.ok(H5Fflush(file.get(), H5F_SCOPE_LOCAL), "cannot flush the in-memory HDF5 file");
+    metadata_hdf5_bytes = H5Fget_file_image(file.get(), nullptr, 0);
+    if (metadata_hdf5_bytes <= 0) c.fail("cannot get the HDF5 file image size" + hdf5_reason());
+    extents = w.write_pending_data();
     c.ok(H5Fflush(file.get(), H5F_SCOPE_LOCAL), "cannot flush the in-memory HDF5 file");
     // The size of the HDF5 part (from the superblock on; the driver's memory also holds
     // the user block in front of it, zero-filled).
@@ -691,34 +750,68 @@ Bytes build_image(const H5Ctx& c, const Checkpoint& ckpt, const checkpoint_testi
   }
   (void)file.release();
   if (image.failed) throw std::bad_alloc();
-  const std::size_t total = (tamper.plain_hdf5 ? 0 : kUserBlockBytes) + static_cast<std::size_t>(hdf5_bytes);
+  const std::size_t userblock = tamper.plain_hdf5 ? 0 : kUserBlockBytes;
+  const std::size_t total = userblock + static_cast<std::size_t>(hdf5_bytes);
   if (image.bytes.size() < total) c.fail("the in-memory HDF5 file is shorter than its image");
   image.bytes.resize(total);
-  return std::move(image.bytes);
+  BuiltImage built;
+  // Checked, not assumed: if HDF5 put any metadata among the data, all of the payload
+  // counts as metadata (always correct, only slower to load).
+  const std::size_t metadata_end = userblock + static_cast<std::size_t>(metadata_hdf5_bytes);
+  built.metadata_bytes =
+      only_data_after(image.bytes, metadata_end, std::move(extents)) ? metadata_end - userblock : total - userblock;
+  built.bytes = std::move(image.bytes);
+  return built;
 }
 
 // ---------------------------------------------------------------------------------
 // The integrity header in the user block (layout in docs/checkpoint-format.md).
 
-// Fills the user block of `image` given the CRC-32 of everything after it.
-void seal_with(Bytes& image, int64_t format_version, uint32_t payload_crc) {
+// The checksums a header records: of the first metadata_bytes of the payload, and of all
+// of it.
+struct PayloadChecksums {
+  std::size_t metadata_bytes = 0;
+  uint32_t metadata_crc = 0, payload_crc = 0;
+};
+
+PayloadChecksums checksums_of(const unsigned char* payload, std::size_t payload_bytes, std::size_t metadata_bytes) {
+  PayloadChecksums sums;
+  sums.metadata_bytes = metadata_bytes;
+  sums.metadata_crc = crc32_update(0, payload, metadata_bytes);
+  const uint32_t data_crc = crc32_update(0, payload + metadata_bytes, payload_bytes - metadata_bytes);
+  sums.payload_crc = static_cast<uint32_t>(
+      crc32_combine(sums.metadata_crc, data_crc, static_cast<z_off_t>(payload_bytes - metadata_bytes)));
+  return sums;
+}
+
+// Fills the user block of `image` (layout in docs/checkpoint-format.md, section 1.1).
+// Version 1 headers have no metadata lines; tests write them to stand for old files.
+void seal_with(Bytes& image, int64_t format_version, const PayloadChecksums& sums) {
   const std::size_t payload = image.size() - kUserBlockBytes;
   std::string text = kMagic;
   text += "format_version " + std::to_string(format_version) + "\n";
   text += "userblock_bytes " + std::to_string(kUserBlockBytes) + "\n";
   text += "payload_bytes " + std::to_string(payload) + "\n";
-  text += "payload_crc32 " + hex32(payload_crc) + "\n";
+  if (format_version >= 2) {
+    text += "metadata_bytes " + std::to_string(sums.metadata_bytes) + "\n";
+    text += "metadata_crc32 " + hex32(sums.metadata_crc) + "\n";
+  }
+  text += "payload_crc32 " + hex32(sums.payload_crc) + "\n";
   text += "header_crc32 " + hex32(crc32_of(reinterpret_cast<const unsigned char*>(text.data()), text.size())) + "\n";
   std::fill(image.begin(), image.begin() + kUserBlockBytes, 0);
   std::copy(text.begin(), text.end(), image.begin());
 }
 
+// Seals with all of the payload counted as metadata: right for any file.
 void seal(Bytes& image, int64_t format_version) {
-  seal_with(image, format_version, crc32_of(image.data() + kUserBlockBytes, image.size() - kUserBlockBytes));
+  const std::size_t payload = image.size() - kUserBlockBytes;
+  seal_with(image, format_version, checksums_of(image.data() + kUserBlockBytes, payload, payload));
 }
 
 struct Header {
   int64_t format_version = 0;
+  std::size_t payload_bytes = 0, metadata_bytes = 0;  // version 1: all of the payload is metadata
+  uint32_t payload_crc = 0, metadata_crc = 0;
 };
 
 bool parse_u64(const std::string& s, uint64_t& out) {
@@ -739,16 +832,17 @@ int bit_distance(const unsigned char* a, const char* b, std::size_t n) {
   return bits;
 }
 
-// Everything before HDF5 sees a byte: magic, header checksum, version, length, payload
-// checksum, in that order so each refusal names the real problem.
-Header check_integrity(const std::string& path, const Bytes& file, uint32_t crc_after_header) {
-  const std::size_t size = file.size();
+// Everything about the header before any payload byte is trusted: magic, header
+// checksum, version, fields, length, in that order so each refusal names the real
+// problem. `file` holds the first min(size, 512) bytes of a file of `size` bytes; the
+// payload checksums are checked by the caller as the payload is read.
+Header parse_header(const std::string& path, const unsigned char* file, std::size_t size) {
   if (size == 0) fail(path, "truncated: the file is empty");
-  if (std::memcmp(file.data(), kMagic, std::min(size, kMagicBytes)) != 0) {
-    if (size >= 8 && std::memcmp(file.data(), kHdf5Signature, 8) == 0)
+  if (std::memcmp(file, kMagic, std::min(size, kMagicBytes)) != 0) {
+    if (size >= 8 && std::memcmp(file, kHdf5Signature, 8) == 0)
       fail(path, "not an engine checkpoint: a plain HDF5 file without the engine header");
     // One or two flipped bits in the magic are damage, not a foreign file.
-    if (size >= kMagicBytes && bit_distance(file.data(), kMagic, kMagicBytes) <= 2)
+    if (size >= kMagicBytes && bit_distance(file, kMagic, kMagicBytes) <= 2)
       fail(path, corrupt("damaged magic at the start of the file"));
     fail(path, "not an engine checkpoint (wrong magic; expected a file written by save_checkpoint)");
   }
@@ -756,7 +850,7 @@ Header check_integrity(const std::string& path, const Bytes& file, uint32_t crc_
     fail(path, "truncated: " + std::to_string(size) + " bytes, shorter than the " +
                    std::to_string(kUserBlockBytes) + "-byte header");
 
-  const unsigned char* block = file.data();
+  const unsigned char* block = file;
   const std::size_t text_end = std::find(block, block + kUserBlockBytes, 0) - block;
   for (std::size_t i = text_end; i < kUserBlockBytes; ++i)
     if (block[i] != 0) fail(path, corrupt("non-zero byte at offset " + std::to_string(i) + " of the header padding"));
@@ -798,105 +892,121 @@ Header check_integrity(const std::string& path, const Bytes& file, uint32_t crc_
   if (size > expected)
     fail(path, "length mismatch (file is corrupt): " + std::to_string(size) + " bytes, the header records " +
                    std::to_string(expected));
-  // The file is exactly header + payload here, so the checksum of everything after the
-  // header, taken while reading, is the payload's.
-  if (crc_after_header != payload_crc)
-    fail(path, corrupt("crc32 of the HDF5 payload is " + hex32(crc_after_header) + ", recorded " + hex32(payload_crc)));
-  return Header{static_cast<int64_t>(version)};
+  Header h;
+  h.format_version = static_cast<int64_t>(version);
+  h.payload_bytes = static_cast<std::size_t>(payload);
+  h.payload_crc = payload_crc;
+  h.metadata_bytes = h.payload_bytes;
+  h.metadata_crc = payload_crc;
+  if (version >= 2) {
+    uint64_t metadata = 0;
+    if (!fields.count("metadata_bytes") || !parse_u64(fields["metadata_bytes"], metadata) || metadata > payload ||
+        !fields.count("metadata_crc32") || !parse_hex32(fields["metadata_crc32"], h.metadata_crc))
+      fail(path, corrupt("header lacks a valid metadata_bytes or metadata_crc32"));
+    h.metadata_bytes = static_cast<std::size_t>(metadata);
+  }
+  return h;
 }
 
 // ---------------------------------------------------------------------------------
 // Reading.
 
-struct FileBytes {
-  Bytes bytes;
-  uint32_t crc_after_skip = 0;  // crc32 of bytes [skip, end), 0 if the file is shorter
-};
-
 // Reads [begin, end) of `fd` into data + begin, in pieces small enough to stay in cache
-// while their part of the checksum (of the bytes from `skip` on) is taken. Returns the
-// offset reached (short of `end` at end of file) and sets `crc` and `err` (an errno).
-std::size_t read_range_with_crc(int fd, unsigned char* data, std::size_t begin, std::size_t end, std::size_t skip,
-                                uint32_t& crc, int& err) {
+// while their checksum is taken; pieces before `split` go to crc_before, the rest to
+// crc_after. Returns the offset reached (short of `end` at end of file); `err` is set to
+// the errno of a failed read.
+std::size_t read_range_with_crc(int fd, unsigned char* data, std::size_t begin, std::size_t end, std::size_t split,
+                                uint32_t& crc_before, uint32_t& crc_after, int& err) {
   constexpr std::size_t kPiece = std::size_t(256) << 10;
   std::size_t pos = begin;
-  crc = 0;
+  crc_before = crc_after = 0;
   while (pos < end) {
-    const ssize_t n = ::pread(fd, data + pos, std::min(end - pos, kPiece), static_cast<off_t>(pos));
+    const std::size_t limit = pos < split ? std::min(end, split) : end;
+    const ssize_t n = ::pread(fd, data + pos, std::min(limit - pos, kPiece), static_cast<off_t>(pos));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) err = errno;
     if (n <= 0) break;
-    const std::size_t from = std::max(pos, skip), to = pos + static_cast<std::size_t>(n);
-    if (to > from) crc = crc32_update(crc, data + from, to - from);
-    pos = to;
+    uint32_t& crc = pos < split ? crc_before : crc_after;
+    crc = crc32_update(crc, data + pos, static_cast<std::size_t>(n));
+    pos += static_cast<std::size_t>(n);
   }
   return pos;
 }
 
-// Reads a whole file and takes the CRC-32 of everything after its first `skip` bytes.
-// A large file is read as two halves by two OpenMP threads, each checksumming its
-// pieces as they arrive, and the two checksums are joined with crc32_combine: verifying
-// a checkpoint costs almost nothing beyond reading it.
-FileBytes read_and_checksum(const std::string& path, std::size_t skip) {
-  constexpr std::size_t kSplitFrom = std::size_t(1) << 20;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (fstat(fd, &st) != 0) fail(path, std::string("cannot stat: ") + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
-  const std::size_t expected = static_cast<std::size_t>(st.st_size);
+// An open checkpoint file being read into one buffer; every refusal names the file.
+class FileReader {
+ public:
+  explicit FileReader(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
+    struct stat st {};
+    if (fstat(fd_, &st) != 0) fail(path, std::string("cannot stat: ") + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
+    size_ = static_cast<std::size_t>(st.st_size);
+    bytes_ = std::make_shared<Bytes>(size_);
+  }
+  ~FileReader() { ::close(fd_); }
+  FileReader(const FileReader&) = delete;
+  FileReader& operator=(const FileReader&) = delete;
 
-  FileBytes out;
-  out.bytes.resize(expected);
-  unsigned char* const data = out.bytes.data();
-  std::size_t got = 0;
-  uint32_t crc = 0;
-  int err = 0;
-  if (expected >= kSplitFrom && omp_get_max_threads() >= 2) {
-    const std::size_t mid = (skip + (expected - skip) / 2) / 4096 * 4096;  // > skip: expected >= 1 MiB
-    uint32_t crcs[2] = {0, 0};
+  std::size_t size() const { return size_; }
+  const std::shared_ptr<Bytes>& bytes() const { return bytes_; }
+
+  // Reads [begin, end), checksummed as two parts split at `split`; fails if the file
+  // ends early.
+  void read(std::size_t begin, std::size_t end, std::size_t split, uint32_t& crc_before, uint32_t& crc_after) {
+    int err = 0;
+    const std::size_t reached = read_range_with_crc(fd_, bytes_->data(), begin, end, split, crc_before, crc_after, err);
+    check_read(reached, end, err);
+  }
+
+  // Reads [begin, end) with two threads, one half each, and returns the checksum of it.
+  uint32_t read_in_halves(std::size_t begin, std::size_t end) {
+    const std::size_t mid = std::max(begin, (begin + (end - begin) / 2) / 4096 * 4096);
+    uint32_t crcs[2][2] = {{0, 0}, {0, 0}};
     std::size_t reached[2] = {0, 0};
     int errs[2] = {0, 0};
 #pragma omp parallel num_threads(2)
     {
       // With one thread (nested parallelism, say) that thread reads both halves.
       for (int half = omp_get_thread_num(); half < 2; half += omp_get_num_threads())
-        reached[half] = read_range_with_crc(fd, data, half == 0 ? 0 : mid, half == 0 ? mid : expected, skip,
-                                            crcs[half], errs[half]);
+        reached[half] = read_range_with_crc(fd_, bytes_->data(), half == 0 ? begin : mid, half == 0 ? mid : end, end,
+                                            crcs[half][0], crcs[half][1], errs[half]);
     }
-    err = errs[0] ? errs[0] : errs[1];
-    if (reached[0] < mid) {  // the file shrank into the first half
-      got = reached[0];
-      crc = crcs[0];
-    } else {
-      got = reached[1];
-      crc = static_cast<uint32_t>(crc32_combine(crcs[0], crcs[1], static_cast<z_off_t>(reached[1] - mid)));
-    }
-  } else {
-    got = read_range_with_crc(fd, data, 0, expected, skip, crc, err);
+    check_read(reached[0], mid, errs[0]);
+    check_read(reached[1], end, errs[1]);
+    return static_cast<uint32_t>(crc32_combine(crcs[0][0], crcs[1][0], static_cast<z_off_t>(end - mid)));
   }
-  if (err != 0) fail(path, std::string("cannot read: ") + std::strerror(err));
 
-  // A file that grew since fstat is read to its end, so the length check names its size.
-  while (got >= expected) {
-    unsigned char more[4096];
-    const ssize_t n = ::pread(fd, more, sizeof more, static_cast<off_t>(got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail(path, std::string("cannot read: ") + std::strerror(errno));
-    if (n == 0) break;
-    out.bytes.resize(got + static_cast<std::size_t>(n));
-    std::memcpy(out.bytes.data() + got, more, static_cast<std::size_t>(n));
-    const std::size_t from = std::max(got, skip), to = got + static_cast<std::size_t>(n);
-    if (to > from) crc = crc32_update(crc, out.bytes.data() + from, to - from);
-    got = to;
+  // A file that grew since it was measured is not the file whose header was checked.
+  void check_not_grown() {
+    unsigned char probe = 0;
+    ssize_t n;
+    do n = ::pread(fd_, &probe, 1, static_cast<off_t>(size_));
+    while (n < 0 && errno == EINTR);
+    if (n > 0) fail(path_, "length mismatch: the file grew while it was being read");
   }
-  out.bytes.resize(got);
-  out.crc_after_skip = got > skip ? crc : 0;
-  return out;
+
+ private:
+  void check_read(std::size_t reached, std::size_t end, int err) {
+    if (err != 0) fail(path_, std::string("cannot read: ") + std::strerror(err));
+    if (reached < end)
+      fail(path_, "truncated: the file shrank to " + std::to_string(reached) + " bytes while it was being read");
+  }
+
+  std::string path_;
+  int fd_ = -1;
+  std::size_t size_ = 0;
+  std::shared_ptr<Bytes> bytes_;
+};
+
+uint32_t crc_join(uint32_t first, uint32_t second, std::size_t second_bytes) {
+  return static_cast<uint32_t>(crc32_combine(first, second, static_cast<z_off_t>(second_bytes)));
+}
+
+void check_checksum(const std::string& path, const char* what, uint32_t actual, uint32_t recorded) {
+  if (actual != recorded)
+    fail(path, corrupt(std::string("crc32 of the HDF5 ") + what + " is " + hex32(actual) + ", recorded " + hex32(recorded)));
 }
 
 // HDF5 file-image callbacks that lend HDF5 the caller's buffer instead of copying it
@@ -984,8 +1094,14 @@ class ImageReader {
  public:
   // `file` is the verified file the HDF5 image was opened from; tensors stored plainly
   // in it are returned as views of it (see read_tensor).
-  ImageReader(const H5Ctx& c, std::shared_ptr<Bytes> file)
-      : c_(c), file_(std::move(file)), half_le_(half_type(c, false)), half_be_(half_type(c, true)) {}
+  // `data_verified`: whether the dataset bytes of the file are verified already (if not,
+  // reads of them wait for data_verified()).
+  ImageReader(const H5Ctx& c, std::shared_ptr<Bytes> file, bool data_verified)
+      : c_(c),
+        file_(std::move(file)),
+        data_verified_(data_verified),
+        half_le_(half_type(c, false)),
+        half_be_(half_type(c, true)) {}
 
   std::vector<std::string> attribute_names(hid_t obj, const std::string& where) {
     std::vector<std::string> names;
@@ -1051,7 +1167,7 @@ class ImageReader {
       if (child.type == H5O_TYPE_GROUP)
         read_group(child.handle.get(), child.num_attrs, at, key + "/", out, depth + 1);
       else
-        read_dataset(child.handle.get(), child.num_attrs, at, key, out);
+        read_dataset(child.handle, child.num_attrs, at, key, out);
     }
   }
 
@@ -1084,7 +1200,9 @@ class ImageReader {
     return child;
   }
 
-  void read_dataset(hid_t d, hsize_t num_attrs, const std::string& at, const std::string& key, StateDict& out) {
+  void read_dataset(H5Handle& dataset, hsize_t num_attrs, const std::string& at, const std::string& key,
+                    StateDict& out) {
+    const hid_t d = dataset.get();
     bool series = false;
     if (num_attrs > 0) {
       const htri_t has_kind = H5Aexists(d, "kind");
@@ -1119,18 +1237,39 @@ class ImageReader {
       }
       check_stored_here(d, at, nbytes > 0);
       Tensor t = Tensor::empty(shape, dtype, Device::cpu());
-      if (nbytes > 0) {
-        H5Handle mtype = memory_type_of(c_, dtype);
-        ok(H5Dread(d, mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()), "cannot read ", at);
-      }
+      if (nbytes > 0)
+        when_data_verified(dataset, [this, t, dtype, at](hid_t opened) mutable {
+          H5Handle mtype = memory_type_of(c_, dtype);
+          ok(H5Dread(opened, mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()), "cannot read ", at);
+        });
       out.tensors.emplace(key, std::move(t));
       return;
     }
-    std::vector<double> values(static_cast<std::size_t>(shape[0]));
-    check_stored_here(d, at, !values.empty());
-    if (!values.empty())
-      ok(H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "cannot read ", at);
-    out.scalars.emplace(key, std::move(values));
+    const std::size_t count = static_cast<std::size_t>(shape[0]);
+    check_stored_here(d, at, count > 0);
+    // Map nodes do not move: the series can be filled in place later.
+    auto& values = std::get<std::vector<double>>(out.scalars.emplace(key, std::vector<double>(count)).first->second);
+    if (count > 0)
+      when_data_verified(dataset, [this, &values, at](hid_t opened) {
+        ok(H5Dread(opened, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "cannot read ", at);
+      });
+  }
+
+  // Reads of dataset bytes (the few not returned as views) wait until the data region of
+  // the file has been read and verified; the metadata walk does not.
+  void when_data_verified(H5Handle& dataset, std::function<void(hid_t)> read) {
+    if (data_verified_) {
+      read(dataset.get());
+      return;
+    }
+    deferred_.push_back(Deferred{std::move(dataset), std::move(read)});
+  }
+
+  // Called once the whole payload is verified: runs the reads that waited for it.
+  void data_verified() {
+    data_verified_ = true;
+    for (Deferred& d : deferred_) d.read(d.dataset.get());
+    deferred_.clear();
   }
 
   // A tensor stored contiguously in this file, aligned and without conversion (every
@@ -1250,8 +1389,14 @@ class ImageReader {
     std::size_t offset, bytes;
     std::string at;
   };
+  struct Deferred {
+    H5Handle dataset;
+    std::function<void(hid_t)> read;
+  };
   const H5Ctx& c_;
   std::shared_ptr<Bytes> file_;
+  bool data_verified_;
+  std::vector<Deferred> deferred_;
   std::vector<View> views_;
   H5Handle half_le_, half_be_;
 };
@@ -1261,16 +1406,23 @@ std::string require_string(const H5Ctx& c, const Scalar& s, const char* name) {
   c.fail(std::string("root attribute ") + name + " is " + scalar_kind(s) + ", expected string");
 }
 
-// Upgrades from older layouts, keyed by the version they upgrade from. Version 1 is the
-// first, so there are none yet; a layout change adds one here (see the format doc).
+// Upgrades from older layouts, keyed by the version they upgrade from; a layout change
+// adds one here (see the format doc).
 using Upgrade = void (*)(Checkpoint&);
 const std::map<int64_t, Upgrade>& upgrades() {
-  static const std::map<int64_t, Upgrade> table;
+  static const std::map<int64_t, Upgrade> table = {
+      // Version 2 changed only the user-block header (metadata_bytes, metadata_crc32).
+      {1, [](Checkpoint&) {}},
+  };
   return table;
 }
 
-Checkpoint read_checkpoint(const H5Ctx& c, hid_t file, const Header& header, std::shared_ptr<Bytes> bytes) {
-  ImageReader r(c, std::move(bytes));
+// Reads a checkpoint from an open image whose metadata is verified. `wait_for_data`
+// returns (or throws) once the rest of the file is read and verified; it is null when
+// that is already so.
+Checkpoint read_checkpoint(const H5Ctx& c, hid_t file, const Header& header, std::shared_ptr<Bytes> bytes,
+                           const std::function<void()>& wait_for_data) {
+  ImageReader r(c, std::move(bytes), !wait_for_data);
   H5Handle root = c.own(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose, "cannot open the root group");
   std::map<std::string, Scalar> attrs;
   for (const char* name : kRootAttributes) {
@@ -1304,6 +1456,10 @@ Checkpoint read_checkpoint(const H5Ctx& c, hid_t file, const Header& header, std
     Child child = r.open_child(root.get(), link, at);
     if (child.type != H5O_TYPE_GROUP) c.fail(at + " is not a group (only groups belong at the root)");
     r.read_group(child.handle.get(), child.num_attrs, at, "", ckpt.groups[link.name], 1);
+  }
+  if (wait_for_data) {
+    wait_for_data();
+    r.data_verified();
   }
   r.check_views_disjoint();
   normalise_keys(c.path, ckpt.groups);
@@ -1353,29 +1509,29 @@ int write_with_early_writeback(int fd, const unsigned char* data, std::size_t n,
 // Writes a checkpoint image into `fd`: the HDF5 payload first, while a second thread
 // takes its CRC-32 from the same memory, then the sealed header in front of it (the
 // file is still a temporary, so the order is invisible). 0 or the errno of a failure.
-int write_sealed(int fd, Bytes& image, int64_t format_version) {
+int write_sealed(int fd, Bytes& image, std::size_t metadata_bytes, int64_t format_version) {
   const unsigned char* payload = image.data() + kUserBlockBytes;
   const std::size_t payload_bytes = image.size() - kUserBlockBytes;
   int err = 0;
-  uint32_t crc = 0;
+  PayloadChecksums sums;
   if (payload_bytes >= (std::size_t(1) << 20) && omp_get_max_threads() >= 2) {
 #pragma omp parallel num_threads(2)
     {
       if (omp_get_num_threads() < 2) {
         err = write_with_early_writeback(fd, payload, payload_bytes, static_cast<off_t>(kUserBlockBytes));
-        crc = crc32_update(0, payload, payload_bytes);
+        sums = checksums_of(payload, payload_bytes, metadata_bytes);
       } else if (omp_get_thread_num() == 0) {
         err = write_with_early_writeback(fd, payload, payload_bytes, static_cast<off_t>(kUserBlockBytes));
       } else {
-        crc = crc32_update(0, payload, payload_bytes);
+        sums = checksums_of(payload, payload_bytes, metadata_bytes);
       }
     }
   } else {
     err = write_with_early_writeback(fd, payload, payload_bytes, static_cast<off_t>(kUserBlockBytes));
-    crc = crc32_update(0, payload, payload_bytes);
+    sums = checksums_of(payload, payload_bytes, metadata_bytes);
   }
   if (err != 0) return err;
-  seal_with(image, format_version, crc);
+  seal_with(image, format_version, sums);
   return write_fully_at(fd, image.data(), kUserBlockBytes, 0);
 }
 
@@ -1429,10 +1585,11 @@ void save_impl(const std::string& path, const Checkpoint& ckpt, const checkpoint
   Checkpoint normalised = ckpt;  // shares tensor storage; only keys change
   normalise_keys(path, normalised.groups);
   for (const auto& [group, d] : normalised.groups) check_group_keys(path, group, d);
-  Bytes image = build_image(c, normalised, tamper);
+  BuiltImage built = build_image(c, normalised, tamper);
+  Bytes& image = built.bytes;
   atomic_write(path, [&](int fd) {
     return tamper.plain_hdf5 ? write_fully_at(fd, image.data(), image.size(), 0)
-                             : write_sealed(fd, image, tamper.format_version);
+                             : write_sealed(fd, image, built.metadata_bytes, tamper.format_version);
   });
   SpareImage::give_back(std::move(image));
 }
@@ -1620,16 +1777,83 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
   save_impl(path, ckpt, checkpoint_testing::Tamper{});
 }
 
+// Reading a checkpoint: the header, then the HDF5 metadata (metadata_bytes after the
+// header), checked before HDF5 sees it, then the dataset bytes. For a large version-2
+// file the dataset bytes are read and checked on a second thread while the first walks
+// the metadata (loaded tensors point into the buffer, so the walk needs only their
+// offsets); the few reads of dataset bytes through HDF5 wait for that check, and nothing
+// is returned before the whole payload has passed it.
 Checkpoint load_checkpoint(const std::string& path) {
+  constexpr std::size_t kOverlapFrom = std::size_t(1) << 20;
+  // HDF5 reads some structures 512 bytes at a time from where they start; the bytes just
+  // past the metadata are read with it, so such reads never meet bytes being written.
+  constexpr std::size_t kMetadataMargin = std::size_t(64) << 10;
   Hdf5Session session;
   const H5Ctx c{path};
-  // Declared before `file`, so HDF5 closes the image before the buffer can go away.
-  FileBytes file_bytes = read_and_checksum(path, kUserBlockBytes);
-  auto bytes = std::make_shared<Bytes>(std::move(file_bytes.bytes));
-  const Header header = check_integrity(path, *bytes, file_bytes.crc_after_skip);
+  FileReader reader(path);
+  const std::size_t size = reader.size();
+  uint32_t unused = 0, header_crc_unused = 0;
+  reader.read(0, std::min(size, kUserBlockBytes), size, header_crc_unused, unused);
+  const Header header = parse_header(path, reader.bytes()->data(), size);
+  const std::size_t metadata_end = kUserBlockBytes + header.metadata_bytes;
   LentImage lent{};
-  H5Handle file = open_image(c, *bytes, lent);
-  return read_checkpoint(c, file.get(), header, bytes);
+
+  if (metadata_end == size || size < kOverlapFrom || omp_get_max_threads() < 2) {
+    uint32_t metadata_crc = 0, data_crc = 0;
+    if (metadata_end == size && size >= kOverlapFrom)
+      metadata_crc = reader.read_in_halves(kUserBlockBytes, size);
+    else
+      reader.read(kUserBlockBytes, size, metadata_end, metadata_crc, data_crc);
+    reader.check_not_grown();
+    check_checksum(path, "metadata", metadata_crc, header.metadata_crc);
+    check_checksum(path, "payload", crc_join(metadata_crc, data_crc, size - metadata_end), header.payload_crc);
+    H5Handle file = open_image(c, *reader.bytes(), lent);
+    return read_checkpoint(c, file.get(), header, reader.bytes(), nullptr);
+  }
+
+  const std::size_t margin_end = std::min(size, metadata_end + kMetadataMargin);
+  uint32_t metadata_crc = 0, margin_crc = 0, rest_crc = 0;
+  reader.read(kUserBlockBytes, margin_end, metadata_end, metadata_crc, margin_crc);
+  check_checksum(path, "metadata", metadata_crc, header.metadata_crc);
+
+  // Whichever thread comes first reads the rest: the second one, or the first one when it
+  // needs the data and no second thread was given.
+  std::atomic<bool> claimed{false}, done{false};
+  std::exception_ptr read_error, walk_error;
+  auto read_rest = [&] {
+    if (claimed.exchange(true)) return;
+    try {
+      uint32_t none = 0;
+      reader.read(margin_end, size, margin_end, none, rest_crc);
+      reader.check_not_grown();
+    } catch (...) {
+      read_error = std::current_exception();
+    }
+    done.store(true, std::memory_order_release);
+  };
+  auto wait_for_data = [&] {
+    read_rest();
+    while (!done.load(std::memory_order_acquire)) std::this_thread::yield();
+    if (read_error) std::rethrow_exception(read_error);
+    const uint32_t data_crc = crc_join(margin_crc, rest_crc, size - margin_end);
+    check_checksum(path, "payload", crc_join(metadata_crc, data_crc, size - metadata_end), header.payload_crc);
+  };
+  Checkpoint result;
+#pragma omp parallel num_threads(2)
+  {
+    if (omp_get_thread_num() == 1) {
+      read_rest();
+    } else {
+      try {
+        H5Handle file = open_image(c, *reader.bytes(), lent);
+        result = read_checkpoint(c, file.get(), header, reader.bytes(), wait_for_data);
+      } catch (...) {
+        walk_error = std::current_exception();
+      }
+    }
+  }
+  if (walk_error) std::rethrow_exception(walk_error);
+  return result;
 }
 
 void verify_checkpoint_file(const std::string& path) { (void)load_checkpoint(path); }
@@ -1738,7 +1962,10 @@ void checkpoint_testing::save_tampered(const std::string& path, const Checkpoint
 }
 
 void checkpoint_testing::reseal(const std::string& path, int64_t format_version) {
-  Bytes bytes = read_and_checksum(path, kUserBlockBytes).bytes;
+  FileReader reader(path);
+  uint32_t before = 0, after = 0;
+  reader.read(0, reader.size(), reader.size(), before, after);
+  Bytes& bytes = *reader.bytes();
   if (bytes.size() < kUserBlockBytes) fail(path, "too short to reseal");
   seal(bytes, format_version);
   atomic_write(path, [&](int fd) { return write_fully_at(fd, bytes.data(), bytes.size(), 0); });

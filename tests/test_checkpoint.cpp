@@ -19,6 +19,8 @@
 #include <regex>
 #include <thread>
 
+#include <zlib.h>
+
 #include "io/checkpoint.h"
 #include "io/deferred_remove.h"
 
@@ -469,9 +471,67 @@ TEST_CASE("a flipped bit in a large file is a checksum mismatch, with one thread
     }
     write_bytes(damaged, good);
     const Checkpoint back = load_checkpoint(damaged);
-    CHECK(state_difference(c.groups.at("model"), back.groups.at("model")).empty());
+    for (const auto& [group, d] : c.groups) {
+      INFO(threads << " threads, group " << group);
+      CHECK(state_difference(d, back.groups.at(group)).empty());
+    }
   }
   omp_set_num_threads(threads_before);
+}
+
+namespace {
+uint64_t header_number(const std::vector<unsigned char>& file, const std::string& key) {
+  const std::string text(file.begin(), file.begin() + 512);
+  const std::size_t at = text.find("\n" + key + " ");
+  REQUIRE(at != std::string::npos);
+  return std::stoull(text.substr(at + key.size() + 2));
+}
+
+// Replaces one header line and recomputes header_crc32, as a writer bug would leave it.
+void rewrite_header_line(std::vector<unsigned char>& file, const std::string& key, const std::string& value) {
+  std::string text(reinterpret_cast<const char*>(file.data()));
+  const std::size_t at = text.find("\n" + key + " ") + 1;
+  const std::size_t end = text.find('\n', at);
+  text.replace(at, end - at, key + " " + value);
+  const std::size_t crc_line = text.rfind("header_crc32 ");
+  text.resize(crc_line);
+  char crc[16];
+  std::snprintf(crc, sizeof crc, "%08lx", crc32(0, reinterpret_cast<const Bytef*>(text.data()), static_cast<uInt>(text.size())));
+  text += std::string("header_crc32 ") + crc + "\n";
+  REQUIRE(text.size() < 512);
+  std::fill(file.begin(), file.begin() + 512, 0);
+  std::copy(text.begin(), text.end(), file.begin());
+}
+}  // namespace
+
+TEST_CASE("a large file keeps its metadata first, checked on its own before the data") {
+  Checkpoint c = sample();
+  c.groups["model"].tensors["big.weight"] = f32_fill({1024, 1024}, 0.5f);
+  const std::string path = tmp_path("split.h5");
+  save_checkpoint(path, c);
+  const auto good = read_bytes(path);
+  const uint64_t metadata = header_number(good, "metadata_bytes"), payload = header_number(good, "payload_bytes");
+  CHECK(metadata > 0);
+  CHECK(metadata < 64 * 1024);  // the walk can start after reading a few pages
+  CHECK(payload == good.size() - 512);
+
+  auto bytes = good;
+  bytes[512 + metadata / 2] ^= 0x01;
+  write_bytes(tmp_path("split_bad.h5"), bytes);
+  check_refused(tmp_path("split_bad.h5"), "crc32 of the HDF5 metadata is");
+  bytes = good;
+  bytes[512 + metadata + (payload - metadata) / 2] ^= 0x01;
+  write_bytes(tmp_path("split_bad.h5"), bytes);
+  check_refused(tmp_path("split_bad.h5"), "crc32 of the HDF5 payload is");
+
+  bytes = good;
+  rewrite_header_line(bytes, "metadata_bytes", std::to_string(payload + 1));
+  write_bytes(tmp_path("split_bad.h5"), bytes);
+  check_refused(tmp_path("split_bad.h5"), "header lacks a valid metadata_bytes or metadata_crc32");
+  bytes = good;
+  rewrite_header_line(bytes, "metadata_bytes", std::to_string(metadata + 8));
+  write_bytes(tmp_path("split_bad.h5"), bytes);
+  check_refused(tmp_path("split_bad.h5"), "crc32 of the HDF5 metadata is");
 }
 
 TEST_CASE("truncated and extended files are refused") {
@@ -520,7 +580,7 @@ TEST_CASE("a newer format_version is refused, naming both versions") {
   tamper.format_version = 7;
   checkpoint_testing::save_tampered(path, sample(), tamper);
   const std::string msg = error_of([&] { load_checkpoint(path); });
-  CHECK(msg == path + ": format_version 7 is newer than this engine supports (1); upgrade the engine");
+  CHECK(msg == path + ": format_version 7 is newer than this engine supports (" + std::to_string(kCheckpointFormatVersion) + "); upgrade the engine");
 
   tamper.format_version = 0;
   checkpoint_testing::save_tampered(path, sample(), tamper);
@@ -791,7 +851,7 @@ TEST_CASE("inspect lists metadata, scalars and every tensor") {
   save_checkpoint(path, c);
   const std::string text = inspect_checkpoint(path);
   INFO(text);
-  CHECK(text.find("format_version  1") != std::string::npos);
+  CHECK(text.find("format_version  " + std::to_string(kCheckpointFormatVersion)) != std::string::npos);
   CHECK(text.find("saved_on        cpu") != std::string::npos);
   CHECK(text.find("created_utc") != std::string::npos);
   CHECK(text.find("engine_version") != std::string::npos);
@@ -843,7 +903,7 @@ TEST_CASE("h5py reads strings as str and datasets as saved") {
 f = h5py.File(sys.argv[1], "r")
 assert isinstance(f.attrs["saved_on"], str), type(f.attrs["saved_on"])
 assert f.attrs["format"] == "engine-checkpoint"
-assert f.attrs["format_version"] == 1 and f.attrs["format_version"].dtype == np.int64
+assert f.attrs["format_version"] == 2 and f.attrs["format_version"].dtype == np.int64
 assert isinstance(f["optimizer"].attrs["name"], str) and f["optimizer"].attrs["name"] == "adamw"
 b = f["model/conv1.bias"]
 assert b.dtype == np.float32 and b.shape == (4,)

@@ -174,7 +174,7 @@ def main():
         out = run([ENGINE, "verify", tampered], "engine verify (tampered, not resealed)", expect_rc=None)
         if "checksum mismatch" not in out:
             fail("engine verify accepted a payload changed behind the header's back", out)
-        torch_interop.reseal(tampered, 1)
+        torch_interop.reseal(tampered, torch_interop.SUPPORTED_FORMAT_VERSION)
         run([ENGINE, "verify", tampered], "engine verify (tampered, resealed)")
 
         # (c) h5py and h5dump view of both files

@@ -41,8 +41,9 @@ export-torch OUT.h5
                         data.test_limit and train.early_stopping.patience put back to the
                         values of --config (or the documented defaults), and
                         checkpoint.dir set to the directory of OUT.h5
-    Finally the user-block header (payload_bytes, payload_crc32, header_crc32) is
-    rewritten per section 1.1 of the spec and the file is renamed over OUT.h5.
+    Finally the user-block header is rewritten per section 1.1 of the spec (counting
+    all of the payload as metadata, which is always right: h5py may have moved
+    metadata) and the file is renamed over OUT.h5.
 
 Run with /usr/bin/python3 (needs torch, h5py, numpy).
 """
@@ -79,7 +80,7 @@ CONFIG_DEFAULTS = {
 
 USERBLOCK = 512
 MAGIC = b"ENGINE-CHECKPOINT\n"
-SUPPORTED_FORMAT_VERSION = 1
+SUPPORTED_FORMAT_VERSION = 2
 
 
 # ---------------------------------------------------------------------------------------
@@ -224,15 +225,23 @@ def check_header(path):
                          % (path, len(payload), fields["payload_bytes"]))
     if zlib.crc32(payload) != int(fields["payload_crc32"], 16):
         raise ValueError("%s: payload checksum mismatch" % path)
+    if int(fields["format_version"]) >= 2:
+        metadata = int(fields["metadata_bytes"])
+        if metadata > len(payload) or zlib.crc32(payload[:metadata]) != int(fields["metadata_crc32"], 16):
+            raise ValueError("%s: metadata checksum mismatch" % path)
     return fields
 
 
 def make_header(payload, format_version):
-    """The 512-byte user block for a payload, exactly as the engine's seal() writes it."""
+    """The 512-byte user block for a payload, as the engine's seal() writes it, with all
+    of the payload counted as metadata (version 2's metadata_bytes)."""
     text = MAGIC.decode("ascii")
     text += "format_version %d\n" % format_version
     text += "userblock_bytes %d\n" % USERBLOCK
     text += "payload_bytes %d\n" % len(payload)
+    if format_version >= 2:
+        text += "metadata_bytes %d\n" % len(payload)
+        text += "metadata_crc32 %08x\n" % zlib.crc32(payload)
     text += "payload_crc32 %08x\n" % zlib.crc32(payload)
     text += "header_crc32 %08x\n" % zlib.crc32(text.encode("ascii"))
     block = text.encode("ascii")
