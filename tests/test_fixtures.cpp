@@ -48,3 +48,28 @@ TEST_CASE("the v1 fixture evaluates and resumes mid-epoch with this engine") {
   CHECK(after.groups.at("trainer").get_int("epoch") == 2);
   CHECK(after.groups.at("trainer").get_int("global_step") == 32);
 }
+
+TEST_CASE("format_version 2 fixture (CPU, mid-epoch, metadata first) still loads, evaluates and resumes") {
+  const std::string path = fixture("checkpoint_v2_cpu_mid_epoch.h5");
+  const engine::Checkpoint ck = engine::load_checkpoint(path);
+  CHECK(ck.meta.format_version == 2);
+  CHECK(ck.meta.saved_on == "cpu");
+  CHECK(ck.groups.at("trainer").get_int("global_step") == 20);
+  CHECK(ck.groups.at("trainer").get_int("step_in_epoch") == 4);
+  CHECK(ck.groups.at("trainer").get_int("epoch") == 1);
+  CHECK(ck.groups.at("optimizer").get_int("step/fc1.weight") == 20);
+  // The exact values it was written with (h5py printed them at creation).
+  const std::vector<float> fc2_bias = {0.03764328360557556f, 0.011920550838112831f, -0.04224953055381775f, 0.006099761929363012f, 0.014852643944323063f, 0.04219064116477966f, 0.005939582362771034f, 0.016634324565529823f, 0.07136920839548111f, -0.05509006977081299f};
+  CHECK(ck.groups.at("model").get_tensor("fc2.bias").to_vector() == fc2_bias);
+  CHECK(run("verify \"" + path + "\"").exit_code == 0);
+  if (!dataset_available()) return;
+  const std::string dir = fresh_dir("fixture_v2_resume");
+  const RunResult r = run("resume \"" + path + "\" --device cpu --run-dir \"" + dir + "\" --set data.dir=\"" +
+                          data_dir() + "\" --stop-after-epochs 2");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("resuming from epoch 1") != std::string::npos);
+  const engine::Checkpoint after = engine::load_checkpoint(dir + "/last.h5");
+  CHECK(after.groups.at("trainer").get_int("epoch") == 2);
+  CHECK(after.groups.at("trainer").get_int("global_step") == 32);
+}
