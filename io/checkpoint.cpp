@@ -943,7 +943,6 @@ class FileReader {
     if (fstat(fd_, &st) != 0) fail(path, std::string("cannot stat: ") + std::strerror(errno));
     if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
     size_ = static_cast<std::size_t>(st.st_size);
-    bytes_ = std::make_shared<Bytes>(size_);
   }
   ~FileReader() { ::close(fd_); }
   FileReader(const FileReader&) = delete;
@@ -951,6 +950,28 @@ class FileReader {
 
   std::size_t size() const { return size_; }
   const std::shared_ptr<Bytes>& bytes() const { return bytes_; }
+
+  // The first min(size, 512) bytes, read into `header` before any buffer exists, so that
+  // a file that is not a checkpoint (of any size) is refused without allocating it.
+  std::size_t read_header(unsigned char (&header)[kUserBlockBytes]) {
+    const std::size_t want = std::min(size_, kUserBlockBytes);
+    std::size_t got = 0;
+    while (got < want) {
+      const ssize_t n = ::pread(fd_, header + got, want - got, static_cast<off_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail(path_, std::string("cannot read: ") + std::strerror(errno));
+      if (n == 0) break;
+      got += static_cast<std::size_t>(n);
+    }
+    check_read(got, want, 0);
+    return got;
+  }
+
+  // The buffer for the whole file, starting with the header bytes already read.
+  void allocate(const unsigned char* header, std::size_t header_bytes) {
+    bytes_ = std::make_shared<Bytes>(size_);
+    std::memcpy(bytes_->data(), header, header_bytes);
+  }
 
   // Reads [begin, end), checksummed as two parts split at `split`; fails if the file
   // ends early.
@@ -1792,9 +1813,10 @@ Checkpoint load_checkpoint(const std::string& path) {
   const H5Ctx c{path};
   FileReader reader(path);
   const std::size_t size = reader.size();
-  uint32_t unused = 0, header_crc_unused = 0;
-  reader.read(0, std::min(size, kUserBlockBytes), size, header_crc_unused, unused);
-  const Header header = parse_header(path, reader.bytes()->data(), size);
+  unsigned char header_bytes[kUserBlockBytes];
+  const std::size_t header_read = reader.read_header(header_bytes);
+  const Header header = parse_header(path, header_bytes, size);
+  reader.allocate(header_bytes, header_read);
   const std::size_t metadata_end = kUserBlockBytes + header.metadata_bytes;
   LentImage lent{};
 
@@ -1963,6 +1985,8 @@ void checkpoint_testing::save_tampered(const std::string& path, const Checkpoint
 
 void checkpoint_testing::reseal(const std::string& path, int64_t format_version) {
   FileReader reader(path);
+  unsigned char header_bytes[kUserBlockBytes];
+  reader.allocate(header_bytes, reader.read_header(header_bytes));
   uint32_t before = 0, after = 0;
   reader.read(0, reader.size(), reader.size(), before, after);
   Bytes& bytes = *reader.bytes();

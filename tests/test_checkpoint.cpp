@@ -572,6 +572,14 @@ TEST_CASE("files that are not engine checkpoints are refused") {
 
   check_refused(tmp_path("does_not_exist.h5"), "cannot open");
   check_refused(test_dir(), "not a regular file");
+
+  // A huge file (sparse: it costs no disk) is refused from its first bytes, without
+  // being read or allocated.
+  const std::string huge = tmp_path("huge.bin");
+  write_bytes(huge, noise);
+  fs::resize_file(huge, std::uintmax_t(1) << 40);
+  check_refused(huge, "not an engine checkpoint");
+  fs::remove(huge);
 }
 
 TEST_CASE("a newer format_version is refused, naming both versions") {
