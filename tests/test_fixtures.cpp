@@ -1,5 +1,7 @@
 // Every released checkpoint format_version has a fixture in tests/data/ that this
 // engine must keep reading (docs/checkpoint-format.md, "Versions and compatibility").
+// Both fixtures are the same kind of run: CPU, 1024 training images in batches of 64,
+// killed mid-epoch after the step-20 save (epoch 1 complete, 4 steps into epoch 2).
 #include <doctest/doctest.h>
 
 #include <vector>
@@ -10,35 +12,29 @@
 using namespace test_util;
 
 namespace {
-std::string fixture(const char* name) { return source_dir() + "/tests/data/" + name; }
-}  // namespace
 
-TEST_CASE("format_version 1 fixture (CPU, mid-epoch, written by engine 0.1.0) still loads") {
-  const std::string path = fixture("checkpoint_v1_cpu_mid_epoch.h5");
+std::string fixture(const char* name) { return source_dir() + "/tests/data/" + name; }
+
+// Loads the fixture, checks what it holds (fc2.bias: the exact values h5py printed when
+// it was made), verifies it with the CLI, evaluates it and resumes it for one epoch.
+void check_mid_epoch_fixture(const char* name, int64_t format_version, const std::vector<float>& fc2_bias) {
+  const std::string path = fixture(name);
   const engine::Checkpoint ck = engine::load_checkpoint(path);
-  CHECK(ck.meta.format_version == 1);
+  CHECK(ck.meta.format_version == format_version);
   CHECK(ck.meta.saved_on == "cpu");
   CHECK(ck.groups.at("trainer").get_int("global_step") == 20);
   CHECK(ck.groups.at("trainer").get_int("step_in_epoch") == 4);
   CHECK(ck.groups.at("trainer").get_int("epoch") == 1);
   CHECK(ck.groups.at("optimizer").get_int("step/fc1.weight") == 20);
   CHECK(ck.groups.at("rng").get_string("algorithm") == "philox4x32-10");
-  // The exact values it was written with (h5py printed them at creation).
-  const std::vector<float> fc2_bias = {0.037644170224666595f, 0.011919811367988586f, -0.042249903082847595f,
-                                       0.0060997623950243f,   0.01485252846032381f,  0.04219144955277443f,
-                                       0.0059394133277237415f, 0.01663343608379364f,  0.07136961817741394f,
-                                       -0.05508960410952568f};
   CHECK(ck.groups.at("model").get_tensor("fc2.bias").to_vector() == fc2_bias);
   CHECK(run("verify \"" + path + "\"").exit_code == 0);
-}
 
-TEST_CASE("the v1 fixture evaluates and resumes mid-epoch with this engine") {
   if (!dataset_available()) return;
-  const std::string path = fixture("checkpoint_v1_cpu_mid_epoch.h5");
   RunResult r = run("eval \"" + path + "\" --device cpu --limit 256 --data-dir \"" + data_dir() + "\"");
   INFO(r.output);
   CHECK(r.exit_code == 0);
-  const std::string dir = fresh_dir("fixture_v1_resume");
+  const std::string dir = fresh_dir(std::string("fixture_v") + std::to_string(format_version) + "_resume");
   r = run("resume \"" + path + "\" --device cpu --run-dir \"" + dir + "\" --set data.dir=\"" + data_dir() +
           "\" --stop-after-epochs 2");
   INFO(r.output);
@@ -49,27 +45,18 @@ TEST_CASE("the v1 fixture evaluates and resumes mid-epoch with this engine") {
   CHECK(after.groups.at("trainer").get_int("global_step") == 32);
 }
 
-TEST_CASE("format_version 2 fixture (CPU, mid-epoch, metadata first) still loads, evaluates and resumes") {
-  const std::string path = fixture("checkpoint_v2_cpu_mid_epoch.h5");
-  const engine::Checkpoint ck = engine::load_checkpoint(path);
-  CHECK(ck.meta.format_version == 2);
-  CHECK(ck.meta.saved_on == "cpu");
-  CHECK(ck.groups.at("trainer").get_int("global_step") == 20);
-  CHECK(ck.groups.at("trainer").get_int("step_in_epoch") == 4);
-  CHECK(ck.groups.at("trainer").get_int("epoch") == 1);
-  CHECK(ck.groups.at("optimizer").get_int("step/fc1.weight") == 20);
-  // The exact values it was written with (h5py printed them at creation).
-  const std::vector<float> fc2_bias = {0.03764328360557556f, 0.011920550838112831f, -0.04224953055381775f, 0.006099761929363012f, 0.014852643944323063f, 0.04219064116477966f, 0.005939582362771034f, 0.016634324565529823f, 0.07136920839548111f, -0.05509006977081299f};
-  CHECK(ck.groups.at("model").get_tensor("fc2.bias").to_vector() == fc2_bias);
-  CHECK(run("verify \"" + path + "\"").exit_code == 0);
-  if (!dataset_available()) return;
-  const std::string dir = fresh_dir("fixture_v2_resume");
-  const RunResult r = run("resume \"" + path + "\" --device cpu --run-dir \"" + dir + "\" --set data.dir=\"" +
-                          data_dir() + "\" --stop-after-epochs 2");
-  INFO(r.output);
-  CHECK(r.exit_code == 0);
-  CHECK(r.output.find("resuming from epoch 1") != std::string::npos);
-  const engine::Checkpoint after = engine::load_checkpoint(dir + "/last.h5");
-  CHECK(after.groups.at("trainer").get_int("epoch") == 2);
-  CHECK(after.groups.at("trainer").get_int("global_step") == 32);
+}  // namespace
+
+TEST_CASE("format_version 1 fixture (written by engine 0.1.0) loads, evaluates and resumes") {
+  check_mid_epoch_fixture("checkpoint_v1_cpu_mid_epoch.h5", 1,
+                          {0.037644170224666595f, 0.011919811367988586f, -0.042249903082847595f, 0.0060997623950243f,
+                           0.01485252846032381f, 0.04219144955277443f, 0.0059394133277237415f, 0.01663343608379364f,
+                           0.07136961817741394f, -0.05508960410952568f});
+}
+
+TEST_CASE("format_version 2 fixture (metadata first) loads, evaluates and resumes") {
+  check_mid_epoch_fixture("checkpoint_v2_cpu_mid_epoch.h5", 2,
+                          {0.03764328360557556f, 0.011920550838112831f, -0.04224953055381775f, 0.006099761929363012f,
+                           0.014852643944323063f, 0.04219064116477966f, 0.005939582362771034f, 0.016634324565529823f,
+                           0.07136920839548111f, -0.05509006977081299f});
 }
