@@ -22,7 +22,7 @@
 #include <ctime>
 #include <functional>
 #include <memory>
-#include <thread>
+#include <condition_variable>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -1840,7 +1840,10 @@ Checkpoint load_checkpoint(const std::string& path) {
 
   // Whichever thread comes first reads the rest: the second one, or the first one when it
   // needs the data and no second thread was given.
-  std::atomic<bool> claimed{false}, done{false};
+  std::atomic<bool> claimed{false};
+  std::mutex done_mutex;
+  std::condition_variable done_signal;
+  bool done = false;  // guarded by done_mutex
   std::exception_ptr read_error, walk_error;
   auto read_rest = [&] {
     if (claimed.exchange(true)) return;
@@ -1851,14 +1854,24 @@ Checkpoint load_checkpoint(const std::string& path) {
     } catch (...) {
       read_error = std::current_exception();
     }
-    done.store(true, std::memory_order_release);
+    {
+      std::lock_guard<std::mutex> lock(done_mutex);
+      done = true;
+    }
+    done_signal.notify_all();
   };
+  bool data_checked = false;
   auto wait_for_data = [&] {
+    if (data_checked) return;
     read_rest();
-    while (!done.load(std::memory_order_acquire)) std::this_thread::yield();
+    {
+      std::unique_lock<std::mutex> lock(done_mutex);
+      done_signal.wait(lock, [&] { return done; });
+    }
     if (read_error) std::rethrow_exception(read_error);
     const uint32_t data_crc = crc_join(margin_crc, rest_crc, size - margin_end);
     check_checksum(path, "payload", crc_join(metadata_crc, data_crc, size - metadata_end), header.payload_crc);
+    data_checked = true;
   };
   Checkpoint result;
 #pragma omp parallel num_threads(2)
@@ -1871,6 +1884,19 @@ Checkpoint load_checkpoint(const std::string& path) {
         result = read_checkpoint(c, file.get(), header, reader.bytes(), wait_for_data);
       } catch (...) {
         walk_error = std::current_exception();
+      }
+      // A walk that failed before the data was in may have met metadata past
+      // metadata_bytes (a writer that got it wrong): with all of the file read and
+      // checked, the second walk gives the file's real answer.
+      if (walk_error && !data_checked) {
+        try {
+          wait_for_data();
+          H5Handle file = open_image(c, *reader.bytes(), lent);
+          result = read_checkpoint(c, file.get(), header, reader.bytes(), nullptr);
+          walk_error = nullptr;
+        } catch (...) {
+          walk_error = std::current_exception();
+        }
       }
     }
   }

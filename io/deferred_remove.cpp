@@ -1,10 +1,13 @@
 #include "io/deferred_remove.h"
 
 #include <dirent.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <ctime>
 #include <cerrno>
 #include <condition_variable>
 #include <deque>
@@ -17,52 +20,54 @@ namespace engine {
 
 namespace {
 
-// One worker thread and its queue. The function-local static is destroyed at exit, and
-// its destructor waits for the queue to empty, so a normal exit leaves nothing behind.
+// One worker thread and its queue, owned by the process that started the thread. The
+// object is never destroyed: an atexit handler drains the queue instead, so that a
+// normal exit leaves nothing behind, and a child made by fork() (which has no worker
+// thread, and maybe a copy of a locked mutex) neither waits for the parent's removals
+// nor touches the copied queue: it removes its own files at once.
 class Remover {
  public:
   static Remover& instance() {
-    static Remover remover;
-    return remover;
+    static Remover* remover = new Remover;  // never destroyed (see above)
+    return *remover;
   }
 
   void add(std::string path) {
+    if (!in_owner()) {
+      ::unlink(path.c_str());
+      return;
+    }
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!worker_.joinable()) {
+    if (!started_) {
       try {
-        worker_ = std::thread([this] { run(); });
+        std::thread([this] { run(); }).detach();
       } catch (const std::system_error&) {
         lock.unlock();
         ::unlink(path.c_str());  // no thread to be had: remove it now
         return;
       }
+      started_ = true;
+      std::atexit([] { Remover::instance().drain(); });
     }
     queue_.push_back(std::move(path));
     wake_.notify_one();
   }
 
   void drain() {
+    if (!in_owner()) return;
     std::unique_lock<std::mutex> lock(mutex_);
     idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
   }
 
-  ~Remover() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    if (worker_.joinable()) worker_.join();
-  }
-
  private:
-  Remover() = default;
+  Remover() : owner_(getpid()) {}
+
+  bool in_owner() const { return getpid() == owner_; }
 
   void run() {
     std::unique_lock<std::mutex> lock(mutex_);
     while (true) {
-      wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and nothing left
+      wake_.wait(lock, [this] { return !queue_.empty(); });
       const std::string path = std::move(queue_.front());
       queue_.pop_front();
       busy_ = true;
@@ -74,12 +79,14 @@ class Remover {
     }
   }
 
+  const pid_t owner_;
   std::mutex mutex_;
   std::condition_variable wake_, idle_;
   std::deque<std::string> queue_;
-  bool busy_ = false, stopping_ = false;
-  std::thread worker_;
+  bool busy_ = false, started_ = false;
 };
+
+constexpr std::time_t kTemporaryAgeSeconds = 3600;
 
 bool all_digits(const std::string& s) {
   return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
@@ -90,12 +97,13 @@ bool ends_with(const std::string& s, const std::string& tail) {
 }
 
 // The pid a leftover name was made by, or -1 if `name` is not one of ours:
-// ".<x>.h5.old.<pid>.<n>" or ".<x>.h5.tmp.<pid>".
-long leftover_pid(const std::string& name) {
+// ".<x>.h5.old.<pid>.<n>" or ".<x>.h5.tmp.<pid>" (then `temporary` is set).
+long leftover_pid(const std::string& name, bool& temporary) {
   if (name.size() < 2 || name[0] != '.') return -1;
   std::size_t at = name.rfind(".tmp.");
   std::string pid_text;
-  if (at != std::string::npos && all_digits(name.substr(at + 5))) {
+  temporary = at != std::string::npos && all_digits(name.substr(at + 5));
+  if (temporary) {
     pid_text = name.substr(at + 5);
   } else {
     at = name.rfind(".old.");
@@ -130,13 +138,21 @@ void sweep_leftovers_once(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
   if (!d) return;
   const long self = static_cast<long>(getpid());
+  const std::time_t now = std::time(nullptr);
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
-    const long pid = leftover_pid(name);
+    bool temporary = false;
+    const long pid = leftover_pid(name, temporary);
     if (pid <= 0 || pid == self) continue;
     // A live process (or one we may not signal) may still be using its files.
     if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
-    remove_later(dir + "/" + name);
+    // A pid is only known dead on this machine. Removing another machine's hidden old
+    // version (shared directory) only frees it sooner, but its temporary file may be a
+    // save in progress: those go only once they are an hour old.
+    const std::string path = dir + "/" + name;
+    struct stat st {};
+    if (temporary && (::stat(path.c_str(), &st) != 0 || now - st.st_mtime < kTemporaryAgeSeconds)) continue;
+    remove_later(path);
   }
   ::closedir(d);
 }

@@ -13,7 +13,8 @@ namespace engine {
 // are ignored: the file is a hidden leftover, and the sweep below retries.
 void remove_later(std::string path);
 
-// Blocks until every queued removal has been attempted. Also runs at process exit.
+// Blocks until every queued removal has been attempted. Also runs at process exit. In a
+// child made by fork() removals happen at once and this returns at once.
 void finish_pending_removals();
 
 // The hidden name under which a save keeps the version of `name` it replaces:
@@ -21,8 +22,10 @@ void finish_pending_removals();
 std::string replaced_version_name(const std::string& dir_prefix, const std::string& name);
 
 // Queues for removal the hidden files that saves in `dir` leave behind when their
-// process dies before cleaning up (".<name>.old.<pid>.<n>" and ".<name>.tmp.<pid>"
-// whose pid no longer runs). Runs once per directory per process.
+// process dies before cleaning up: ".<name>.old.<pid>.<n>" whose pid no longer runs
+// here, and ".<name>.tmp.<pid>" likewise once an hour old (the directory may be shared
+// with other machines, whose pids mean nothing here). Runs once per directory per
+// process.
 void sweep_leftovers_once(const std::string& dir);
 
 }  // namespace engine
