@@ -53,7 +53,8 @@ constexpr char kFormatName[] = "engine-checkpoint";
 constexpr int kMaxRank = 8;
 constexpr uint64_t kMaxElements = uint64_t(1) << 31;
 constexpr int kMaxNesting = 16;
-// Growth step of the in-memory HDF5 file; large steps mean few reallocations.
+// Growth step the core driver asks for when a loaded (read-only, fixed-size) image is
+// opened; it never grows, so any value does.
 constexpr std::size_t kCoreIncrement = std::size_t(4) << 20;
 // Tensor data of at least kAlignThreshold bytes starts on a kDataAlignment boundary in
 // the file (the user block is a multiple of it too), and the loader's file buffer is
@@ -140,7 +141,21 @@ class Bytes {
   std::size_t size_ = 0, capacity_ = 0;
 };
 
-uint32_t crc32_of(const unsigned char* data, std::size_t n) { return crc32_parallel(data, n); }
+// Runs `first` on the calling thread and `second` on a second OpenMP thread when one may
+// be had, else one after the other, `first` first (OMP_NUM_THREADS=1, or a region nested
+// where only one thread is granted). Neither may throw. Reading with checksumming, and
+// walking with reading, go side by side this way.
+void side_by_side(const std::function<void()>& first, const std::function<void()>& second) {
+  if (omp_get_max_threads() < 2) {
+    first();
+    second();
+    return;
+  }
+#pragma omp parallel num_threads(2)
+  {
+    for (int task = omp_get_thread_num(); task < 2; task += omp_get_num_threads()) (task == 0 ? first : second)();
+  }
+}
 
 // ---------------------------------------------------------------------------------
 // HDF5 plumbing: quiet errors, owned handles, failures turned into CheckpointError.
@@ -607,9 +622,14 @@ class ImageWriter {
 // The in-memory HDF5 file of a save grows inside a Bytes that this file owns, through
 // the core driver's file-image callbacks, and is taken over at close: no copy of the
 // image with H5Fget_file_image, and no second buffer to fault in.
-// File-image udata is our own object, shared rather than copied by HDF5.
+// File-image udata is our own object, shared rather than copied by HDF5; HDF5 asks to
+// copy the image onto itself when the buffer is ours, which costs nothing.
 void* image_udata_share(void* udata) { return udata; }
 herr_t image_udata_keep(void*) { return 0; }
+void* image_memcpy(void* dest, const void* src, std::size_t size, H5FD_file_image_op_t, void*) {
+  if (dest != src) std::memcpy(dest, src, size);
+  return dest;
+}
 
 struct GrowingImage {
   Bytes bytes;
@@ -653,10 +673,6 @@ void* growing_realloc(void* ptr, std::size_t size, H5FD_file_image_op_t, void* u
 }
 void* growing_malloc(std::size_t size, H5FD_file_image_op_t op, void* udata) {
   return growing_realloc(nullptr, size, op, udata);
-}
-void* growing_memcpy(void* dest, const void* src, std::size_t size, H5FD_file_image_op_t, void*) {
-  if (dest != src) std::memcpy(dest, src, size);
-  return dest;
 }
 herr_t growing_free(void*, H5FD_file_image_op_t, void*) { return 0; }  // the Bytes keeps it
 
@@ -705,7 +721,7 @@ BuiltImage build_image(const H5Ctx& c, const Checkpoint& ckpt, const checkpoint_
   GrowingImage image;
   image.bytes = SpareImage::take();
   image.bytes.resize(0);
-  H5FD_file_image_callbacks_t callbacks = {growing_malloc,  growing_memcpy,  growing_realloc, growing_free,
+  H5FD_file_image_callbacks_t callbacks = {growing_malloc,    image_memcpy,      growing_realloc, growing_free,
                                            image_udata_share, image_udata_keep, &image};
   c.ok(H5Pset_file_image_callbacks(fapl.get(), &callbacks), "cannot set the file image callbacks");
   H5Handle file = c.own(H5Fcreate(unique_image_name("save").c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()),
@@ -797,7 +813,7 @@ void seal_with(Bytes& image, int64_t format_version, const PayloadChecksums& sum
     text += "metadata_crc32 " + hex32(sums.metadata_crc) + "\n";
   }
   text += "payload_crc32 " + hex32(sums.payload_crc) + "\n";
-  text += "header_crc32 " + hex32(crc32_of(reinterpret_cast<const unsigned char*>(text.data()), text.size())) + "\n";
+  text += "header_crc32 " + hex32(crc32_update(0, reinterpret_cast<const unsigned char*>(text.data()), text.size())) + "\n";
   std::fill(image.begin(), image.begin() + kUserBlockBytes, 0);
   std::copy(text.begin(), text.end(), image.begin());
 }
@@ -861,7 +877,7 @@ Header parse_header(const std::string& path, const unsigned char* file, std::siz
   uint32_t header_crc = 0;
   if (crc_line.compare(0, 13, "header_crc32 ") != 0 || !parse_hex32(crc_line.substr(13), header_crc))
     fail(path, corrupt("header has no valid header_crc32 line"));
-  const uint32_t actual_header_crc = crc32_of(block, last);
+  const uint32_t actual_header_crc = crc32_update(0, block, last);
   if (actual_header_crc != header_crc)
     fail(path, corrupt("header crc32 is " + hex32(actual_header_crc) + ", recorded " + hex32(header_crc)));
 
@@ -987,13 +1003,11 @@ class FileReader {
     uint32_t crcs[2][2] = {{0, 0}, {0, 0}};
     std::size_t reached[2] = {0, 0};
     int errs[2] = {0, 0};
-#pragma omp parallel num_threads(2)
-    {
-      // With one thread (nested parallelism, say) that thread reads both halves.
-      for (int half = omp_get_thread_num(); half < 2; half += omp_get_num_threads())
-        reached[half] = read_range_with_crc(fd_, bytes_->data(), half == 0 ? begin : mid, half == 0 ? mid : end, end,
-                                            crcs[half][0], crcs[half][1], errs[half]);
-    }
+    auto read_half = [&](int half) {
+      reached[half] = read_range_with_crc(fd_, bytes_->data(), half == 0 ? begin : mid, half == 0 ? mid : end, end,
+                                          crcs[half][0], crcs[half][1], errs[half]);
+    };
+    side_by_side([&] { read_half(0); }, [&] { read_half(1); });
     check_read(reached[0], mid, errs[0]);
     check_read(reached[1], end, errs[1]);
     return static_cast<uint32_t>(crc32_combine(crcs[0][0], crcs[1][0], static_cast<z_off_t>(end - mid)));
@@ -1040,10 +1054,6 @@ void* lent_malloc(std::size_t size, H5FD_file_image_op_t, void* udata) {
   auto* img = static_cast<LentImage*>(udata);
   return size == img->size ? img->data : nullptr;
 }
-void* lent_memcpy(void* dest, const void* src, std::size_t size, H5FD_file_image_op_t, void*) {
-  if (dest != src) std::memcpy(dest, src, size);
-  return dest;
-}
 void* lent_realloc(void*, std::size_t, H5FD_file_image_op_t, void*) { return nullptr; }
 herr_t lent_free(void*, H5FD_file_image_op_t, void*) { return 0; }
 
@@ -1053,7 +1063,7 @@ H5Handle open_image(const H5Ctx& c, Bytes& bytes, LentImage& lent) {
   H5Handle fapl = c.plist(H5P_FILE_ACCESS, "a file access property list");
   c.ok(H5Pset_fapl_core(fapl.get(), kCoreIncrement, 0), "cannot select the in-memory driver");
   lent = LentImage{bytes.data(), bytes.size()};
-  H5FD_file_image_callbacks_t callbacks = {lent_malloc,     lent_memcpy,     lent_realloc, lent_free,
+  H5FD_file_image_callbacks_t callbacks = {lent_malloc,       image_memcpy,      lent_realloc,    lent_free,
                                            image_udata_share, image_udata_keep, &lent};
   c.ok(H5Pset_file_image_callbacks(fapl.get(), &callbacks), "cannot set the file image callbacks");
   c.ok(H5Pset_file_image(fapl.get(), bytes.data(), bytes.size()), "cannot hand the file image to HDF5");
@@ -1535,21 +1545,13 @@ int write_sealed(int fd, Bytes& image, std::size_t metadata_bytes, int64_t forma
   const std::size_t payload_bytes = image.size() - kUserBlockBytes;
   int err = 0;
   PayloadChecksums sums;
-  if (payload_bytes >= (std::size_t(1) << 20) && omp_get_max_threads() >= 2) {
-#pragma omp parallel num_threads(2)
-    {
-      if (omp_get_num_threads() < 2) {
-        err = write_with_early_writeback(fd, payload, payload_bytes, static_cast<off_t>(kUserBlockBytes));
-        sums = checksums_of(payload, payload_bytes, metadata_bytes);
-      } else if (omp_get_thread_num() == 0) {
-        err = write_with_early_writeback(fd, payload, payload_bytes, static_cast<off_t>(kUserBlockBytes));
-      } else {
-        sums = checksums_of(payload, payload_bytes, metadata_bytes);
-      }
-    }
+  auto write = [&] { err = write_with_early_writeback(fd, payload, payload_bytes, static_cast<off_t>(kUserBlockBytes)); };
+  auto checksum = [&] { sums = checksums_of(payload, payload_bytes, metadata_bytes); };
+  if (payload_bytes >= (std::size_t(1) << 20)) {
+    side_by_side(write, checksum);
   } else {
-    err = write_with_early_writeback(fd, payload, payload_bytes, static_cast<off_t>(kUserBlockBytes));
-    sums = checksums_of(payload, payload_bytes, metadata_bytes);
+    write();
+    checksum();
   }
   if (err != 0) return err;
   seal_with(image, format_version, sums);
@@ -1874,32 +1876,29 @@ Checkpoint load_checkpoint(const std::string& path) {
     data_checked = true;
   };
   Checkpoint result;
-#pragma omp parallel num_threads(2)
-  {
-    if (omp_get_thread_num() == 1) {
-      read_rest();
-    } else {
+  auto walk = [&] {
+    try {
+      H5Handle file = open_image(c, *reader.bytes(), lent);
+      result = read_checkpoint(c, file.get(), header, reader.bytes(), wait_for_data);
+    } catch (...) {
+      walk_error = std::current_exception();
+    }
+    // A walk that failed before the data was in may have met metadata past
+    // metadata_bytes (a writer that got it wrong): with all of the file read and
+    // checked, the second walk gives the file's real answer.
+    if (walk_error && !data_checked) {
       try {
+        wait_for_data();
         H5Handle file = open_image(c, *reader.bytes(), lent);
-        result = read_checkpoint(c, file.get(), header, reader.bytes(), wait_for_data);
+        result = read_checkpoint(c, file.get(), header, reader.bytes(), nullptr);
+        walk_error = nullptr;
       } catch (...) {
         walk_error = std::current_exception();
       }
-      // A walk that failed before the data was in may have met metadata past
-      // metadata_bytes (a writer that got it wrong): with all of the file read and
-      // checked, the second walk gives the file's real answer.
-      if (walk_error && !data_checked) {
-        try {
-          wait_for_data();
-          H5Handle file = open_image(c, *reader.bytes(), lent);
-          result = read_checkpoint(c, file.get(), header, reader.bytes(), nullptr);
-          walk_error = nullptr;
-        } catch (...) {
-          walk_error = std::current_exception();
-        }
-      }
     }
-  }
+  };
+  // The walk stays on the calling thread: HDF5's error settings (Hdf5Session) are per thread.
+  side_by_side(walk, read_rest);
   if (walk_error) std::rethrow_exception(walk_error);
   return result;
 }
@@ -2012,11 +2011,12 @@ void checkpoint_testing::save_tampered(const std::string& path, const Checkpoint
 void checkpoint_testing::reseal(const std::string& path, int64_t format_version) {
   FileReader reader(path);
   unsigned char header_bytes[kUserBlockBytes];
-  reader.allocate(header_bytes, reader.read_header(header_bytes));
-  uint32_t before = 0, after = 0;
-  reader.read(0, reader.size(), reader.size(), before, after);
+  const std::size_t header_read = reader.read_header(header_bytes);
+  if (header_read < kUserBlockBytes) fail(path, "too short to reseal");
+  reader.allocate(header_bytes, header_read);
+  uint32_t unused_before = 0, unused_after = 0;
+  reader.read(kUserBlockBytes, reader.size(), reader.size(), unused_before, unused_after);
   Bytes& bytes = *reader.bytes();
-  if (bytes.size() < kUserBlockBytes) fail(path, "too short to reseal");
   seal(bytes, format_version);
   atomic_write(path, [&](int fd) { return write_fully_at(fd, bytes.data(), bytes.size(), 0); });
 }

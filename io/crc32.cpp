@@ -78,19 +78,4 @@ uint32_t crc32_update(uint32_t crc, const unsigned char* data, std::size_t n) {
   return zlib_crc32(crc, data, n);
 }
 
-uint32_t crc32_parallel(const unsigned char* data, std::size_t n) {
-  constexpr int kSlices = 8;
-  if (n < (std::size_t(4) << 20)) return crc32_update(0, data, n);
-  uint32_t crcs[kSlices];
-  std::size_t bounds[kSlices + 1];
-  for (int i = 0; i < kSlices; ++i) bounds[i] = n / kSlices * i;
-  bounds[kSlices] = n;
-#pragma omp parallel for schedule(static)
-  for (int i = 0; i < kSlices; ++i) crcs[i] = crc32_update(0, data + bounds[i], bounds[i + 1] - bounds[i]);
-  uLong crc = crcs[0];
-  for (int i = 1; i < kSlices; ++i)
-    crc = crc32_combine(crc, crcs[i], static_cast<z_off_t>(bounds[i + 1] - bounds[i]));
-  return static_cast<uint32_t>(crc);
-}
-
 }  // namespace engine
