@@ -186,19 +186,23 @@ void check_pair(const std::string& images_path, const IdxImages& images,
                     labels_path + " has " + std::to_string(labels.size()) + " labels");
 }
 
-}  // namespace
+struct FashionFiles {
+  std::string train_images, train_labels, test_images, test_labels;
+};
 
-FashionMnist load_fashion_mnist(const std::string& dir) {
+// All four files, located before any is read, so a partial install is reported at once.
+FashionFiles locate_fashion_mnist(const std::string& dir) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec))
     throw DataError("data directory '" + dir + "' not found (key data.dir); " + kInstallHint);
+  return FashionFiles{find_data_file(dir, "train-images-idx3-ubyte"), find_data_file(dir, "train-labels-idx1-ubyte"),
+                      find_data_file(dir, "t10k-images-idx3-ubyte"), find_data_file(dir, "t10k-labels-idx1-ubyte")};
+}
 
-  // Locate all four before reading any, so a partial install is reported at once.
-  const std::string train_images = find_data_file(dir, "train-images-idx3-ubyte");
-  const std::string train_labels = find_data_file(dir, "train-labels-idx1-ubyte");
-  const std::string test_images = find_data_file(dir, "t10k-images-idx3-ubyte");
-  const std::string test_labels = find_data_file(dir, "t10k-labels-idx1-ubyte");
+}  // namespace
 
+FashionMnist load_fashion_mnist(const std::string& dir) {
+  const auto [train_images, train_labels, test_images, test_labels] = locate_fashion_mnist(dir);
   FashionMnist data;
   data.train_images = read_idx_images(train_images);
   data.train_labels = read_idx_labels(train_labels);
@@ -217,19 +221,14 @@ FashionMnist load_fashion_mnist(const std::string& dir) {
 }
 
 IdxPair load_fashion_mnist_part(const std::string& dir, FashionPart part) {
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec))
-    throw DataError("data directory '" + dir + "' not found (key data.dir); " + kInstallHint);
-  const std::string train_images = find_data_file(dir, "train-images-idx3-ubyte");
-  const std::string train_labels = find_data_file(dir, "train-labels-idx1-ubyte");
-  const std::string test_images = find_data_file(dir, "t10k-images-idx3-ubyte");
-  const std::string test_labels = find_data_file(dir, "t10k-labels-idx1-ubyte");
+  const FashionFiles files = locate_fashion_mnist(dir);
   const bool train = part == FashionPart::Train;
+  const std::string& images = train ? files.train_images : files.test_images;
+  const std::string& labels = train ? files.train_labels : files.test_labels;
   IdxPair p;
-  p.images = read_idx_images(train ? train_images : test_images);
-  p.labels = read_idx_labels(train ? train_labels : test_labels);
-  check_pair(train ? train_images : test_images, p.images, train ? train_labels : test_labels,
-             p.labels);
+  p.images = read_idx_images(images);
+  p.labels = read_idx_labels(labels);
+  check_pair(images, p.images, labels, p.labels);
   return p;
 }
 

@@ -23,9 +23,16 @@ inline std::string engine_bin() {
   return b ? b : "./engine";
 }
 
+// $ENGINE_SOURCE_DIR (set by CTest); run by hand, the nearest directory upwards from the
+// working directory that holds configs/mnist.json.
 inline std::string source_dir() {
-  const char* s = std::getenv("ENGINE_SOURCE_DIR");
-  return s ? s : ".";
+  if (const char* s = std::getenv("ENGINE_SOURCE_DIR")) return s;
+  namespace fs = std::filesystem;
+  for (fs::path dir = fs::current_path(); !dir.empty(); dir = dir.parent_path()) {
+    if (fs::exists(dir / "configs" / "mnist.json")) return dir.string();
+    if (dir == dir.parent_path()) break;
+  }
+  return ".";
 }
 
 // A fresh, empty directory under $ENGINE_TEST_TMP (or /tmp).

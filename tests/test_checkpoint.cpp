@@ -23,33 +23,14 @@
 
 #include "io/checkpoint.h"
 #include "io/deferred_remove.h"
+#include "scratch_dir.h"
 
 using namespace engine;
 namespace fs = std::filesystem;
 
 namespace {
 
-// One directory per run, removed when the process exits.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    const char* env = std::getenv("ENGINE_TEST_TMP");
-    const fs::path dir = fs::path(env && *env ? env : "/tmp") / ("test_checkpoint_" + std::to_string(getpid()));
-    fs::create_directories(dir);
-    path = dir.string();
-  }
-  ~TempDir() {
-    if (getpid() != owner) return;  // a forked child exiting leaves the directory alone
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-  const pid_t owner = getpid();
-};
-
-std::string test_dir() {
-  static const TempDir dir;
-  return dir.path;
-}
+std::string test_dir() { return test_util::scratch_root("test_checkpoint").string(); }
 
 std::string tmp_path(const std::string& name) { return test_dir() + "/" + name; }
 

@@ -14,7 +14,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "io/config.h"
+#include "scratch_dir.h"
 
 using engine::Config;
 using engine::ConfigError;
@@ -24,32 +26,9 @@ namespace fs = std::filesystem;
 namespace {
 
 // CTest sets ENGINE_SOURCE_DIR; run by hand, the test looks upwards from the working directory.
-fs::path source_dir() {
-  if (const char* env = std::getenv("ENGINE_SOURCE_DIR")) return env;
-  for (fs::path dir = fs::current_path(); !dir.empty(); dir = dir.parent_path()) {
-    if (fs::exists(dir / "configs" / "mnist.json")) return dir;
-    if (dir == dir.parent_path()) break;
-  }
-  return ".";
-}
+fs::path source_dir() { return test_util::source_dir(); }
 
-// This process's scratch directory under ENGINE_TEST_TMP (set by CTest) or /tmp, removed
-// when the tests finish.
-fs::path temp_dir() {
-  struct Root {
-    fs::path path;
-    ~Root() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  };
-  static const Root root{[] {
-    const char* env = std::getenv("ENGINE_TEST_TMP");
-    return fs::path(env ? env : "/tmp") / ("test_config_" + std::to_string(::getpid()));
-  }()};
-  fs::create_directories(root.path);
-  return root.path;
-}
+fs::path temp_dir() { return test_util::scratch_root("test_config"); }
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "io/idx.h"
+#include "scratch_dir.h"
 
 using engine::DataError;
 namespace fs = std::filesystem;
@@ -22,22 +23,7 @@ const char* const kRealDataset = "/usr/share/datasets/fashion-mnist";
 
 using Bytes = std::vector<uint8_t>;
 
-// This process's scratch directory under ENGINE_TEST_TMP (set by CTest) or /tmp, removed
-// when the tests finish.
-const fs::path& temp_root() {
-  struct Root {
-    fs::path path;
-    ~Root() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  };
-  static const Root root{[] {
-    const char* env = std::getenv("ENGINE_TEST_TMP");
-    return fs::path(env ? env : "/tmp") / ("test_idx_" + std::to_string(::getpid()));
-  }()};
-  return root.path;
-}
+const fs::path& temp_root() { return test_util::scratch_root("test_idx"); }
 
 // A fresh, empty directory per call.
 fs::path fresh_dir(const std::string& name) {
