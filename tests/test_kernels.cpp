@@ -977,6 +977,30 @@ struct ThreadGuard {
 };
 }  // namespace
 
+namespace {
+using Outputs = std::vector<std::vector<float>>;  // y, dx, dw, db
+
+// Runs `op` with 1, 2 and 3 threads into fresh outputs of the given sizes: the bits of
+// y, dx, dw and db must not depend on the thread count.
+template <typename Op>
+void check_bits_across_thread_counts(const std::string& what, const std::vector<std::size_t>& sizes, Op op) {
+  const char* names[] = {" y", " dx", " dw", " db"};
+  Outputs first;
+  for (const int threads : {1, 2, 3}) {
+    CAPTURE(threads);
+    omp_set_num_threads(threads);
+    Outputs out;
+    for (std::size_t n : sizes) out.emplace_back(n);
+    op(out);
+    if (threads == 1) {
+      first = out;
+      continue;
+    }
+    for (std::size_t i = 0; i < out.size(); ++i) check_bits(what + names[i], out[i], first[i]);
+  }
+}
+}  // namespace
+
 TEST_CASE("cpu conv2d and linear give the same bits with 1, 2 and 3 threads") {
   ThreadGuard guard;
   std::mt19937 g(1201);
@@ -989,22 +1013,10 @@ TEST_CASE("cpu conv2d and linear give the same bits with 1, 2 and 3 threads") {
     const std::size_t ny = static_cast<std::size_t>(s.n) * s.k * s.out_h() * s.out_w();
     const auto x = uniform(nx, g, -1.0f, 1.0f), w = uniform(nw, g, -0.2f, 0.2f),
                b = uniform(s.k, g, -0.2f, 0.2f), dy = uniform(ny, g, -1.0f, 1.0f);
-    std::vector<float> y1, dx1, dw1, db1;
-    for (const int threads : {1, 2, 3}) {
-      CAPTURE(threads);
-      omp_set_num_threads(threads);
-      std::vector<float> y(ny), dx(nx), dw(nw), db(s.k);
-      cpu::conv2d_forward(s, x.data(), w.data(), b.data(), y.data());
-      cpu::conv2d_backward(s, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data());
-      if (threads == 1) {
-        y1 = y, dx1 = dx, dw1 = dw, db1 = db;
-        continue;
-      }
-      check_bits("conv y", y, y1);
-      check_bits("conv dx", dx, dx1);
-      check_bits("conv dw", dw, dw1);
-      check_bits("conv db", db, db1);
-    }
+    check_bits_across_thread_counts("conv", {ny, nx, nw, static_cast<std::size_t>(s.k)}, [&](Outputs& o) {
+      cpu::conv2d_forward(s, x.data(), w.data(), b.data(), o[0].data());
+      cpu::conv2d_backward(s, x.data(), w.data(), dy.data(), o[1].data(), o[2].data(), o[3].data());
+    });
   }
   const LinearShape lin_shapes[] = {{4, 3136, 128}, {13, 128, 10}, {64, 128, 10}, {3, 5, 7}};
   for (const LinearShape& s : lin_shapes) {
@@ -1015,22 +1027,10 @@ TEST_CASE("cpu conv2d and linear give the same bits with 1, 2 and 3 threads") {
                       ny = static_cast<std::size_t>(s.n) * s.out;
     const auto x = uniform(nx, g, -1.0f, 1.0f), w = uniform(nw, g, -0.1f, 0.1f),
                b = uniform(s.out, g, -0.1f, 0.1f), dy = uniform(ny, g, -1.0f, 1.0f);
-    std::vector<float> y1, dx1, dw1, db1;
-    for (const int threads : {1, 2, 3}) {
-      CAPTURE(threads);
-      omp_set_num_threads(threads);
-      std::vector<float> y(ny), dx(nx), dw(nw), db(s.out);
-      cpu::linear_forward(s, x.data(), w.data(), b.data(), y.data());
-      cpu::linear_backward(s, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data());
-      if (threads == 1) {
-        y1 = y, dx1 = dx, dw1 = dw, db1 = db;
-        continue;
-      }
-      check_bits("linear y", y, y1);
-      check_bits("linear dx", dx, dx1);
-      check_bits("linear dw", dw, dw1);
-      check_bits("linear db", db, db1);
-    }
+    check_bits_across_thread_counts("linear", {ny, nx, nw, static_cast<std::size_t>(s.out)}, [&](Outputs& o) {
+      cpu::linear_forward(s, x.data(), w.data(), b.data(), o[0].data());
+      cpu::linear_backward(s, x.data(), w.data(), dy.data(), o[1].data(), o[2].data(), o[3].data());
+    });
   }
   // Batchnorm reduces inside one thread per channel: also thread-count independent.
   const BatchNormShape bs{13, 8, 49};
