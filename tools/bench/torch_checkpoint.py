@@ -32,13 +32,13 @@ try:
 except ImportError as e:  # pragma: no cover
     sys.exit(f"torch_checkpoint.py: {e}; run it with /usr/bin/python3 (Debian's python3-torch)")
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_epoch import FashionCnn  # noqa: E402  (the same model)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from torch_interop import make_model  # noqa: E402  (the same model as every other script)
 
 
 def build_state(train_count=55000, epochs=15, seed=0):
     torch.manual_seed(seed)
-    model = FashionCnn()
+    model = make_model()
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=0.01)

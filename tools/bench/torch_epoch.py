@@ -11,59 +11,23 @@ checkpoint). Prints one JSON line: {"epoch_seconds": ..., "images": ..., ...}.
 Needs Debian's /usr/bin/python3 (python3-torch); the pyenv python3 has no torch.
 """
 import argparse
-import gzip
 import json
 import os
 import resource
-import struct
 import sys
 import time
 
 try:
     import numpy as np
     import torch
-    import torch.nn as nn
     import torch.nn.functional as F
 except ImportError as e:  # pragma: no cover
     sys.exit(f"torch_epoch.py: {e}; run it with /usr/bin/python3 (Debian's python3-torch)")
 
 
-def read_idx(path):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        data = f.read()
-    magic = struct.unpack(">I", data[:4])[0]
-    ndim = magic & 0xFF
-    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
-
-
-def find(data_dir, stem):
-    for name in (stem + ".gz", stem):
-        p = os.path.join(data_dir, name)
-        if os.path.exists(p):
-            return p
-    sys.exit(f"torch_epoch.py: {os.path.join(data_dir, stem)}[.gz] not found "
-             "(install the Fashion-MNIST files or pass --data-dir)")
-
-
-class FashionCnn(nn.Module):
-    def __init__(self, dropout=0.25):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
-        self.bn1 = nn.BatchNorm2d(32)
-        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
-        self.bn2 = nn.BatchNorm2d(64)
-        self.fc1 = nn.Linear(3136, 128)
-        self.fc2 = nn.Linear(128, 10)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
-        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
-        x = torch.flatten(x, 1)
-        x = self.dropout(F.relu(self.fc1(x)))
-        return self.fc2(x)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# The one PyTorch definition of the model and the one IDX reader (tools/torch_interop.py).
+from torch_interop import make_model, read_idx_images, read_idx_labels  # noqa: E402
 
 
 def main():
@@ -85,8 +49,11 @@ def main():
         pass
     torch.manual_seed(a.seed)
 
-    images = read_idx(find(a.data_dir, "train-images-idx3-ubyte"))
-    labels = read_idx(find(a.data_dir, "train-labels-idx1-ubyte"))
+    try:
+        images = read_idx_images(a.data_dir, "train-images-idx3-ubyte")
+        labels = read_idx_labels(a.data_dir, "train-labels-idx1-ubyte")
+    except (OSError, ValueError) as e:
+        sys.exit(f"torch_epoch.py: {e} (install the Fashion-MNIST files or pass --data-dir)")
     n_train = images.shape[0] - a.val_split
     if a.limit is not None:
         if a.limit <= 0:
@@ -99,7 +66,7 @@ def main():
     y = torch.from_numpy(labels[:n_train].astype(np.int64))
     del images, labels
 
-    model = FashionCnn()
+    model = make_model()
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=0.01)

@@ -9,14 +9,16 @@ usage: torch_gpu_epoch.py [--compile] [--epochs 3] [--data-dir DIR] [--limit N]
 """
 import argparse
 import os
+import sys
 import time
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-# The same model and IDX reader as the CPU benchmark (this script's folder is on sys.path).
-from torch_epoch import FashionCnn, find, read_idx
+# The one PyTorch definition of the model and the one IDX reader (tools/torch_interop.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from torch_interop import make_model, read_idx_images, read_idx_labels  # noqa: E402
 
 
 def main():
@@ -28,9 +30,9 @@ def main():
     a = ap.parse_args()
     dev = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
-    images = torch.from_numpy(read_idx(find(a.data_dir, "train-images-idx3-ubyte"))[: a.limit].copy()).to(dev)
-    labels = torch.from_numpy(read_idx(find(a.data_dir, "train-labels-idx1-ubyte"))[: a.limit].astype(np.int64)).to(dev)
-    model = FashionCnn().to(dev)
+    images = torch.from_numpy(read_idx_images(a.data_dir, "train-images-idx3-ubyte")[: a.limit].copy()).to(dev)
+    labels = torch.from_numpy(read_idx_labels(a.data_dir, "train-labels-idx1-ubyte")[: a.limit].astype(np.int64)).to(dev)
+    model = make_model().to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     step_model = torch.compile(model) if a.compile else model
     loss_fn = nn.CrossEntropyLoss()
