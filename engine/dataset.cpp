@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "io/idx.h"
+#include "engine/idx.h"
 
 namespace engine {
 

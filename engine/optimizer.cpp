@@ -1,5 +1,7 @@
 #include "engine/optimizer.h"
 
+#include "kernels/elementwise.h"
+
 #include <cmath>
 #include <stdexcept>
 

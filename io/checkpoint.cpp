@@ -1,6 +1,6 @@
 // The checkpoint file layer. docs/checkpoint-format.md is the specification; this file
 // implements it on the HDF5 C library plus zlib's crc32.
-#include "io/checkpoint.h"
+#include "engine/checkpoint.h"
 
 #include "io/crc32.h"
 #include "io/deferred_remove.h"

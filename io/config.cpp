@@ -1,4 +1,4 @@
-#include "io/config.h"
+#include "engine/config.h"
 
 #include <algorithm>
 #include <climits>

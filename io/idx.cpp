@@ -1,4 +1,4 @@
-#include "io/idx.h"
+#include "engine/idx.h"
 
 #include <zlib.h>
 

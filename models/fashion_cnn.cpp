@@ -1,4 +1,4 @@
-#include "models/fashion_cnn.h"
+#include "engine/models/fashion_cnn.h"
 
 #include <stdexcept>
 

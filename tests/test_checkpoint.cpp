@@ -21,7 +21,7 @@
 
 #include <zlib.h>
 
-#include "io/checkpoint.h"
+#include "engine/checkpoint.h"
 #include "io/deferred_remove.h"
 #include "scratch_dir.h"
 

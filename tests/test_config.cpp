@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
-#include "io/config.h"
+#include "engine/config.h"
 #include "scratch_dir.h"
 
 using engine::Config;

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "cli_util.h"
-#include "io/checkpoint.h"
+#include "engine/checkpoint.h"
 
 using namespace test_util;
 

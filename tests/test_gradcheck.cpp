@@ -40,7 +40,7 @@
 #include "engine/rng.h"
 #include "gradcheck.h"
 #include "kernels/ops.h"
-#include "models/fashion_cnn.h"
+#include "engine/models/fashion_cnn.h"
 
 namespace {
 

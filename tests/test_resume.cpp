@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
-#include "io/checkpoint.h"
+#include "engine/checkpoint.h"
 
 using namespace test_util;
 

@@ -6,7 +6,7 @@
 
 #include "engine/rng.h"
 #include "engine/state.h"
-#include "models/fashion_cnn.h"
+#include "engine/models/fashion_cnn.h"
 
 using namespace engine;
 

@@ -1,5 +1,5 @@
 // The `engine` command line: a thin layer over the library (engine/trainer.h,
-// io/checkpoint.h). Every error is one line on stderr and a non-zero exit.
+// engine/checkpoint.h). Every error is one line on stderr and a non-zero exit.
 #include <malloc.h>
 #include <unistd.h>
 
@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "engine/trainer.h"
-#include "io/checkpoint.h"
-#include "io/config.h"
-#include "io/idx.h"
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/idx.h"
 
 namespace fs = std::filesystem;
 using namespace engine;

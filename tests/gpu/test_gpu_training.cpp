@@ -10,7 +10,7 @@
 #include "cli_util.h"
 #include "engine/device.h"
 #include "engine/scaler.h"
-#include "io/checkpoint.h"
+#include "engine/checkpoint.h"
 
 using namespace test_util;
 

@@ -38,7 +38,7 @@
 #include "engine/tensor.h"
 #include "kernels/cuda_runtime.h"
 #include "kernels/ops.h"
-#include "models/fashion_cnn.h"
+#include "engine/models/fashion_cnn.h"
 
 #if defined(ENGINE_WITH_CUDA)
 #include "kernels/cuda/mixed_precision.h"

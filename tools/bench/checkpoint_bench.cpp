@@ -27,8 +27,8 @@
 #include <unistd.h>
 
 #include "engine/trainer.h"
-#include "io/checkpoint.h"
-#include "io/config.h"
+#include "engine/checkpoint.h"
+#include "engine/config.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;

@@ -15,9 +15,9 @@
 #include "engine/rng.h"
 #include "engine/scaler.h"
 #include "engine/scheduler.h"
-#include "io/checkpoint.h"
-#include "io/config.h"
-#include "models/fashion_cnn.h"
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/models/fashion_cnn.h"
 
 namespace engine {
 

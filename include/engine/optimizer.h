@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "engine/module.h"
-#include "kernels/elementwise.h"
 
 namespace engine {
 

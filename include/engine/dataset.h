@@ -8,7 +8,7 @@
 #include <string>
 
 #include "engine/tensor.h"
-#include "io/config.h"
+#include "engine/config.h"
 
 namespace engine {
 
