@@ -28,7 +28,8 @@
 //    roundings of |x a|, |mean a| and |beta| (8 u of their sum), plus the propagated
 //    tolerances of its mean and 1/std. Its backward likewise for
 //    k * (dy - mean_dy - (x - mean) * proj), with the sums' tolerances propagated.
-//  - cross_entropy: both sides use the same double formula; we allow 4 u relative (plus
+//  - cross_entropy: both sides compute in double (the fast path keeps each exponential
+//    and divides by the sum, the reference takes a second exp); we allow 4 u relative (plus
 //    4 u of the largest |logit| for the loss, whose log-sum-exp is shifted by it).
 #include <doctest/doctest.h>
 #include <omp.h>
