@@ -365,6 +365,7 @@ svg .grid line{stroke:#eee}svg .axis line{stroke:#666}
 table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #ddd;padding:4px 8px;text-align:right}
 th{background:#f5f5f5}td.left,th.left{text-align:left}
 #confusion td.cm{min-width:38px}#confusion th.corner{background:#fff}
+#checkpoints td{white-space:nowrap}#checkpoints td.integrity{white-space:normal}
 .ok{color:#17632a;font-weight:600}.bad{color:#a40000}
 pre#config{background:#f7f7f7;border:1px solid #e3e3e3;padding:10px;font-size:12px;overflow:auto}
 .notes li{color:#8a5300}
@@ -386,7 +387,7 @@ std::string confusion_table(const EvalResult& t) {
     for (int k = 0; k < 10; ++k) {
       const int64_t n = t.confusion[i][k];
       const double a = row > 0 ? static_cast<double>(n) / row : 0.0;
-      const char* rgb = i == k ? "31,119,180" : "214,39,40";
+      const char* rgb = i == k ? "49,130,189" : "203,24,29";  // not a curve colour
       o << "<td class=\"cm\" data-count=\"" << n << "\" style=\"background:rgba(" << rgb << ","
         << fmt("%.3f", a) << ")" << (a > 0.55 ? ";color:#fff" : "") << "\">" << n << "</td>";
     }
