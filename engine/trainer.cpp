@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "engine/dispatch.h"
+#include "io/tfevents.h"
 #include "kernels/cuda/settings.h"
 
 namespace engine {
@@ -548,6 +549,7 @@ void Trainer::write_metrics_jsonl(const std::optional<EvalResult>& test) {
     if (!out) throw std::runtime_error(tmp + ": cannot write metrics");
   }
   fs::rename(tmp, path);
+  if (cfg_.logging.tensorboard) tfevents::write_run_events(cfg_.checkpoint.dir, history_, test);
 }
 
 }  // namespace engine

@@ -448,6 +448,8 @@ Config config_from_json(const json& j, const std::string& origin) {
   }
   r.boolean("checkpoint.verify", ck.verify);
 
+  r.boolean("logging.tensorboard", c.logging.tensorboard);
+
   r.boolean("cuda.deterministic", c.cuda.deterministic);
   return c;
 }
@@ -585,6 +587,7 @@ json config_to_json(const Config& c) {
       {"keep_epochs", json(c.checkpoint.keep_epochs)},
       {"verify", c.checkpoint.verify},
   };
+  j["logging"] = {{"tensorboard", c.logging.tensorboard}};
   j["cuda"] = {{"deterministic", c.cuda.deterministic}};
   return j;
 }

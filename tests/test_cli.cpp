@@ -33,7 +33,7 @@ std::string config() { return "\"" + source_dir() + "/configs/mnist.json\""; }
 TEST_CASE("help texts explain every option") {
   RunResult r = run("--help");
   CHECK(r.exit_code == 0);
-  for (const char* cmd : {"train", "resume", "eval", "inspect", "verify", "diff"})
+  for (const char* cmd : {"train", "resume", "eval", "inspect", "verify", "diff", "report"})
     CHECK(r.output.find(cmd) != std::string::npos);
   r = run("train --help");
   CHECK(r.exit_code == 0);
@@ -41,6 +41,9 @@ TEST_CASE("help texts explain every option") {
     CHECK(r.output.find(opt) != std::string::npos);
   CHECK(run("resume --help").output.find("--non-strict") != std::string::npos);
   CHECK(run("eval --help").output.find("--dump-logits") != std::string::npos);
+  r = run("report --help");
+  CHECK(r.exit_code == 0);
+  for (const char* opt : {"--output", "--device", "--data-dir"}) CHECK(r.output.find(opt) != std::string::npos);
 }
 
 TEST_CASE("bad input: one-line errors naming the file or key, non-zero exit") {

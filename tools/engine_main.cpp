@@ -19,6 +19,7 @@
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/idx.h"
+#include "engine/report.h"
 
 namespace fs = std::filesystem;
 using namespace engine;
@@ -36,6 +37,7 @@ commands:
   inspect CKPT.h5        human summary of a checkpoint
   verify CKPT.h5         integrity and structure check (exit 0 only when sound)
   diff A.h5 B.h5         compare two checkpoints tensor by tensor (exit 0 when identical)
+  report RUN_DIR         one self-contained HTML page: curves, confusion matrix, config, checkpoints
 
 Run `engine <command> --help` for the options of a command.
 )";
@@ -84,10 +86,25 @@ options:
   -h, --help                      this help
 )";
 
+const char* kReportHelp = R"(usage: engine report RUN_DIR [options]
+
+Writes one self-contained HTML file (no network, no scripts; open it in any browser)
+with the loss, accuracy, learning-rate and loss-scale curves per epoch (from
+RUN_DIR/metrics.jsonl, else the metrics of RUN_DIR/last.h5), the confusion matrix of
+best.h5 on the test set, the run's config, and the checkpoints present with their
+epoch, size and integrity.
+
+options:
+  -o, --output FILE               where to write (default RUN_DIR/report.html)
+  --device cpu|cuda|cuda:N|auto   where to evaluate best.h5 (default auto)
+  --data-dir DIR                  dataset directory (default: best.h5's data.dir)
+  -h, --help                      this help
+)";
+
 struct Args {
   std::vector<std::string> positional;
   std::vector<std::string> sets;
-  std::string device, run_dir, dump_logits, data_dir;
+  std::string device, run_dir, dump_logits, data_dir, output;
   bool fresh = false, non_strict = false, help = false;
   std::optional<int64_t> stop_after_epochs, kill_after_steps, limit;
 };
@@ -125,6 +142,7 @@ Args parse_args(int argc, char** argv, int first) {
     else if (s == "--non-strict") a.non_strict = true;
     else if (s == "--dump-logits") a.dump_logits = value(s);
     else if (s == "--data-dir") a.data_dir = value(s);
+    else if (s == "-o" || s == "--output") a.output = value(s);
     else if (s == "--limit") a.limit = parse_int(s, value(s));
     else if (s == "--stop-after-epochs") a.stop_after_epochs = parse_int(s, value(s));
     else if (s == "--kill-after-steps") a.kill_after_steps = parse_int(s, value(s));
@@ -363,6 +381,19 @@ int cmd_diff(const Args& a) {
   return d.identical ? 0 : 1;
 }
 
+int cmd_report(const Args& a) {
+  if (a.help) { std::cout << kReportHelp; return 0; }
+  if (a.positional.size() != 1) fail("report needs exactly one RUN_DIR (see engine report --help)", 2);
+  ReportOptions opt;
+  opt.output = a.output;
+  if (!a.device.empty()) opt.device = a.device;
+  opt.data_dir = a.data_dir;
+  const ReportSummary r = write_run_report(a.positional[0], opt);
+  for (const std::string& n : r.notes) std::cerr << "engine: note: " << n << "\n";
+  std::cout << "report of " << r.epochs << " epoch(s) written to " << r.path << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -386,6 +417,7 @@ int main(int argc, char** argv) {
     if (cmd == "inspect") return cmd_inspect(a);
     if (cmd == "verify") return cmd_verify(a);
     if (cmd == "diff") return cmd_diff(a);
+    if (cmd == "report") return cmd_report(a);
     fail("unknown command '" + cmd + "' (see engine --help)", 2);
   } catch (const std::exception& e) {
     fail(e.what());

@@ -72,6 +72,10 @@ struct CheckpointConfig {
   bool verify = true;                         // reload and compare after each save
 };
 
+struct LoggingConfig {
+  bool tensorboard = true;  // RUN_DIR/tensorboard/events.out.tfevents.* each epoch
+};
+
 struct CudaConfig {
   bool deterministic = true;  // restrict cuDNN to deterministic algorithms
 };
@@ -86,6 +90,7 @@ struct Config {
   PrecisionConfig precision;
   TrainConfig train;
   CheckpointConfig checkpoint;
+  LoggingConfig logging;
   CudaConfig cuda;
 
   int64_t effective_t_max() const { return scheduler.t_max ? *scheduler.t_max : train.epochs; }

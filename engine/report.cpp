@@ -1,0 +1,541 @@
+#include "engine/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/device.h"
+
+namespace engine {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const char* const kClassNames[10] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                                     "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+
+struct TestLine {
+  double loss = 0, accuracy = 0;
+  int64_t count = 0;
+};
+
+struct RunMetrics {
+  std::vector<EpochMetrics> epochs;
+  std::optional<TestLine> test;  // the end-of-training test evaluation (metrics.jsonl only)
+  std::string source;
+};
+
+struct CheckpointRow {
+  std::string file;
+  uintmax_t bytes = 0;
+  std::string integrity;  // "ok" or the one-line error
+  std::optional<int64_t> epoch, step_in_epoch;
+  std::string created_utc, saved_on;
+};
+
+std::string escape_html(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string fmt(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+std::string human_bytes(uintmax_t n) {
+  if (n < 1024) return std::to_string(n) + " B";
+  if (n < 1024 * 1024) return fmt("%.1f KiB", n / 1024.0);
+  return fmt("%.2f MiB", n / (1024.0 * 1024.0));
+}
+
+double number_or_nan(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>()
+                                          : std::numeric_limits<double>::quiet_NaN();
+}
+
+// ---- reading the run -----------------------------------------------------------------
+
+std::optional<RunMetrics> read_metrics_jsonl(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  RunMetrics m;
+  m.source = path.string();
+  int line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::parse_error&) {
+      throw std::runtime_error(path.string() + ":" + std::to_string(line_no) + ": invalid JSON");
+    }
+    if (!j.is_object())
+      throw std::runtime_error(path.string() + ":" + std::to_string(line_no) + ": not a JSON object");
+    if (j.contains("epoch") && j["epoch"].is_number_integer()) {
+      EpochMetrics e;
+      e.epoch = j["epoch"].get<int64_t>();
+      e.train_loss = number_or_nan(j, "train_loss");
+      e.val_loss = number_or_nan(j, "val_loss");
+      e.val_acc = number_or_nan(j, "val_acc");
+      e.lr = number_or_nan(j, "lr");
+      e.loss_scale = number_or_nan(j, "loss_scale");
+      e.epoch_seconds = number_or_nan(j, "epoch_seconds");
+      m.epochs.push_back(e);
+    } else if (j.contains("test_acc")) {
+      TestLine t;
+      t.loss = number_or_nan(j, "test_loss");
+      t.accuracy = number_or_nan(j, "test_acc");
+      t.count = j.value("test_count", int64_t{0});
+      m.test = t;
+    } else {
+      throw std::runtime_error(path.string() + ":" + std::to_string(line_no) +
+                               ": neither an epoch nor a test line");
+    }
+  }
+  return m;
+}
+
+RunMetrics read_metrics_checkpoint(const fs::path& path) {
+  const Checkpoint c = load_checkpoint(path.string());
+  const StateDict& g = c.groups.at("metrics");
+  RunMetrics m;
+  m.source = path.string() + " (metrics group)";
+  const std::vector<double>& epochs = g.get_series("epoch");
+  m.epochs.resize(epochs.size());
+  auto fill = [&](const char* key, double EpochMetrics::*field) {
+    const std::vector<double>& v = g.get_series(key);
+    for (std::size_t i = 0; i < m.epochs.size() && i < v.size(); ++i) m.epochs[i].*field = v[i];
+  };
+  for (std::size_t i = 0; i < epochs.size(); ++i) m.epochs[i].epoch = static_cast<int64_t>(epochs[i]);
+  fill("train_loss", &EpochMetrics::train_loss);
+  fill("val_loss", &EpochMetrics::val_loss);
+  fill("val_acc", &EpochMetrics::val_acc);
+  fill("lr", &EpochMetrics::lr);
+  fill("loss_scale", &EpochMetrics::loss_scale);
+  fill("epoch_seconds", &EpochMetrics::epoch_seconds);
+  return m;
+}
+
+RunMetrics read_metrics(const fs::path& dir) {
+  const fs::path jsonl = dir / "metrics.jsonl";
+  std::optional<RunMetrics> m = read_metrics_jsonl(jsonl);
+  if (m && !m->epochs.empty()) return *m;
+  const fs::path last = dir / "last.h5";
+  std::string why = fs::exists(jsonl) ? jsonl.string() + " holds no epoch" : "no " + jsonl.string();
+  if (fs::exists(last)) {
+    try {
+      RunMetrics c = read_metrics_checkpoint(last);
+      if (!c.epochs.empty()) return c;
+      why += ", and " + last.string() + " holds no epoch";
+    } catch (const std::exception& e) {
+      why += ", and " + std::string(e.what());
+    }
+  } else {
+    why += ", and no " + last.string();
+  }
+  throw std::runtime_error(dir.string() + ": no metrics to report (" + why + ")");
+}
+
+std::vector<CheckpointRow> scan_checkpoints(const fs::path& dir, std::string& config_json) {
+  std::vector<std::string> files;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string f = entry.path().filename().string();
+    long long e = 0;
+    char tail[8] = {0};
+    const bool milestone = f.size() == 13 && std::sscanf(f.c_str(), "epoch_%4lld.%3s", &e, tail) == 2 &&
+                           std::string(tail) == "h5";
+    if (f == "last.h5" || f == "best.h5" || milestone) files.push_back(f);
+  }
+  auto rank = [](const std::string& f) { return f == "last.h5" ? 0 : f == "best.h5" ? 1 : 2; };
+  std::sort(files.begin(), files.end(), [&](const std::string& a, const std::string& b) {
+    return rank(a) != rank(b) ? rank(a) < rank(b) : a < b;
+  });
+  std::vector<CheckpointRow> rows;
+  for (const std::string& f : files) {
+    CheckpointRow r;
+    r.file = f;
+    const std::string path = (dir / f).string();
+    std::error_code ec;
+    r.bytes = fs::file_size(path, ec);
+    try {
+      verify_checkpoint_file(path);
+      r.integrity = "ok";
+      const Checkpoint c = load_checkpoint(path);
+      const StateDict& t = c.groups.at("trainer");
+      r.epoch = t.get_int("epoch");
+      r.step_in_epoch = t.get_int("step_in_epoch");
+      r.created_utc = c.meta.created_utc;
+      r.saved_on = c.meta.saved_on;
+      if (config_json.empty() || f == "last.h5") config_json = c.config_json;
+    } catch (const std::exception& e) {
+      if (r.integrity.empty()) r.integrity = e.what();
+    }
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+std::optional<EvalResult> evaluate_best(const fs::path& dir, const ReportOptions& opt,
+                                        std::vector<std::string>& notes) {
+  const fs::path best = dir / "best.h5";
+  if (!fs::exists(best)) {
+    notes.push_back(best.string() + ": not present, no confusion matrix");
+    return std::nullopt;
+  }
+  try {
+    const Checkpoint ckpt = load_checkpoint(best.string());
+    json j = json::parse(ckpt.config_json);
+    j["device"] = opt.device;
+    if (!opt.data_dir.empty()) j["data"]["dir"] = opt.data_dir;
+    const Config cfg = config_from_json(j, best.string() + " (stored config)");
+    const Device device = resolve_device(cfg.device);
+    Trainer trainer(cfg, device, nullptr, SplitsNeeded::TestOnly);
+    // Only the model's state matters here; the trainer's other groups were sized for
+    // a training set this evaluation does not load.
+    const StateDict& model_state = ckpt.groups.at("model");
+    const StateReport r = compare_state(trainer.model().state(), model_state);
+    if (!r.clean()) throw std::runtime_error(best.string() + ": model state does not match: " + r.summary());
+    trainer.model().load_state(model_state);
+    return trainer.evaluate(Split::Test);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (what.rfind(best.string(), 0) != 0) what = best.string() + ": " + what;
+    notes.push_back(what + " (no confusion matrix)");
+    return std::nullopt;
+  }
+}
+
+// ---- SVG charts ----------------------------------------------------------------------
+
+struct Series {
+  std::string name, color;
+  std::vector<std::pair<double, double>> points;  // (epoch, value), finite only
+  bool dashed = false;
+};
+
+struct Axis {
+  double lo = 0, hi = 1, step = 1;
+  std::vector<double> ticks;
+};
+
+double nice_step(double raw) {
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  const double f = raw / mag;
+  return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * mag;
+}
+
+Axis make_axis(double lo, double hi, int target, double min_step) {
+  if (!(hi - lo > 1e-12 * std::max(1.0, std::fabs(hi)))) {
+    const double pad = lo != 0 ? std::fabs(lo) * 0.1 : 1.0;
+    lo -= pad;
+    hi += pad;
+  }
+  Axis a;
+  a.step = std::max(min_step, nice_step((hi - lo) / target));
+  a.lo = std::floor(lo / a.step + 1e-9) * a.step;
+  a.hi = std::ceil(hi / a.step - 1e-9) * a.step;
+  for (double t = a.lo; t <= a.hi + a.step * 1e-6; t += a.step)
+    a.ticks.push_back(std::fabs(t) < a.step * 1e-9 ? 0.0 : t);
+  return a;
+}
+
+std::string tick_label(double v, double step, double max_abs) {
+  if (max_abs >= 1e6 || step < 1e-4) return fmt("%.2g", v);
+  const int decimals = std::max(0, static_cast<int>(-std::floor(std::log10(step) + 1e-9)));
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+std::string svg_chart(const std::string& id, const std::string& title, const std::string& y_label,
+                      const std::vector<Series>& series) {
+  const double W = 600, H = 340, left = 78, right = 16, top = 50, bottom = 52;
+  const double pw = W - left - right, ph = H - top - bottom;
+  double xmin = std::numeric_limits<double>::infinity(), xmax = -xmin, ymin = xmin, ymax = -xmin;
+  for (const Series& s : series)
+    for (const auto& [x, y] : s.points) {
+      xmin = std::min(xmin, x), xmax = std::max(xmax, x);
+      ymin = std::min(ymin, y), ymax = std::max(ymax, y);
+    }
+  std::ostringstream o;
+  o << "<figure class=\"chart\"><svg id=\"" << id << "\" xmlns=\"http://www.w3.org/2000/svg\" width=\""
+    << W << "\" height=\"" << H << "\" viewBox=\"0 0 " << W << " " << H << "\" role=\"img\" aria-label=\""
+    << escape_html(title) << "\">\n";
+  o << "<text class=\"title\" x=\"" << W / 2 << "\" y=\"20\" text-anchor=\"middle\">" << escape_html(title)
+    << "</text>\n";
+  if (!std::isfinite(xmin)) {
+    o << "<text x=\"" << W / 2 << "\" y=\"" << H / 2 << "\" text-anchor=\"middle\">no data</text></svg></figure>\n";
+    return o.str();
+  }
+  const Axis ax = make_axis(xmin, xmax, 8, 1.0);
+  const Axis ay = make_axis(ymin, ymax, 5, 0.0);
+  auto X = [&](double x) { return left + (x - ax.lo) / (ax.hi - ax.lo) * pw; };
+  auto Y = [&](double y) { return top + ph - (y - ay.lo) / (ay.hi - ay.lo) * ph; };
+  const double ymax_abs = std::max(std::fabs(ay.lo), std::fabs(ay.hi));
+  o << "<g class=\"grid\">";
+  for (double t : ay.ticks)
+    o << "<line x1=\"" << left << "\" x2=\"" << left + pw << "\" y1=\"" << Y(t) << "\" y2=\"" << Y(t) << "\"/>";
+  o << "</g>\n<g class=\"axis\">";
+  o << "<line x1=\"" << left << "\" x2=\"" << left << "\" y1=\"" << top << "\" y2=\"" << top + ph << "\"/>";
+  o << "<line x1=\"" << left << "\" x2=\"" << left + pw << "\" y1=\"" << top + ph << "\" y2=\"" << top + ph
+    << "\"/>";
+  for (double t : ax.ticks) {
+    o << "<line class=\"tick\" x1=\"" << X(t) << "\" x2=\"" << X(t) << "\" y1=\"" << top + ph << "\" y2=\""
+      << top + ph + 5 << "\"/><text class=\"xtick\" x=\"" << X(t) << "\" y=\"" << top + ph + 18
+      << "\" text-anchor=\"middle\">" << tick_label(t, ax.step, 0) << "</text>";
+  }
+  for (double t : ay.ticks) {
+    o << "<line class=\"tick\" x1=\"" << left - 5 << "\" x2=\"" << left << "\" y1=\"" << Y(t) << "\" y2=\""
+      << Y(t) << "\"/><text class=\"ytick\" x=\"" << left - 8 << "\" y=\"" << Y(t) + 4
+      << "\" text-anchor=\"end\">" << tick_label(t, ay.step, ymax_abs) << "</text>";
+  }
+  o << "<text class=\"xlabel\" x=\"" << left + pw / 2 << "\" y=\"" << H - 10
+    << "\" text-anchor=\"middle\">epoch</text>";
+  o << "<text class=\"ylabel\" transform=\"translate(16," << top + ph / 2
+    << ") rotate(-90)\" text-anchor=\"middle\">" << escape_html(y_label) << "</text></g>\n";
+  double legend_x = left + 10;
+  for (const Series& s : series) {
+    if (s.points.empty()) continue;
+    o << "<path class=\"series\" data-name=\"" << escape_html(s.name) << "\" data-points=\"" << s.points.size()
+      << "\" fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"2\""
+      << (s.dashed ? " stroke-dasharray=\"6 4\"" : "") << " d=\"";
+    for (std::size_t i = 0; i < s.points.size(); ++i)
+      o << (i ? " L" : "M") << fmt("%.2f", X(s.points[i].first)) << " " << fmt("%.2f", Y(s.points[i].second));
+    o << "\"/>\n";
+    if (!s.dashed)
+      for (const auto& [x, y] : s.points)
+        o << "<circle cx=\"" << fmt("%.2f", X(x)) << "\" cy=\"" << fmt("%.2f", Y(y)) << "\" r=\"2.5\" fill=\""
+          << s.color << "\"><title>" << escape_html(s.name) << ", epoch " << static_cast<int64_t>(x) << ": "
+          << fmt("%.6g", y) << "</title></circle>";
+    // The legend sits in its own row between the title and the plot, clear of the curves.
+    o << "\n<g class=\"legend\"><line x1=\"" << legend_x << "\" x2=\"" << legend_x + 18 << "\" y1=\"" << top - 14
+      << "\" y2=\"" << top - 14 << "\" stroke=\"" << s.color << "\" stroke-width=\"2\""
+      << (s.dashed ? " stroke-dasharray=\"6 4\"" : "") << "/><text x=\"" << legend_x + 22 << "\" y=\""
+      << top - 10 << "\">" << escape_html(s.name) << "</text></g>\n";
+    legend_x += 34 + 7.0 * s.name.size();
+  }
+  o << "</svg></figure>\n";
+  return o.str();
+}
+
+Series series_of(const std::vector<EpochMetrics>& h, double EpochMetrics::*field, const std::string& name,
+                 const std::string& color) {
+  Series s{name, color, {}, false};
+  for (const EpochMetrics& m : h)
+    if (std::isfinite(m.*field)) s.points.emplace_back(static_cast<double>(m.epoch), m.*field);
+  return s;
+}
+
+// ---- HTML ----------------------------------------------------------------------------
+
+const char kStyle[] = R"(
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:24px;color:#222;background:#fff}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.meta{color:#555;margin:0 0 12px}
+.charts{display:flex;flex-wrap:wrap;gap:12px}
+figure.chart{margin:0;border:1px solid #e3e3e3;border-radius:4px}
+svg text{font-size:12px;fill:#333}svg text.title{font-size:14px;font-weight:600}
+svg .grid line{stroke:#eee}svg .axis line{stroke:#666}
+table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #ddd;padding:4px 8px;text-align:right}
+th{background:#f5f5f5}td.left,th.left{text-align:left}
+#confusion td.cm{min-width:38px}#confusion th.corner{background:#fff}
+#checkpoints td{white-space:nowrap}#checkpoints td.integrity{white-space:normal}
+.ok{color:#17632a;font-weight:600}.bad{color:#a40000}
+pre#config{background:#f7f7f7;border:1px solid #e3e3e3;padding:10px;font-size:12px;overflow:auto}
+.notes li{color:#8a5300}
+)";
+
+std::string confusion_table(const EvalResult& t) {
+  std::ostringstream o;
+  int64_t total = 0;
+  o << "<p>best.h5 on " << t.count << " test images: accuracy " << fmt("%.2f%%", 100.0 * t.accuracy)
+    << ", mean loss " << fmt("%.4f", t.loss) << ". Rows: true class; columns: predicted class.</p>\n";
+  o << "<table id=\"confusion\"><thead><tr><th class=\"corner\">true \\ predicted</th>";
+  for (int k = 0; k < 10; ++k) o << "<th>" << k << "<br>" << escape_html(kClassNames[k]) << "</th>";
+  o << "<th>recall</th></tr></thead><tbody>\n";
+  for (int i = 0; i < 10; ++i) {
+    int64_t row = 0;
+    for (int k = 0; k < 10; ++k) row += t.confusion[i][k];
+    total += row;
+    o << "<tr><th class=\"left\">" << i << " " << escape_html(kClassNames[i]) << "</th>";
+    for (int k = 0; k < 10; ++k) {
+      const int64_t n = t.confusion[i][k];
+      const double a = row > 0 ? static_cast<double>(n) / row : 0.0;
+      const char* rgb = i == k ? "49,130,189" : "203,24,29";  // not a curve colour
+      o << "<td class=\"cm\" data-count=\"" << n << "\" style=\"background:rgba(" << rgb << ","
+        << fmt("%.3f", a) << ")" << (a > 0.55 ? ";color:#fff" : "") << "\">" << n << "</td>";
+    }
+    o << "<td>" << (row ? fmt("%.1f%%", 100.0 * t.confusion[i][i] / row) : "-") << "</td></tr>\n";
+  }
+  o << "</tbody></table>\n<p class=\"meta\">" << total << " images in the matrix.</p>\n";
+  return o.str();
+}
+
+std::string checkpoint_table(const std::vector<CheckpointRow>& rows) {
+  if (rows.empty()) return "<p id=\"checkpoints\">No checkpoint files in the run directory.</p>\n";
+  std::ostringstream o;
+  o << "<table id=\"checkpoints\"><thead><tr><th class=\"left\">file</th><th>epoch</th><th>size</th>"
+       "<th class=\"left\">saved (UTC)</th><th class=\"left\">trained on</th><th class=\"left\">integrity</th>"
+       "</tr></thead><tbody>\n";
+  for (const CheckpointRow& r : rows) {
+    std::string epoch = "-";
+    if (r.epoch) {
+      epoch = std::to_string(*r.epoch);
+      if (r.step_in_epoch && *r.step_in_epoch > 0)
+        epoch += " (+" + std::to_string(*r.step_in_epoch) + " steps)";
+    }
+    const bool ok = r.integrity == "ok";
+    o << "<tr data-file=\"" << escape_html(r.file) << "\"><td class=\"left\">" << escape_html(r.file) << "</td><td>"
+      << epoch << "</td><td data-bytes=\"" << r.bytes << "\">" << human_bytes(r.bytes) << "</td><td class=\"left\">"
+      << escape_html(r.created_utc) << "</td><td class=\"left\">" << escape_html(r.saved_on)
+      << "</td><td class=\"left integrity " << (ok ? "ok" : "bad") << "\">" << escape_html(r.integrity)
+      << "</td></tr>\n";
+  }
+  o << "</tbody></table>\n";
+  return o.str();
+}
+
+std::string now_utc() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace
+
+ReportSummary write_run_report(const std::string& run_dir, const ReportOptions& options) {
+  const fs::path dir(run_dir);
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) throw std::runtime_error(run_dir + ": no such run directory");
+  if (!fs::is_directory(dir, ec)) throw std::runtime_error(run_dir + ": not a directory");
+  ReportSummary summary;
+  const RunMetrics metrics = read_metrics(dir);
+  summary.epochs = static_cast<int64_t>(metrics.epochs.size());
+  summary.metrics_source = metrics.source;
+  std::string config_json;
+  const std::vector<CheckpointRow> checkpoints = scan_checkpoints(dir, config_json);
+  summary.best_test = evaluate_best(dir, options, summary.notes);
+  summary.path = options.output.empty() ? (dir / "report.html").string() : options.output;
+
+  const auto& h = metrics.epochs;
+  std::vector<Series> acc = {series_of(h, &EpochMetrics::val_acc, "val_acc", "#2ca02c")};
+  if (metrics.test && std::isfinite(metrics.test->accuracy) && !h.empty()) {
+    acc.push_back(Series{"test_acc " + fmt("%.4f", metrics.test->accuracy), "#9467bd",
+                         {{static_cast<double>(h.front().epoch), metrics.test->accuracy},
+                          {static_cast<double>(h.back().epoch), metrics.test->accuracy}},
+                         true});
+  }
+
+  std::ostringstream o;
+  o << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+    << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+    << "<title>engine run report: " << escape_html(run_dir) << "</title><style>" << kStyle << "</style></head>\n<body>\n";
+  o << "<h1>Run report: " << escape_html(run_dir) << "</h1>\n<p class=\"meta\">Generated " << now_utc()
+    << " by engine report. Metrics from " << escape_html(metrics.source) << ".</p>\n";
+
+  o << "<table id=\"summary\"><tbody>";
+  o << "<tr><th class=\"left\">epochs</th><td>" << h.size() << "</td></tr>";
+  if (!h.empty()) {
+    const EpochMetrics* best_val = nullptr;
+    for (const EpochMetrics& m : h)
+      if (std::isfinite(m.val_loss) && (!best_val || m.val_loss < best_val->val_loss)) best_val = &m;
+    o << "<tr><th class=\"left\">final val_acc</th><td>" << fmt("%.4f", h.back().val_acc) << "</td></tr>";
+    if (best_val)
+      o << "<tr><th class=\"left\">lowest val_loss</th><td>" << fmt("%.4f", best_val->val_loss) << " (epoch "
+        << best_val->epoch << ")</td></tr>";
+    double total = 0;
+    for (const EpochMetrics& m : h) total += std::isfinite(m.epoch_seconds) ? m.epoch_seconds : 0;
+    o << "<tr><th class=\"left\">training time</th><td>" << fmt("%.1f s", total) << "</td></tr>";
+  }
+  if (metrics.test)
+    o << "<tr><th class=\"left\">test accuracy (end of training)</th><td>" << fmt("%.4f", metrics.test->accuracy)
+      << " on " << metrics.test->count << " images</td></tr>";
+  if (summary.best_test)
+    o << "<tr><th class=\"left\">test accuracy (best.h5)</th><td>" << fmt("%.4f", summary.best_test->accuracy)
+      << "</td></tr>";
+  o << "</tbody></table>\n";
+
+  o << "<h2>Curves per epoch</h2>\n<div class=\"charts\">\n";
+  o << svg_chart("chart-loss", "Loss", "cross-entropy",
+                 {series_of(h, &EpochMetrics::train_loss, "train_loss", "#1f77b4"),
+                  series_of(h, &EpochMetrics::val_loss, "val_loss", "#ff7f0e")});
+  o << svg_chart("chart-accuracy", "Accuracy", "accuracy", acc);
+  o << svg_chart("chart-lr", "Learning rate", "learning rate",
+                 {series_of(h, &EpochMetrics::lr, "lr", "#d62728")});
+  o << svg_chart("chart-loss-scale", "Loss scale", "loss scale",
+                 {series_of(h, &EpochMetrics::loss_scale, "loss_scale", "#8c564b")});
+  o << "</div>\n";
+
+  o << "<h2>Confusion matrix of best.h5 on the test set</h2>\n";
+  if (summary.best_test) o << confusion_table(*summary.best_test);
+  else o << "<p id=\"confusion-missing\">Not available (see the notes below).</p>\n";
+
+  o << "<h2>Checkpoints</h2>\n" << checkpoint_table(checkpoints);
+
+  o << "<h2>Config</h2>\n";
+  if (config_json.empty()) {
+    o << "<p id=\"config-missing\">No readable checkpoint holds the config.</p>\n";
+  } else {
+    std::string pretty = config_json;
+    try {
+      pretty = json::parse(config_json).dump(2);
+    } catch (const std::exception&) {
+      summary.notes.push_back("the stored config is not valid JSON; shown as stored");
+    }
+    o << "<pre id=\"config\">" << escape_html(pretty) << "</pre>\n";
+  }
+  if (!summary.notes.empty()) {
+    o << "<h2>Notes</h2>\n<ul class=\"notes\">";
+    for (const std::string& n : summary.notes) o << "<li>" << escape_html(n) << "</li>";
+    o << "</ul>\n";
+  }
+  o << "</body></html>\n";
+
+  const std::string tmp = summary.path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
+    out << o.str();
+    out.close();
+    if (!out) {
+      fs::remove(tmp, ec);
+      throw std::runtime_error(summary.path + ": cannot write the report");
+    }
+  }
+  fs::rename(tmp, summary.path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw std::runtime_error(summary.path + ": cannot write the report (" + ec.message() + ")");
+  }
+  return summary;
+}
+
+}  // namespace engine

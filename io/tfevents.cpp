@@ -1,0 +1,184 @@
+#include "io/tfevents.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+
+#include "io/crc32c.h"
+
+namespace engine::tfevents {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const char kFilePrefix[] = "events.out.tfevents.";
+
+// Protobuf wire format: tag = field << 3 | wire type (0 varint, 1 fixed64,
+// 2 length-delimited, 5 fixed32).
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7F) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+template <typename T>
+void put_le(std::string& out, T v) {
+  unsigned char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));  // x86-64 and aarch64 are little-endian, as the format is
+  out.append(reinterpret_cast<const char*>(b), sizeof(T));
+}
+
+void put_bytes_field(std::string& out, int field, const std::string& bytes) {
+  put_varint(out, static_cast<uint64_t>(field) << 3 | 2);
+  put_varint(out, bytes.size());
+  out += bytes;
+}
+
+std::string event_head(double wall_time, int64_t step) {
+  std::string e;
+  put_varint(e, 1 << 3 | 1);  // wall_time: double
+  put_le(e, wall_time);
+  if (step != 0) {  // proto3 omits the default
+    put_varint(e, 2 << 3 | 0);  // step: int64
+    put_varint(e, static_cast<uint64_t>(step));
+  }
+  return e;
+}
+
+std::string host_name() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof buf - 1) != 0 || buf[0] == 0) return "localhost";
+  return buf;
+}
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw std::runtime_error(path + ": cannot write TensorBoard events (" + what + ")");
+}
+
+void write_file_synced(const std::string& path, const std::string& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail(path, std::strerror(errno));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string err = std::strerror(errno);
+      ::close(fd);
+      fail(path, err);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const std::string err = std::strerror(errno);
+    ::close(fd);
+    fail(path, err);
+  }
+  if (::close(fd) != 0) fail(path, std::strerror(errno));
+}
+
+void fsync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;  // best effort: the rename itself is atomic
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+std::string frame_record(const std::string& payload) {
+  std::string header;
+  put_le(header, static_cast<uint64_t>(payload.size()));
+  std::string out = header;
+  put_le(out, crc32c_masked(reinterpret_cast<const unsigned char*>(header.data()), header.size()));
+  out += payload;
+  put_le(out, crc32c_masked(reinterpret_cast<const unsigned char*>(payload.data()), payload.size()));
+  return out;
+}
+
+std::string file_version_event(double wall_time) {
+  std::string e = event_head(wall_time, 0);
+  put_bytes_field(e, 3, "brain.Event:2");
+  return e;
+}
+
+std::string scalars_event(double wall_time, int64_t step, const std::vector<Scalar>& values) {
+  std::string summary;
+  for (const Scalar& s : values) {
+    std::string value;
+    put_bytes_field(value, 1, s.tag);
+    put_varint(value, 2 << 3 | 5);  // simple_value: float
+    put_le(value, s.value);
+    put_bytes_field(summary, 1, value);
+  }
+  std::string e = event_head(wall_time, step);
+  put_bytes_field(e, 5, summary);
+  return e;
+}
+
+std::string run_events(double start_time, const std::vector<EpochMetrics>& history,
+                       const std::optional<EvalResult>& test) {
+  std::string out = frame_record(file_version_event(start_time));
+  double t = start_time;
+  for (const EpochMetrics& m : history) {
+    t += m.epoch_seconds;
+    auto f = [](double v) { return static_cast<float>(v); };
+    out += frame_record(scalars_event(t, m.epoch,
+                                      {{"train_loss", f(m.train_loss)},
+                                       {"val_loss", f(m.val_loss)},
+                                       {"val_acc", f(m.val_acc)},
+                                       {"lr", f(m.lr)},
+                                       {"loss_scale", f(m.loss_scale)},
+                                       {"epoch_seconds", f(m.epoch_seconds)}}));
+  }
+  if (test) {
+    const int64_t step = history.empty() ? 0 : history.back().epoch;
+    out += frame_record(scalars_event(t, step,
+                                      {{"test_loss", static_cast<float>(test->loss)},
+                                       {"test_acc", static_cast<float>(test->accuracy)}}));
+  }
+  return out;
+}
+
+std::string write_run_events(const std::string& run_dir, const std::vector<EpochMetrics>& history,
+                             const std::optional<EvalResult>& test) {
+  const fs::path dir = fs::path(run_dir) / "tensorboard";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail(dir.string(), ec.message());
+  // Keep the name of the file an earlier session of this run wrote (the first, should
+  // there be several); its <start> field is the start_time of every wall time.
+  std::string name;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string f = entry.path().filename().string();
+    if (f.rfind(kFilePrefix, 0) == 0 && entry.is_regular_file() && (name.empty() || f < name))
+      name = f;
+  }
+  double start_time = 0;
+  if (!name.empty()) {
+    start_time = std::strtod(name.c_str() + std::strlen(kFilePrefix), nullptr);
+  } else {
+    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    const long long secs = std::chrono::duration_cast<std::chrono::seconds>(now).count();
+    name = kFilePrefix + std::to_string(secs) + "." + host_name();
+    start_time = static_cast<double>(secs);
+  }
+  const fs::path path = dir / name;
+  // The temporary name lacks "tfevents", so TensorBoard never reads a half-written file.
+  const fs::path tmp = dir / ".events-rewrite.tmp";
+  write_file_synced(tmp.string(), run_events(start_time, history, test));
+  fs::rename(tmp, path, ec);
+  if (ec) fail(path.string(), ec.message());
+  fsync_dir(dir);
+  return path.string();
+}
+
+}  // namespace engine::tfevents
