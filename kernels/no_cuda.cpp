@@ -2,7 +2,6 @@
 #include <stdexcept>
 
 #include "kernels/cuda/cast.h"
-#include "kernels/cuda/mixed_precision.h"
 #include "kernels/cuda/philox_check.h"
 #include "kernels/cuda/settings.h"
 #include "kernels/cuda_runtime.h"
