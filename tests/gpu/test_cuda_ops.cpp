@@ -25,8 +25,8 @@
 #include "kernels/ops.h"
 
 #if defined(ENGINE_WITH_CUDA)
+#include "gpu/philox_check.h"
 #include "kernels/cuda/cast.h"
-#include "kernels/cuda/philox_check.h"
 #include "kernels/cuda/settings.h"
 #endif
 
@@ -185,10 +185,10 @@ TEST_CASE("philox: device philox_at equals the host and cuRAND's curand()") {
   std::vector<uint32_t> host(seeds.size()), device(seeds.size()), curand(seeds.size());
   for (int i = 0; i < count; ++i)
     host[i] = engine::philox_at(PhiloxStream{seeds[i], subsequences[i]}, offsets[i]);
-  gpu::philox_device_values(count, seeds.data(), subsequences.data(), offsets.data(),
-                            device.data());
-  gpu::curand_reference_values(count, seeds.data(), subsequences.data(), offsets.data(),
-                               curand.data());
+  gpu_test::philox_device_values(count, seeds.data(), subsequences.data(), offsets.data(),
+                                 device.data());
+  gpu_test::curand_reference_values(count, seeds.data(), subsequences.data(),
+                                    offsets.data(), curand.data());
   check_bits(device, host, "device philox_at vs host philox_at");
   check_bits(curand, host, "cuRAND curand() vs host philox_at");
 }
