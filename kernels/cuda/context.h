@@ -77,7 +77,8 @@ class Context {
 // y[i, ch, j] += bias[ch] for y of shape [n, c, hw].
 void add_channel_bias(int n, int c, int64_t hw, const float* bias, float* y);
 // out[ch] = sum over i, j of x[i, ch, j] for x of shape [n, c, hw], accumulated in
-// double in a fixed order (one block per channel, fixed tree), so the bits never vary.
+// double in a fixed order (fixed slices of each channel over many blocks, fixed trees,
+// partials added in slice order), so the bits never vary. Uses workspace().
 void channel_sum(int n, int c, int64_t hw, const float* x, float* out);
 
 // Blocks for a grid-stride loop over `count` items; capped because every kernel using
