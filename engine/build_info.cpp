@@ -85,7 +85,7 @@ std::string to_string(const BuildInfo& info) {
     for (std::size_t i = 0; i < info.gpus.size(); ++i)
       out << "GPU " << i << ": " << info.gpus[i] << "\n";
   } else {
-    out << "CUDA backend: off (built without a CUDA compiler)\n";
+    out << "CUDA backend: off (CPU-only build)\n";
   }
   out << "HDF5: " << info.hdf5 << "\n";
   out << "BLAS: " << info.blas << "\n";
