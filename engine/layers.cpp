@@ -4,7 +4,6 @@
 #include <stdexcept>
 
 #include "engine/dispatch.h"
-#include "kernels/cuda/mixed_precision.h"
 
 namespace engine {
 
@@ -50,8 +49,9 @@ Tensor Conv2d::forward(const Tensor& x, Mode, Rng&) {
               out_, kernel_, kernel_, pad_};
   ensure(y_, {s.n, s.k, s.out_h(), s.out_w()}, d);
   x_ = x;
-  if (precision_ == Precision::Fp16 && d.is_cuda())
-    cuda::conv2d_forward_f16(s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
+  if (precision_ == Precision::Fp16)  // on the CPU the fp16 op is the fp32 op
+    ENGINE_DISPATCH(d, conv2d_forward_f16, s, x.f32(), weight_.value.f32(), bias_.value.f32(),
+                    y_.f32());
   else
     ENGINE_DISPATCH(d, conv2d_forward, s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
   return y_;
@@ -63,9 +63,9 @@ Tensor Conv2d::backward(const Tensor& dy, InputGrad need) {
               out_, kernel_, kernel_, pad_};
   float* dx = nullptr;
   if (need == InputGrad::Needed) dx = ensure(dx_, x_.shape(), d).f32();
-  if (precision_ == Precision::Fp16 && d.is_cuda())
-    cuda::conv2d_backward_f16(s, x_.f32(), weight_.value.f32(), dy.f32(), dx, weight_.grad.f32(),
-                              bias_.grad.f32());
+  if (precision_ == Precision::Fp16)
+    ENGINE_DISPATCH(d, conv2d_backward_f16, s, x_.f32(), weight_.value.f32(), dy.f32(), dx,
+                    weight_.grad.f32(), bias_.grad.f32());
   else
     ENGINE_DISPATCH(d, conv2d_backward, s, x_.f32(), weight_.value.f32(), dy.f32(), dx,
                     weight_.grad.f32(), bias_.grad.f32());
@@ -228,8 +228,9 @@ Tensor Linear::forward(const Tensor& x, Mode, Rng&) {
   LinearShape s{static_cast<int>(x.dim(0)), in_, out_};
   ensure(y_, {s.n, out_}, d);
   x_ = x;
-  if (precision_ == Precision::Fp16 && d.is_cuda())
-    cuda::linear_forward_f16(s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
+  if (precision_ == Precision::Fp16)  // on the CPU the fp16 op is the fp32 op
+    ENGINE_DISPATCH(d, linear_forward_f16, s, x.f32(), weight_.value.f32(), bias_.value.f32(),
+                    y_.f32());
   else
     ENGINE_DISPATCH(d, linear_forward, s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
   return y_;
@@ -240,9 +241,9 @@ Tensor Linear::backward(const Tensor& dy, InputGrad need) {
   LinearShape s{static_cast<int>(x_.dim(0)), in_, out_};
   float* dx = nullptr;
   if (need == InputGrad::Needed) dx = ensure(dx_, x_.shape(), d).f32();
-  if (precision_ == Precision::Fp16 && d.is_cuda())
-    cuda::linear_backward_f16(s, x_.f32(), weight_.value.f32(), dy.f32(), dx, weight_.grad.f32(),
-                              bias_.grad.f32());
+  if (precision_ == Precision::Fp16)
+    ENGINE_DISPATCH(d, linear_backward_f16, s, x_.f32(), weight_.value.f32(), dy.f32(), dx,
+                    weight_.grad.f32(), bias_.grad.f32());
   else
     ENGINE_DISPATCH(d, linear_backward, s, x_.f32(), weight_.value.f32(), dy.f32(), dx,
                     weight_.grad.f32(), bias_.grad.f32());

@@ -19,4 +19,14 @@ void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind);
 void memset_zero(void* p, std::size_t bytes);
 void synchronize();
 
+// Versions for engine/build_info.cpp (`engine --version`); all empty in CPU-only builds.
+// Works without a GPU or a driver (those give an empty `driver`, zero devices).
+struct BackendVersions {
+  std::string runtime;  // CUDA runtime compiled against (CUDART_VERSION), e.g. "13.0"
+  std::string cudnn;    // cudnnGetVersion() and CUDNN_VERSION, e.g. "9.13.0 (headers 9.13.0)"
+  std::string cublas;   // cublasGetProperty() and the header's CUBLAS_VER_*
+  std::string driver;   // cudaDriverGetVersion(): the CUDA version the driver supports
+};
+BackendVersions backend_versions();
+
 }  // namespace engine::kernels::cuda

@@ -2,8 +2,6 @@
 #include <stdexcept>
 
 #include "kernels/cuda/cast.h"
-#include "kernels/cuda/mixed_precision.h"
-#include "kernels/cuda/philox_check.h"
 #include "kernels/cuda/settings.h"
 #include "kernels/cuda_runtime.h"
 #include "kernels/ops.h"
@@ -23,6 +21,7 @@ void free(void*) {}
 void copy(void*, const void*, std::size_t, CopyKind) { unavailable(); }
 void memset_zero(void*, std::size_t) { unavailable(); }
 void synchronize() {}
+BackendVersions backend_versions() { return {}; }
 
 // The deterministic setting is recorded even without CUDA so configs behave the same.
 static bool g_deterministic = true;
@@ -30,8 +29,6 @@ void set_deterministic(bool on) { g_deterministic = on; }
 bool deterministic() { return g_deterministic; }
 void cast_f32_to_f16(int64_t, const float*, void*) { unavailable(); }
 void cast_f16_to_f32(int64_t, const void*, float*) { unavailable(); }
-void philox_device_values(int, const uint64_t*, const uint64_t*, const uint64_t*, uint32_t*) { unavailable(); }
-void curand_reference_values(int, const uint64_t*, const uint64_t*, const uint64_t*, uint32_t*) { unavailable(); }
 
 void conv2d_forward(const ConvShape&, const float*, const float*, const float*, float*) { unavailable(); }
 void conv2d_backward(const ConvShape&, const float*, const float*, const float*, float*, float*, float*) { unavailable(); }

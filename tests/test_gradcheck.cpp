@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <random>
@@ -765,5 +766,22 @@ TEST_CASE("FashionCnn: gradients equal the reference-op chain (forward and backw
     if (std::getenv("GRADCHECK_VERBOSE")) MESSAGE(kv.first << ": max |model - ref| / tol " << worst);
     CHECK_MESSAGE(bad == 0, kv.first << ": " << bad << " of " << w.size() << " gradient elements differ; first ["
                                      << first << "] model " << got[first] << " reference chain " << w[first]);
+  }
+}
+
+// On the CPU the fp16 ops dispatch to the fp32 kernels (kernels/cpu/fp16_fallback.cpp),
+// so a model set to Fp16 computes exactly what the Fp32 model does.
+TEST_CASE("FashionCnn on the CPU: Fp16 precision gives the Fp32 bits") {
+  ModelProblem fp32, fp16;
+  fp16.model.set_precision(engine::Precision::Fp16);
+  const std::vector<float> z32 = fp32.forward_backward(), z16 = fp16.forward_backward();
+  CHECK(std::memcmp(z16.data(), z32.data(), z32.size() * sizeof(float)) == 0);
+  const std::vector<engine::Parameter*> p32 = fp32.model.parameters(), p16 = fp16.model.parameters();
+  REQUIRE(p32.size() == p16.size());
+  for (std::size_t i = 0; i < p32.size(); ++i) {
+    CAPTURE(p32[i]->name);
+    const std::vector<float> g32 = p32[i]->grad.to_vector(), g16 = p16[i]->grad.to_vector();
+    REQUIRE(g16.size() == g32.size());
+    CHECK(std::memcmp(g16.data(), g32.data(), g32.size() * sizeof(float)) == 0);
   }
 }

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/build_info.h"
 #include "engine/trainer.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
@@ -38,6 +39,7 @@ commands:
   verify CKPT.h5         integrity and structure check (exit 0 only when sound)
   diff A.h5 B.h5         compare two checkpoints tensor by tensor (exit 0 when identical)
   report RUN_DIR         one self-contained HTML page: curves, confusion matrix, config, checkpoints
+  version                the engine's version, its libraries' and the GPU's (also --version)
 
 Run `engine <command> --help` for the options of a command.
 )";
@@ -410,6 +412,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
+    if (cmd == "--version" || cmd == "version") {
+      std::cout << to_string(build_info());
+      return 0;
+    }
     const Args a = parse_args(argc, argv, 2);
     if (cmd == "train") return cmd_train(a);
     if (cmd == "resume") return cmd_resume(a);

@@ -5,9 +5,9 @@
 
 namespace engine {
 
-// Arithmetic of convolution and linear layers. Fp16 is mixed precision on CUDA
-// (kernels/cuda/mixed_precision.h: fp16 inputs, fp32 accumulation, fp32 parameters
-// and results); on the CPU it falls back to fp32. Other layers are always fp32.
+// Arithmetic of convolution and linear layers. Fp16 is mixed precision on CUDA (the
+// *_f16 ops of kernels/op_signatures.inc: fp16 inputs, fp32 accumulation, fp32
+// parameters and results); on the CPU it falls back to fp32. Other layers are always fp32.
 enum class Precision { Fp32, Fp16 };
 
 class Conv2d : public Layer {

@@ -50,14 +50,6 @@ bool deterministic() { return g_deterministic.load(); }
 
 // ---- Context ------------------------------------------------------------------------
 
-ConvPlan::~ConvPlan() {
-  // Destruction errors are ignored: nothing useful can be done about them here.
-  if (conv) cudnnDestroyConvolutionDescriptor(conv);
-  if (w) cudnnDestroyFilterDescriptor(w);
-  if (y) cudnnDestroyTensorDescriptor(y);
-  if (x) cudnnDestroyTensorDescriptor(x);
-}
-
 namespace {
 // Set once the context exists; constant-initialised so reading it needs no init.
 std::atomic<Context*> g_context{nullptr};
@@ -148,35 +140,6 @@ void* Context::workspace(std::size_t bytes) {
     workspace_bytes_ = rounded;
   }
   return workspace_;
-}
-
-ConvPlan& Context::conv_plan(const ConvShape& s, bool deterministic) {
-  const PlanKey key{s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.pad, deterministic};
-  auto it = plans_.find(key);
-  if (it != plans_.end()) return *it->second;
-
-  auto plan = std::make_unique<ConvPlan>();
-  ENGINE_CUDA_CHECK(cudnnCreateTensorDescriptor(&plan->x));
-  ENGINE_CUDA_CHECK(cudnnCreateTensorDescriptor(&plan->y));
-  ENGINE_CUDA_CHECK(cudnnCreateFilterDescriptor(&plan->w));
-  ENGINE_CUDA_CHECK(cudnnCreateConvolutionDescriptor(&plan->conv));
-  ENGINE_CUDA_CHECK(cudnnSetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s.n,
-                                               s.c, s.h, s.w));
-  ENGINE_CUDA_CHECK(cudnnSetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s.n,
-                                               s.k, s.out_h(), s.out_w()));
-  ENGINE_CUDA_CHECK(cudnnSetFilter4dDescriptor(plan->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, s.k,
-                                               s.c, s.r, s.s));
-  // Cross-correlation (what deep-learning frameworks call convolution), stride 1,
-  // no dilation, fp32 compute.
-  ENGINE_CUDA_CHECK(cudnnSetConvolution2dDescriptor(plan->conv, s.pad, s.pad, 1, 1, 1, 1,
-                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  // FMA math: plain fp32 kernels only. CUDNN_DEFAULT_MATH would permit TF32 tensor
-  // cores on Ampere and newer, which round inputs to 10-bit mantissas.
-  ENGINE_CUDA_CHECK(cudnnSetConvolutionMathType(plan->conv, CUDNN_FMA_MATH));
-
-  ConvPlan& ref = *plan;
-  plans_.emplace(key, std::move(plan));
-  return ref;
 }
 
 }  // namespace engine::kernels::cuda

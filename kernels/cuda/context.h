@@ -1,10 +1,11 @@
 // Internal to kernels/cuda: the per-process GPU context (one stream, cuBLAS and cuDNN
-// handles, scratch memory, cached cuDNN convolution plans), error checking, and
-// launch helpers shared by several op files. Includes CUDA headers, so only files
+// handles, scratch memory), error checking, and launch helpers shared by several op
+// files. Includes CUDA headers, so only files
 // under kernels/cuda include it; the rest of the engine sees kernels/cuda_runtime.h.
 //
 // Threading: one host thread drives the GPU. Context::get() itself is thread-safe
-// (function-local static), but the workspace and the plan cache are not locked.
+// (function-local static), but the workspace (and conv_cudnn.cpp's plan cache) are not
+// locked.
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -12,9 +13,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
-#include <memory>
-#include <tuple>
 
 #include "kernels/ops.h"
 
@@ -34,32 +32,6 @@ void check(cudnnStatus_t status, const char* call, const char* file, int line);
   ::engine::kernels::cuda::check(cudaGetLastError(), "launch " kernel_name, __FILE__, __LINE__)
 
 namespace engine::kernels::cuda {
-
-// cuDNN descriptors for one convolution shape plus the algorithm chosen (once) for
-// each direction. The algorithm fields are filled by conv_cudnn.cu on first use.
-struct ConvPlan {
-  cudnnTensorDescriptor_t x = nullptr;  // [n, c, h, w]
-  cudnnTensorDescriptor_t y = nullptr;  // [n, k, out_h, out_w]
-  cudnnFilterDescriptor_t w = nullptr;  // [k, c, r, s]
-  cudnnConvolutionDescriptor_t conv = nullptr;
-
-  bool fwd_chosen = false;
-  cudnnConvolutionFwdAlgo_t fwd_algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-  std::size_t fwd_workspace = 0;
-
-  bool bwd_data_chosen = false;
-  cudnnConvolutionBwdDataAlgo_t bwd_data_algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-  std::size_t bwd_data_workspace = 0;
-
-  bool bwd_filter_chosen = false;
-  cudnnConvolutionBwdFilterAlgo_t bwd_filter_algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-  std::size_t bwd_filter_workspace = 0;
-
-  ConvPlan() = default;
-  ConvPlan(const ConvPlan&) = delete;
-  ConvPlan& operator=(const ConvPlan&) = delete;
-  ~ConvPlan();
-};
 
 class Context {
  public:
@@ -87,10 +59,6 @@ class Context {
   // all work is ordered on one stream, an op may use it freely until it returns.
   void* workspace(std::size_t bytes);
 
-  // Descriptors and cached algorithms for a convolution shape; `deterministic` is
-  // part of the key so toggling the setting re-plans instead of reusing a choice.
-  ConvPlan& conv_plan(const ConvShape& s, bool deterministic);
-
  private:
   Context();
 
@@ -101,8 +69,6 @@ class Context {
   cudnnHandle_t cudnn_ = nullptr;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
-  using PlanKey = std::tuple<int, int, int, int, int, int, int, int, bool>;
-  std::map<PlanKey, std::unique_ptr<ConvPlan>> plans_;
 };
 
 // ---- Launch helpers shared by op files (kernels in elementwise_ops.cu). All run on
@@ -111,7 +77,8 @@ class Context {
 // y[i, ch, j] += bias[ch] for y of shape [n, c, hw].
 void add_channel_bias(int n, int c, int64_t hw, const float* bias, float* y);
 // out[ch] = sum over i, j of x[i, ch, j] for x of shape [n, c, hw], accumulated in
-// double in a fixed order (one block per channel, fixed tree), so the bits never vary.
+// double in a fixed order (fixed slices of each channel over many blocks, fixed trees,
+// partials added in slice order), so the bits never vary. Uses workspace().
 void channel_sum(int n, int c, int64_t hw, const float* x, float* out);
 
 // Blocks for a grid-stride loop over `count` items; capped because every kernel using

@@ -14,6 +14,7 @@
 
 #include <climits>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/cuda/cast.h"
@@ -54,6 +55,68 @@ __device__ double block_sum(double value, double* buffer) {
   return total;
 }
 
+// ---- Per-channel reductions over many blocks ----------------------------------------
+//
+// Channel ch of an [n, c, hw] tensor holds m = n * hw elements; element e (0 <= e < m)
+// is x[((e / hw) * c + ch) * hw + e % hw]. A reduction over a channel is split into
+// channel_slices(m) slices of slice_length(m) consecutive elements (the last one may be
+// shorter or empty). Both numbers depend only on m, never on the GPU, so the partition
+// is the same everywhere. Grids are (c, slices): block (ch, s) reduces slice s of
+// channel ch, each thread walking its fixed strided subset of the slice, and the block
+// adds the threads' values in block_sum's fixed tree. The slice partials (double) go to
+// partials[ch * slices + s]; a later kernel adds a channel's partials in slice order,
+// 0 to slices - 1 (combine_partials). No atomics: the bits never depend on scheduling.
+
+// At most this many slices per channel (grid y), and at least this many elements per
+// slice (4 per thread), so small channels are not spread thinner than pays.
+constexpr int kMaxSlices = 32;
+constexpr int64_t kMinSliceElements = 1024;
+
+int channel_slices(int64_t m) {
+  const int64_t wanted = (m + kMinSliceElements - 1) / kMinSliceElements;
+  return static_cast<int>(wanted < 1 ? 1 : (wanted > kMaxSlices ? kMaxSlices : wanted));
+}
+
+__host__ __device__ __forceinline__ int64_t slice_length(int64_t m, int slices) {
+  return (m + slices - 1) / slices;
+}
+
+// Element e of channel ch of an [n, c, hw] tensor.
+__device__ __forceinline__ int64_t bn_index(int64_t e, int c, int ch, int64_t hw) {
+  return ((e / hw) * c + ch) * hw + e % hw;
+}
+
+// The element range [begin, end) of this block's slice (grid (c, slices)).
+struct Slice {
+  int64_t begin, end;
+};
+__device__ __forceinline__ Slice block_slice(int64_t m) {
+  const int64_t length = slice_length(m, gridDim.y);
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * length;
+  const int64_t end = begin + length < m ? begin + length : m;
+  return Slice{begin < m ? begin : m, end};
+}
+
+// Sum of one channel's slice partials, in slice order: every caller gets the same bits.
+__device__ double combine_partials(const double* partials, int ch, int slices) {
+  double total = 0.0;
+  for (int s = 0; s < slices; ++s) total += partials[static_cast<int64_t>(ch) * slices + s];
+  return total;
+}
+
+// partials[ch * slices + s] = sum of x over slice s of channel ch.
+__global__ void channel_partials_kernel(int n, int c, int64_t hw, const float* x,
+                                        double* partials) {
+  __shared__ double buffer[kThreads];
+  const int ch = blockIdx.x;
+  const Slice sl = block_slice(static_cast<int64_t>(n) * hw);
+  double acc = 0.0;
+  for (int64_t e = sl.begin + threadIdx.x; e < sl.end; e += blockDim.x)
+    acc += static_cast<double>(x[bn_index(e, c, ch, hw)]);
+  const double total = block_sum(acc, buffer);
+  if (threadIdx.x == 0) partials[static_cast<int64_t>(ch) * gridDim.y + blockIdx.y] = total;
+}
+
 // ---- Channel helpers ----------------------------------------------------------------
 
 __global__ void add_channel_bias_kernel(int64_t total, int c, int64_t hw, const float* bias,
@@ -64,19 +127,10 @@ __global__ void add_channel_bias_kernel(int64_t total, int c, int64_t hw, const 
   }
 }
 
-// One block per channel; each thread walks a fixed strided subset of the channel's
-// n*hw elements, then the block adds the partial sums in a fixed tree.
-__global__ void channel_sum_kernel(int n, int c, int64_t hw, const float* x, float* out) {
-  __shared__ double buffer[kThreads];
-  const int ch = blockIdx.x;
-  const int64_t count = static_cast<int64_t>(n) * hw;
-  double acc = 0.0;
-  for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
-    const int64_t i = e / hw, j = e % hw;
-    acc += static_cast<double>(x[(i * c + ch) * hw + j]);
-  }
-  const double total = block_sum(acc, buffer);
-  if (threadIdx.x == 0) out[ch] = static_cast<float>(total);
+// Second pass of channel_sum: one thread per channel adds its slice partials.
+__global__ void channel_sum_final_kernel(int c, int slices, const double* partials, float* out) {
+  const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+  if (ch < c) out[ch] = static_cast<float>(combine_partials(partials, ch, slices));
 }
 
 // ---- ReLU ---------------------------------------------------------------------------
@@ -155,49 +209,70 @@ __global__ void dropout_backward_kernel(int64_t n, const float* dy, const uint8_
 }
 
 // ---- Batch normalisation ------------------------------------------------------------
+//
+// Training statistics and the backward pass run over grids (c, slices) with the fixed
+// slice partition above, in three (forward) or two (backward) kernels. Every block of
+// a channel recomputes the channel's totals from the same partials in the same order,
+// so all blocks see identical values. The per-element and per-channel formulas are the
+// reference's, in double, so only the summation order differs from it.
 
-// Element j of sample i in channel ch of an [n, c, hw] tensor, walked by a block.
-__device__ __forceinline__ int64_t bn_index(int64_t e, int c, int ch, int64_t hw) {
-  return ((e / hw) * c + ch) * hw + e % hw;
-}
-
-// One block per channel: mean, then the biased variance around it (two passes, in
-// double, for accuracy), then the normalised output. The per-element and per-channel
-// formulas are the reference's, in double, so only the summation order differs.
-__global__ void batchnorm_train_kernel(int n, int c, int64_t hw, const float* x,
-                                       const float* gamma, const float* beta, float eps,
-                                       float momentum, float* running_mean, float* running_var,
-                                       float* save_mean, float* save_invstd, float* y) {
+// Forward pass 2: each block forms its channel's mean (pass 1: channel_partials_kernel
+// over x), then sums (x - mean)^2 over its slice: two passes for accuracy.
+__global__ void batchnorm_sq_partials_kernel(int n, int c, int64_t hw, const float* x,
+                                             const double* sum_partials, double* sq_partials) {
   __shared__ double buffer[kThreads];
+  __shared__ double mean_shared;
   const int ch = blockIdx.x;
   const int64_t m = static_cast<int64_t>(n) * hw;
+  if (threadIdx.x == 0)
+    mean_shared = combine_partials(sum_partials, ch, gridDim.y) / static_cast<double>(m);
+  __syncthreads();  // mean_shared is written once, before any thread reads it
+  const double mean = mean_shared;
 
+  const Slice sl = block_slice(m);
   double acc = 0.0;
-  for (int64_t e = threadIdx.x; e < m; e += blockDim.x)
-    acc += static_cast<double>(x[bn_index(e, c, ch, hw)]);
-  const double mean = block_sum(acc, buffer) / static_cast<double>(m);
-
-  acc = 0.0;
-  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
+  for (int64_t e = sl.begin + threadIdx.x; e < sl.end; e += blockDim.x) {
     const double d = static_cast<double>(x[bn_index(e, c, ch, hw)]) - mean;
     acc += d * d;
   }
-  const double sq = block_sum(acc, buffer);
-  const double var = sq / static_cast<double>(m);  // biased: used to normalise
-  const double invstd = 1.0 / sqrt(var + static_cast<double>(eps));
+  const double total = block_sum(acc, buffer);
+  if (threadIdx.x == 0) sq_partials[static_cast<int64_t>(ch) * gridDim.y + blockIdx.y] = total;
+}
 
+// Forward pass 3: mean and biased variance from the partials, the normalised output
+// over this block's slice; block (ch, 0) also saves the statistics and updates the
+// running ones (no other block touches them).
+__global__ void batchnorm_normalize_kernel(int n, int c, int64_t hw, const float* x,
+                                           const float* gamma, const float* beta, float eps,
+                                           float momentum, const double* sum_partials,
+                                           const double* sq_partials, float* running_mean,
+                                           float* running_var, float* save_mean,
+                                           float* save_invstd, float* y) {
+  __shared__ double stats[2];  // mean, invstd
+  const int ch = blockIdx.x;
+  const int64_t m = static_cast<int64_t>(n) * hw;
   if (threadIdx.x == 0) {
-    save_mean[ch] = static_cast<float>(mean);
-    save_invstd[ch] = static_cast<float>(invstd);
-    // Running variance uses the unbiased estimate (PyTorch's convention).
-    const double unbiased = m > 1 ? sq / static_cast<double>(m - 1) : var;
-    const double mom = momentum;
-    running_mean[ch] = static_cast<float>((1.0 - mom) * running_mean[ch] + mom * mean);
-    running_var[ch] = static_cast<float>((1.0 - mom) * running_var[ch] + mom * unbiased);
+    const double mean = combine_partials(sum_partials, ch, gridDim.y) / static_cast<double>(m);
+    const double sq = combine_partials(sq_partials, ch, gridDim.y);
+    const double var = sq / static_cast<double>(m);  // biased: used to normalise
+    const double invstd = 1.0 / sqrt(var + static_cast<double>(eps));
+    stats[0] = mean;
+    stats[1] = invstd;
+    if (blockIdx.y == 0) {
+      save_mean[ch] = static_cast<float>(mean);
+      save_invstd[ch] = static_cast<float>(invstd);
+      // Running variance uses the unbiased estimate (PyTorch's convention).
+      const double unbiased = m > 1 ? sq / static_cast<double>(m - 1) : var;
+      const double mom = momentum;
+      running_mean[ch] = static_cast<float>((1.0 - mom) * running_mean[ch] + mom * mean);
+      running_var[ch] = static_cast<float>((1.0 - mom) * running_var[ch] + mom * unbiased);
+    }
   }
-
+  __syncthreads();  // stats are written once, before any thread reads them
+  const double mean = stats[0], invstd = stats[1];
   const double g = gamma[ch], b = beta[ch];
-  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
+  const Slice sl = block_slice(m);
+  for (int64_t e = sl.begin + threadIdx.x; e < sl.end; e += blockDim.x) {
     const int64_t idx = bn_index(e, c, ch, hw);
     y[idx] = static_cast<float>((static_cast<double>(x[idx]) - mean) * invstd * g + b);
   }
@@ -217,22 +292,23 @@ __global__ void batchnorm_eval_kernel(int64_t total, int c, int64_t hw, const fl
   }
 }
 
-// One block per channel. With xhat = (x - mean) * invstd:
+// Backward. With xhat = (x - mean) * invstd:
 //   dbeta = sum dy,  dgamma = sum dy * xhat,
 //   dx = gamma * invstd / m * (m * dy - dbeta - xhat * dgamma)
 // in double, as the reference writes it (double keeps the m*dy cancellation harmless).
-__global__ void batchnorm_backward_kernel(int n, int c, int64_t hw, const float* x,
-                                          const float* dy, const float* gamma,
-                                          const float* save_mean, const float* save_invstd,
-                                          float* dx, float* dgamma, float* dbeta) {
+// Pass 1: both sums over this block's slice.
+__global__ void batchnorm_backward_partials_kernel(int n, int c, int64_t hw, const float* x,
+                                                   const float* dy, const float* save_mean,
+                                                   const float* save_invstd,
+                                                   double* dy_partials,
+                                                   double* dy_xhat_partials) {
   __shared__ double buffer[kThreads];
   const int ch = blockIdx.x;
-  const int64_t m = static_cast<int64_t>(n) * hw;
   const double mean = save_mean[ch];
   const double invstd = save_invstd[ch];
-
+  const Slice sl = block_slice(static_cast<int64_t>(n) * hw);
   double acc_dy = 0.0, acc_dy_xhat = 0.0;
-  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
+  for (int64_t e = sl.begin + threadIdx.x; e < sl.end; e += blockDim.x) {
     const int64_t idx = bn_index(e, c, ch, hw);
     const double g = dy[idx];
     acc_dy += g;
@@ -240,16 +316,43 @@ __global__ void batchnorm_backward_kernel(int n, int c, int64_t hw, const float*
   }
   const double sum_dy = block_sum(acc_dy, buffer);
   const double sum_dy_xhat = block_sum(acc_dy_xhat, buffer);
-
   if (threadIdx.x == 0) {
-    if (dbeta) dbeta[ch] = static_cast<float>(sum_dy);
-    if (dgamma) dgamma[ch] = static_cast<float>(sum_dy_xhat);
+    const int64_t p = static_cast<int64_t>(ch) * gridDim.y + blockIdx.y;
+    dy_partials[p] = sum_dy;
+    dy_xhat_partials[p] = sum_dy_xhat;
   }
-  if (!dx) return;
+}
 
+// Pass 2: the channel's sums from the partials; block (ch, 0) writes dbeta and dgamma,
+// every block writes dx over its slice (dx may be dy: each element is read, then
+// written, by the same thread).
+__global__ void batchnorm_backward_dx_kernel(int n, int c, int64_t hw, const float* x,
+                                             const float* dy, const float* gamma,
+                                             const float* save_mean, const float* save_invstd,
+                                             const double* dy_partials,
+                                             const double* dy_xhat_partials, float* dx,
+                                             float* dgamma, float* dbeta) {
+  __shared__ double sums[2];  // sum dy, sum dy * xhat
+  const int ch = blockIdx.x;
+  if (threadIdx.x == 0) {
+    sums[0] = combine_partials(dy_partials, ch, gridDim.y);
+    sums[1] = combine_partials(dy_xhat_partials, ch, gridDim.y);
+    if (blockIdx.y == 0) {
+      if (dbeta) dbeta[ch] = static_cast<float>(sums[0]);
+      if (dgamma) dgamma[ch] = static_cast<float>(sums[1]);
+    }
+  }
+  if (!dx) return;  // uniform across the block: no thread is left waiting below
+  __syncthreads();  // sums are written once, before any thread reads them
+  const double sum_dy = sums[0], sum_dy_xhat = sums[1];
+
+  const int64_t m = static_cast<int64_t>(n) * hw;
+  const double mean = save_mean[ch];
+  const double invstd = save_invstd[ch];
   const double md = static_cast<double>(m);
   const double k = static_cast<double>(gamma[ch]) * invstd / md;
-  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
+  const Slice sl = block_slice(m);
+  for (int64_t e = sl.begin + threadIdx.x; e < sl.end; e += blockDim.x) {
     const int64_t idx = bn_index(e, c, ch, hw);
     const double xhat = (static_cast<double>(x[idx]) - mean) * invstd;
     dx[idx] = static_cast<float>(k * (md * dy[idx] - sum_dy - xhat * sum_dy_xhat));
@@ -420,8 +523,20 @@ void add_channel_bias(int n, int c, int64_t hw, const float* bias, float* y) {
 
 void channel_sum(int n, int c, int64_t hw, const float* x, float* out) {
   if (c <= 0) return;
-  channel_sum_kernel<<<c, kThreads, 0, stream()>>>(n, c, hw, x, out);
-  ENGINE_CUDA_CHECK_LAUNCH("channel_sum_kernel");
+  const int64_t m = static_cast<int64_t>(n) * hw;
+  if (m <= 0) {  // an empty sum is zero
+    ENGINE_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float) * c, stream()));
+    return;
+  }
+  const int slices = channel_slices(m);
+  // Valid until the next workspace() call; every use is queued on the one stream first.
+  double* partials = static_cast<double*>(
+      Context::get().workspace(sizeof(double) * static_cast<std::size_t>(c) * slices));
+  channel_partials_kernel<<<dim3(c, slices), kThreads, 0, stream()>>>(n, c, hw, x, partials);
+  ENGINE_CUDA_CHECK_LAUNCH("channel_partials_kernel");
+  channel_sum_final_kernel<<<(c + kThreads - 1) / kThreads, kThreads, 0, stream()>>>(
+      c, slices, partials, out);
+  ENGINE_CUDA_CHECK_LAUNCH("channel_sum_final_kernel");
 }
 
 // ---- Ops ----------------------------------------------------------------------------
@@ -472,11 +587,23 @@ void dropout_backward(int64_t n, const float* dy, const uint8_t* keep, float p, 
 void batchnorm_forward_train(const BatchNormShape& s, const float* x, const float* gamma,
                              const float* beta, float eps, float momentum, float* running_mean,
                              float* running_var, float* save_mean, float* save_invstd, float* y) {
-  if (s.c <= 0 || static_cast<int64_t>(s.n) * s.hw <= 0) return;
-  batchnorm_train_kernel<<<s.c, kThreads, 0, stream()>>>(s.n, s.c, s.hw, x, gamma, beta, eps,
-                                                         momentum, running_mean, running_var,
-                                                         save_mean, save_invstd, y);
-  ENGINE_CUDA_CHECK_LAUNCH("batchnorm_train_kernel");
+  const int64_t m = static_cast<int64_t>(s.n) * s.hw;
+  if (s.c <= 0 || m <= 0) return;
+  const int slices = channel_slices(m);
+  const std::size_t count = static_cast<std::size_t>(s.c) * slices;
+  double* sum_partials =
+      static_cast<double*>(Context::get().workspace(2 * count * sizeof(double)));
+  double* sq_partials = sum_partials + count;
+  const dim3 grid(s.c, slices);
+  channel_partials_kernel<<<grid, kThreads, 0, stream()>>>(s.n, s.c, s.hw, x, sum_partials);
+  ENGINE_CUDA_CHECK_LAUNCH("channel_partials_kernel");
+  batchnorm_sq_partials_kernel<<<grid, kThreads, 0, stream()>>>(s.n, s.c, s.hw, x, sum_partials,
+                                                                sq_partials);
+  ENGINE_CUDA_CHECK_LAUNCH("batchnorm_sq_partials_kernel");
+  batchnorm_normalize_kernel<<<grid, kThreads, 0, stream()>>>(
+      s.n, s.c, s.hw, x, gamma, beta, eps, momentum, sum_partials, sq_partials, running_mean,
+      running_var, save_mean, save_invstd, y);
+  ENGINE_CUDA_CHECK_LAUNCH("batchnorm_normalize_kernel");
 }
 
 void batchnorm_forward_eval(const BatchNormShape& s, const float* x, const float* gamma,
@@ -492,10 +619,21 @@ void batchnorm_forward_eval(const BatchNormShape& s, const float* x, const float
 void batchnorm_backward(const BatchNormShape& s, const float* x, const float* dy,
                         const float* gamma, const float* save_mean, const float* save_invstd,
                         float* dx, float* dgamma, float* dbeta) {
-  if (s.c <= 0 || static_cast<int64_t>(s.n) * s.hw <= 0) return;
-  batchnorm_backward_kernel<<<s.c, kThreads, 0, stream()>>>(
-      s.n, s.c, s.hw, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
-  ENGINE_CUDA_CHECK_LAUNCH("batchnorm_backward_kernel");
+  const int64_t m = static_cast<int64_t>(s.n) * s.hw;
+  if (s.c <= 0 || m <= 0) return;
+  const int slices = channel_slices(m);
+  const std::size_t count = static_cast<std::size_t>(s.c) * slices;
+  double* dy_partials =
+      static_cast<double*>(Context::get().workspace(2 * count * sizeof(double)));
+  double* dy_xhat_partials = dy_partials + count;
+  const dim3 grid(s.c, slices);
+  batchnorm_backward_partials_kernel<<<grid, kThreads, 0, stream()>>>(
+      s.n, s.c, s.hw, x, dy, save_mean, save_invstd, dy_partials, dy_xhat_partials);
+  ENGINE_CUDA_CHECK_LAUNCH("batchnorm_backward_partials_kernel");
+  batchnorm_backward_dx_kernel<<<grid, kThreads, 0, stream()>>>(
+      s.n, s.c, s.hw, x, dy, gamma, save_mean, save_invstd, dy_partials, dy_xhat_partials, dx,
+      dgamma, dbeta);
+  ENGINE_CUDA_CHECK_LAUNCH("batchnorm_backward_dx_kernel");
 }
 
 void cross_entropy(int n, int classes, const float* logits, const int32_t* labels,

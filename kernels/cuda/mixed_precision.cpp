@@ -1,4 +1,19 @@
-// Mixed-precision convolution and linear ops (see mixed_precision.h for the contract).
+// Mixed-precision (fp16) convolution and linear ops of the CUDA backend, the way
+// PyTorch autocast runs them: inputs rounded to fp16, products on tensor cores with
+// fp32 accumulation. Same signatures and contracts as the fp32 ops (kernels/
+// op_signatures.inc: fp32 device pointers in and out, backward overwrites, null
+// dx/bias/db allowed); the fp16 copies live in scratch memory owned by this file.
+//
+// Precision of each result:
+//  * conv2d: x, w and dy are rounded to fp16; cuDNN runs with fp16 tensors and fp32
+//    compute (PSEUDO_HALF), so y, dx and dw are fp16 values (as in PyTorch autocast)
+//    widened to fp32. A result beyond the fp16 range is +-inf, never clamped.
+//  * linear: x, w and dy are rounded to fp16; cuBLAS multiplies them with fp32
+//    accumulation and writes fp32 directly, so y, dx and dw carry no fp16 output
+//    rounding (and no fp16 range limit on the result).
+//  * both: an input beyond the fp16 range (a loss-scaled dy that overflows) becomes
+//    inf before the product, so the result holds inf or NaN for the loss scaler.
+//  * bias add and bias gradient stay fp32 (the fp32 ops' fixed-order kernels).
 //
 // Data and compute types:
 //  * convolutions: cuDNN's legacy API in its PSEUDO_HALF configuration: x, w and y
@@ -10,38 +25,27 @@
 //    (tensor cores with fp32 accumulation; the context's CUBLAS_DEFAULT_MATH permits
 //    them for fp16 inputs) and CUBLAS_GEMM_DEFAULT.
 //
-// Algorithm choice mirrors conv_cudnn.cpp: deterministic mode takes the first result of
-// cuDNN's heuristics that cuDNN reports as deterministic; otherwise cudnnFind's fastest.
-// Unlike the fp32 path, tensor-core results are accepted. The math type each chosen
-// result reports is set on that direction's own convolution descriptor, as cuDNN asks.
-// Plans live in this file's cache, keyed by shape and the deterministic setting, apart
-// from the context's fp32 plans.
+// Descriptors, plan cache and algorithm choice are conv_cudnn.cpp's, shared with the
+// fp32 convolutions (ConvData::Half plans: tensor-core algorithms accepted, each
+// direction run with the math type its chosen result reports).
 //
 // Memory: the fp16 copies of the inputs and outputs live in one scratch buffer owned by
 // this file (grown on demand, stream-ordered like every allocation of the context);
 // the cuDNN workspace is the context's. All work runs on the context's one stream, so
 // each op may reuse the scratch as soon as the previous op's work was queued.
-#include "kernels/cuda/mixed_precision.h"
-
 #include <cstddef>
 #include <cstdint>
-#include <map>
-#include <memory>
-#include <string>
-#include <tuple>
-#include <vector>
 
 #include "kernels/cuda/cast.h"
 #include "kernels/cuda/context.h"
-#include "kernels/cuda/settings.h"
+#include "kernels/cuda/conv_cudnn.h"
+#include "kernels/ops.h"
 
 namespace engine::kernels::cuda {
 
 namespace {
 
 constexpr std::size_t kHalfBytes = 2;  // IEEE binary16
-// Same cap as the fp32 convolutions: algorithms asking for more scratch are skipped.
-constexpr std::size_t kMaxWorkspace = std::size_t{1} << 30;
 // Each fp16 buffer starts on this boundary (cuBLAS and cuDNN tensor-core kernels want
 // at least 16-byte aligned operands).
 constexpr std::size_t kAlign = 256;
@@ -95,190 +99,6 @@ class Carver {
   std::size_t used_ = 0;
 };
 
-// ---- fp16 convolution plans ----------------------------------------------------------
-
-struct HalfConvPlan {
-  cudnnTensorDescriptor_t x = nullptr;  // [n, c, h, w] half
-  cudnnTensorDescriptor_t y = nullptr;  // [n, k, out_h, out_w] half
-  cudnnFilterDescriptor_t w = nullptr;  // [k, c, r, s] half
-  // One convolution descriptor per direction: each carries the math type its chosen
-  // algorithm was reported with.
-  cudnnConvolutionDescriptor_t fwd_conv = nullptr;
-  cudnnConvolutionDescriptor_t bwd_data_conv = nullptr;
-  cudnnConvolutionDescriptor_t bwd_filter_conv = nullptr;
-
-  bool fwd_chosen = false;
-  cudnnConvolutionFwdAlgo_t fwd_algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-  std::size_t fwd_workspace = 0;
-
-  bool bwd_data_chosen = false;
-  cudnnConvolutionBwdDataAlgo_t bwd_data_algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-  std::size_t bwd_data_workspace = 0;
-
-  bool bwd_filter_chosen = false;
-  cudnnConvolutionBwdFilterAlgo_t bwd_filter_algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-  std::size_t bwd_filter_workspace = 0;
-
-  HalfConvPlan() = default;
-  HalfConvPlan(const HalfConvPlan&) = delete;
-  HalfConvPlan& operator=(const HalfConvPlan&) = delete;
-  ~HalfConvPlan() {
-    // Errors ignored, as in ConvPlan's destructor.
-    if (bwd_filter_conv) cudnnDestroyConvolutionDescriptor(bwd_filter_conv);
-    if (bwd_data_conv) cudnnDestroyConvolutionDescriptor(bwd_data_conv);
-    if (fwd_conv) cudnnDestroyConvolutionDescriptor(fwd_conv);
-    if (w) cudnnDestroyFilterDescriptor(w);
-    if (y) cudnnDestroyTensorDescriptor(y);
-    if (x) cudnnDestroyTensorDescriptor(x);
-  }
-};
-
-void make_conv_descriptor(cudnnConvolutionDescriptor_t* conv, const ConvShape& s) {
-  ENGINE_CUDA_CHECK(cudnnCreateConvolutionDescriptor(conv));
-  // Cross-correlation, stride 1, no dilation; FLOAT compute type with HALF tensors is
-  // cuDNN's PSEUDO_HALF configuration (fp32 accumulation).
-  ENGINE_CUDA_CHECK(cudnnSetConvolution2dDescriptor(*conv, s.pad, s.pad, 1, 1, 1, 1,
-                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  ENGINE_CUDA_CHECK(cudnnSetConvolutionMathType(*conv, CUDNN_TENSOR_OP_MATH));
-}
-
-// Not locked: one host thread drives the GPU (as for the context's plan cache).
-HalfConvPlan& half_plan(const ConvShape& s, bool deterministic) {
-  using Key = std::tuple<int, int, int, int, int, int, int, int, bool>;
-  // Leaked like the context: destroying descriptors during static destruction buys
-  // nothing.
-  static auto* plans = new std::map<Key, std::unique_ptr<HalfConvPlan>>();
-  const Key key{s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.pad, deterministic};
-  auto it = plans->find(key);
-  if (it != plans->end()) return *it->second;
-
-  auto plan = std::make_unique<HalfConvPlan>();
-  ENGINE_CUDA_CHECK(cudnnCreateTensorDescriptor(&plan->x));
-  ENGINE_CUDA_CHECK(cudnnCreateTensorDescriptor(&plan->y));
-  ENGINE_CUDA_CHECK(cudnnCreateFilterDescriptor(&plan->w));
-  ENGINE_CUDA_CHECK(cudnnSetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_HALF, s.n,
-                                               s.c, s.h, s.w));
-  ENGINE_CUDA_CHECK(cudnnSetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_HALF, s.n,
-                                               s.k, s.out_h(), s.out_w()));
-  ENGINE_CUDA_CHECK(cudnnSetFilter4dDescriptor(plan->w, CUDNN_DATA_HALF, CUDNN_TENSOR_NCHW, s.k,
-                                               s.c, s.r, s.s));
-  make_conv_descriptor(&plan->fwd_conv, s);
-  make_conv_descriptor(&plan->bwd_data_conv, s);
-  make_conv_descriptor(&plan->bwd_filter_conv, s);
-
-  HalfConvPlan& ref = *plan;
-  plans->emplace(key, std::move(plan));
-  return ref;
-}
-
-std::string shape_text(const ConvShape& s) {
-  return "fp16 n=" + std::to_string(s.n) + " c=" + std::to_string(s.c) +
-         " h=" + std::to_string(s.h) + " w=" + std::to_string(s.w) + " k=" + std::to_string(s.k) +
-         " r=" + std::to_string(s.r) + " s=" + std::to_string(s.s) +
-         " pad=" + std::to_string(s.pad);
-}
-
-// Index of the first acceptable result (results come best first), or -1. Same rules as
-// the fp32 path except that tensor-core math is welcome here.
-template <typename Perf>
-int first_usable(const std::vector<Perf>& perf, int returned, bool deterministic) {
-  for (int i = 0; i < returned; ++i) {
-    const Perf& p = perf[static_cast<std::size_t>(i)];
-    if (p.status != CUDNN_STATUS_SUCCESS) continue;
-    if (deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
-    if (p.memory > kMaxWorkspace) continue;
-    return i;
-  }
-  return -1;
-}
-
-void check_with_shape(cudnnStatus_t st, const char* call, const ConvShape& s, int line) {
-  if (st != CUDNN_STATUS_SUCCESS)
-    check(st, (std::string(call) + " for " + shape_text(s)).c_str(), __FILE__, line);
-}
-
-void choose_forward(cudnnHandle_t h, HalfConvPlan& plan, const ConvShape& s, bool det) {
-  int max_count = 0, returned = 0;
-  ENGINE_CUDA_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max_count));
-  std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
-  if (det)
-    ENGINE_CUDA_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
-        h, plan.x, plan.w, plan.fwd_conv, plan.y, max_count, &returned, perf.data()));
-  else
-    ENGINE_CUDA_CHECK(cudnnFindConvolutionForwardAlgorithm(
-        h, plan.x, plan.w, plan.fwd_conv, plan.y, max_count, &returned, perf.data()));
-  const int i = first_usable(perf, returned, det);
-  if (i >= 0) {
-    const cudnnConvolutionFwdAlgoPerf_t& p = perf[static_cast<std::size_t>(i)];
-    plan.fwd_algo = p.algo;
-    ENGINE_CUDA_CHECK(cudnnSetConvolutionMathType(plan.fwd_conv, p.mathType));
-  } else {
-    // Implicit GEMM is deterministic and supports every stride-1 PSEUDO_HALF shape.
-    plan.fwd_algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-  }
-  check_with_shape(cudnnGetConvolutionForwardWorkspaceSize(h, plan.x, plan.w, plan.fwd_conv,
-                                                           plan.y, plan.fwd_algo,
-                                                           &plan.fwd_workspace),
-                   "cudnnGetConvolutionForwardWorkspaceSize", s, __LINE__);
-  plan.fwd_chosen = true;
-}
-
-void choose_backward_data(cudnnHandle_t h, HalfConvPlan& plan, const ConvShape& s, bool det) {
-  int max_count = 0, returned = 0;
-  ENGINE_CUDA_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max_count));
-  std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
-  if (det)
-    ENGINE_CUDA_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-        h, plan.w, plan.y, plan.bwd_data_conv, plan.x, max_count, &returned, perf.data()));
-  else
-    ENGINE_CUDA_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(
-        h, plan.w, plan.y, plan.bwd_data_conv, plan.x, max_count, &returned, perf.data()));
-  const int i = first_usable(perf, returned, det);
-  if (i >= 0) {
-    const cudnnConvolutionBwdDataAlgoPerf_t& p = perf[static_cast<std::size_t>(i)];
-    plan.bwd_data_algo = p.algo;
-    ENGINE_CUDA_CHECK(cudnnSetConvolutionMathType(plan.bwd_data_conv, p.mathType));
-  } else {
-    // ALGO_1: deterministic, general purpose (ALGO_0 uses atomics).
-    plan.bwd_data_algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-  }
-  check_with_shape(cudnnGetConvolutionBackwardDataWorkspaceSize(
-                       h, plan.w, plan.y, plan.bwd_data_conv, plan.x, plan.bwd_data_algo,
-                       &plan.bwd_data_workspace),
-                   "cudnnGetConvolutionBackwardDataWorkspaceSize", s, __LINE__);
-  plan.bwd_data_chosen = true;
-}
-
-void choose_backward_filter(cudnnHandle_t h, HalfConvPlan& plan, const ConvShape& s, bool det) {
-  int max_count = 0, returned = 0;
-  ENGINE_CUDA_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max_count));
-  std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
-  if (det)
-    ENGINE_CUDA_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-        h, plan.x, plan.y, plan.bwd_filter_conv, plan.w, max_count, &returned, perf.data()));
-  else
-    ENGINE_CUDA_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(
-        h, plan.x, plan.y, plan.bwd_filter_conv, plan.w, max_count, &returned, perf.data()));
-  const int i = first_usable(perf, returned, det);
-  if (i >= 0) {
-    const cudnnConvolutionBwdFilterAlgoPerf_t& p = perf[static_cast<std::size_t>(i)];
-    plan.bwd_filter_algo = p.algo;
-    ENGINE_CUDA_CHECK(cudnnSetConvolutionMathType(plan.bwd_filter_conv, p.mathType));
-  } else {
-    // ALGO_1: deterministic, general purpose (ALGO_0 and ALGO_3 use atomics).
-    plan.bwd_filter_algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-  }
-  check_with_shape(cudnnGetConvolutionBackwardFilterWorkspaceSize(
-                       h, plan.x, plan.y, plan.bwd_filter_conv, plan.w, plan.bwd_filter_algo,
-                       &plan.bwd_filter_workspace),
-                   "cudnnGetConvolutionBackwardFilterWorkspaceSize", s, __LINE__);
-  plan.bwd_filter_chosen = true;
-}
-
-bool empty(const ConvShape& s) {
-  return s.n <= 0 || s.c <= 0 || s.k <= 0 || s.out_h() <= 0 || s.out_w() <= 0;
-}
-
 int64_t x_count(const ConvShape& s) { return static_cast<int64_t>(s.n) * s.c * s.h * s.w; }
 int64_t w_count(const ConvShape& s) { return static_cast<int64_t>(s.k) * s.c * s.r * s.s; }
 int64_t y_hw(const ConvShape& s) { return static_cast<int64_t>(s.out_h()) * s.out_w(); }
@@ -300,13 +120,7 @@ void gemm_f16(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int 
 
 void conv2d_forward_f16(const ConvShape& s, const float* x, const float* w, const float* b,
                         float* y) {
-  if (empty(s)) return;
-  Context& ctx = Context::get();
-  cudnnHandle_t h = ctx.cudnn();
-  const bool det = deterministic();
-  HalfConvPlan& plan = half_plan(s, det);
-  if (!plan.fwd_chosen) choose_forward(h, plan, s, det);
-
+  if (conv_is_empty(s)) return;
   const int64_t nx = x_count(s), nw = w_count(s), ny = y_count(s);
   Carver carve(scratch().get(aligned(half_bytes(nx)) + aligned(half_bytes(nw)) +
                              aligned(half_bytes(ny))));
@@ -315,28 +129,15 @@ void conv2d_forward_f16(const ConvShape& s, const float* x, const float* w, cons
   void* y16 = carve.take(half_bytes(ny));
   cast_f32_to_f16(nx, x, x16);
   cast_f32_to_f16(nw, w, w16);
-
-  const float one = 1.0f, zero = 0.0f;  // y = 1 * conv(x, w) + 0 * y: overwrite
-  void* ws = ctx.workspace(plan.fwd_workspace);
-  ENGINE_CUDA_CHECK(cudnnConvolutionForward(h, &one, plan.x, x16, plan.w, w16, plan.fwd_conv,
-                                            plan.fwd_algo, ws, plan.fwd_workspace, &zero, plan.y,
-                                            y16));
+  cudnn_conv_forward(s, ConvData::Half, x16, w16, y16);
   cast_f16_to_f32(ny, y16, y);
   if (b) add_channel_bias(s.n, s.k, y_hw(s), b, y);  // fp32, after widening
 }
 
 void conv2d_backward_f16(const ConvShape& s, const float* x, const float* w, const float* dy,
                          float* dx, float* dw, float* db) {
-  if (empty(s)) return;
-  Context& ctx = Context::get();
-  cudnnHandle_t h = ctx.cudnn();
-  const bool det = deterministic();
-  HalfConvPlan& plan = half_plan(s, det);
-  const float one = 1.0f, zero = 0.0f;  // beta = 0: gradients overwrite, never accumulate
-
+  if (conv_is_empty(s)) return;
   if (dx || dw) {
-    if (dx && !plan.bwd_data_chosen) choose_backward_data(h, plan, s, det);
-    if (dw && !plan.bwd_filter_chosen) choose_backward_filter(h, plan, s, det);
     const int64_t nx = x_count(s), nw = w_count(s), ny = y_count(s);
     // dy16 always; w16 and dx16 for dx; x16 and dw16 for dw.
     std::size_t total = aligned(half_bytes(ny));
@@ -352,22 +153,14 @@ void conv2d_backward_f16(const ConvShape& s, const float* x, const float* w, con
       void* w16 = carve.take(half_bytes(nw));
       void* dx16 = carve.take(half_bytes(nx));
       cast_f32_to_f16(nw, w, w16);
-      void* ws = ctx.workspace(plan.bwd_data_workspace);
-      ENGINE_CUDA_CHECK(cudnnConvolutionBackwardData(h, &one, plan.w, w16, plan.y, dy16,
-                                                     plan.bwd_data_conv, plan.bwd_data_algo, ws,
-                                                     plan.bwd_data_workspace, &zero, plan.x,
-                                                     dx16));
+      cudnn_conv_backward_data(s, ConvData::Half, w16, dy16, dx16);
       cast_f16_to_f32(nx, dx16, dx);
     }
     if (dw) {
       void* x16 = carve.take(half_bytes(nx));
       void* dw16 = carve.take(half_bytes(nw));
       cast_f32_to_f16(nx, x, x16);
-      void* ws = ctx.workspace(plan.bwd_filter_workspace);
-      ENGINE_CUDA_CHECK(cudnnConvolutionBackwardFilter(h, &one, plan.x, x16, plan.y, dy16,
-                                                       plan.bwd_filter_conv, plan.bwd_filter_algo,
-                                                       ws, plan.bwd_filter_workspace, &zero,
-                                                       plan.w, dw16));
+      cudnn_conv_backward_filter(s, ConvData::Half, x16, dy16, dw16);
       cast_f16_to_f32(nw, dw16, dw);
     }
   }

@@ -25,8 +25,8 @@
 #include "kernels/ops.h"
 
 #if defined(ENGINE_WITH_CUDA)
+#include "gpu/philox_check.h"
 #include "kernels/cuda/cast.h"
-#include "kernels/cuda/philox_check.h"
 #include "kernels/cuda/settings.h"
 #endif
 
@@ -185,10 +185,10 @@ TEST_CASE("philox: device philox_at equals the host and cuRAND's curand()") {
   std::vector<uint32_t> host(seeds.size()), device(seeds.size()), curand(seeds.size());
   for (int i = 0; i < count; ++i)
     host[i] = engine::philox_at(PhiloxStream{seeds[i], subsequences[i]}, offsets[i]);
-  gpu::philox_device_values(count, seeds.data(), subsequences.data(), offsets.data(),
-                            device.data());
-  gpu::curand_reference_values(count, seeds.data(), subsequences.data(), offsets.data(),
-                               curand.data());
+  gpu_test::philox_device_values(count, seeds.data(), subsequences.data(), offsets.data(),
+                                 device.data());
+  gpu_test::curand_reference_values(count, seeds.data(), subsequences.data(),
+                                    offsets.data(), curand.data());
   check_bits(device, host, "device philox_at vs host philox_at");
   check_bits(curand, host, "cuRAND curand() vs host philox_at");
 }
@@ -337,7 +337,10 @@ TEST_CASE("linear forward and backward match the reference") {
 // ---- Batch normalisation ----------------------------------------------------------------
 
 TEST_CASE("batchnorm train, eval and backward match the reference") {
-  const BatchNormShape shapes[] = {{4, 3, 25}, {16, 32, 196}, {2, 5, 1}, {128, 8, 49}};
+  // The GPU spreads each channel's n*hw elements over up to 32 slices of >= 1024
+  // (elementwise_ops.cu): 1, 4, 1, 7 and 32 slices here.
+  const BatchNormShape shapes[] = {{4, 3, 25}, {16, 32, 196}, {2, 5, 1}, {128, 8, 49},
+                                   {128, 4, 784}};
   uint32_t seed = 200;
   for (const BatchNormShape& s : shapes) {
     std::mt19937 rng(seed++);
@@ -705,6 +708,19 @@ TEST_CASE("backward ops give identical bits when run twice") {
     check_bits(dx2.download(), dx1.download(), "batchnorm dx twice");
     check_bits(dg2.download(), dg1.download(), "batchnorm dgamma twice");
     check_bits(db2.download(), db1.download(), "batchnorm dbeta twice");
+    // Training statistics and output too, each call from the same running statistics
+    // (mh and ih stand in for beta and the running variance).
+    DeviceArray<float> rm1(mh), rv1(ih), rm2(mh), rv2(ih), sm1(32), si1(32), sm2(32), si2(32),
+        y1(total), y2(total);
+    gpu::batchnorm_forward_train(s, x.get(), g.get(), m.get(), 1e-5f, 0.1f, rm1.get(), rv1.get(),
+                                 sm1.get(), si1.get(), y1.get());
+    gpu::batchnorm_forward_train(s, x.get(), g.get(), m.get(), 1e-5f, 0.1f, rm2.get(), rv2.get(),
+                                 sm2.get(), si2.get(), y2.get());
+    check_bits(y2.download(), y1.download(), "batchnorm train y twice");
+    check_bits(sm2.download(), sm1.download(), "batchnorm save_mean twice");
+    check_bits(si2.download(), si1.download(), "batchnorm save_invstd twice");
+    check_bits(rm2.download(), rm1.download(), "batchnorm running_mean twice");
+    check_bits(rv2.download(), rv1.download(), "batchnorm running_var twice");
   }
   {
     const PoolShape s{32, 16, 28, 28};

@@ -41,7 +41,6 @@
 #include "engine/models/fashion_cnn.h"
 
 #if defined(ENGINE_WITH_CUDA)
-#include "kernels/cuda/mixed_precision.h"
 #include "kernels/cuda/settings.h"
 #endif
 

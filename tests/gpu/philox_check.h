@@ -1,11 +1,12 @@
-// Test support: Philox values computed on the GPU, by our shared philox_at and by
-// cuRAND itself, to check that the engine's random streams are cuRAND's streams and
-// that host and device agree. Plain C++ (no CUDA headers); host arrays in and out
-// (the functions copy to and from the device and wait). Present only in CUDA builds.
+// Test support (not part of libengine.a; tests/CMakeLists.txt builds it into the GPU
+// op tests in CUDA builds): Philox values computed on the GPU, by our shared philox_at
+// and by cuRAND itself, to check that the engine's random streams are cuRAND's streams
+// and that host and device agree. Plain C++ (no CUDA headers); host arrays in and out
+// (the functions copy to and from the device and wait).
 #pragma once
 #include <cstdint>
 
-namespace engine::kernels::cuda {
+namespace gpu_test {
 
 // out[i] = philox_at({seeds[i], subsequences[i]}, offsets[i]) evaluated on the device.
 void philox_device_values(int count, const uint64_t* seeds, const uint64_t* subsequences,
@@ -16,4 +17,4 @@ void philox_device_values(int count, const uint64_t* seeds, const uint64_t* subs
 void curand_reference_values(int count, const uint64_t* seeds, const uint64_t* subsequences,
                              const uint64_t* offsets, uint32_t* out);
 
-}  // namespace engine::kernels::cuda
+}  // namespace gpu_test

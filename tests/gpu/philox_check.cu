@@ -1,14 +1,18 @@
-// Test support for kernels/cuda/philox_check.h: one thread per (seed, subsequence,
+// Test support for tests/gpu/philox_check.h: one thread per (seed, subsequence,
 // offset) triple. Speed is irrelevant here; clarity is the point.
 #include <curand_kernel.h>
 
 #include <cstdint>
 
 #include "engine/philox.h"
+#include "gpu/philox_check.h"
 #include "kernels/cuda/context.h"
-#include "kernels/cuda/philox_check.h"
 
-namespace engine::kernels::cuda {
+namespace gpu_test {
+
+using engine::PhiloxStream;
+using engine::philox_at;
+using engine::kernels::cuda::Context;
 
 namespace {
 
@@ -72,4 +76,4 @@ void curand_reference_values(int count, const uint64_t* seeds, const uint64_t* s
   run(curand_values_kernel, count, seeds, subsequences, offsets, out);
 }
 
-}  // namespace engine::kernels::cuda
+}  // namespace gpu_test

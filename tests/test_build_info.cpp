@@ -1,0 +1,61 @@
+// `engine --version` / `engine version` and the library's build_info().
+#include <doctest/doctest.h>
+
+#include <regex>
+#include <string>
+
+#include "cli_util.h"
+#include "engine/build_info.h"
+
+using namespace test_util;
+
+namespace {
+bool has_line(const std::string& text, const std::string& pattern) {
+  return std::regex_search(text, std::regex("(^|\n)" + pattern + "\n"));
+}
+}  // namespace
+
+TEST_CASE("build_info names the engine, HDF5, BLAS, OpenMP and the CUDA backend") {
+  const engine::BuildInfo info = engine::build_info();
+  CHECK(std::regex_match(info.engine_version, std::regex(R"(\d+\.\d+\.\d+)")));
+  CHECK(std::regex_match(info.hdf5, std::regex(R"(\d+\.\d+\.\d+)")));
+  CHECK(!info.blas.empty());
+  CHECK(!info.openmp.empty());
+#if defined(ENGINE_WITH_CUDA)
+  CHECK(info.cuda == engine::CudaBackend::On);
+  CHECK(std::regex_match(info.cuda_runtime, std::regex(R"(\d+\.\d+)")));
+  CHECK(std::regex_match(info.cudnn, std::regex(R"(\d+\.\d+\.\d+ \(headers \d+\.\d+\.\d+\))")));
+  CHECK(std::regex_match(info.cublas, std::regex(R"(\d+\.\d+\.\d+ \(headers \d+\.\d+\.\d+\))")));
+#else
+  CHECK(info.cuda == engine::CudaBackend::Off);
+  CHECK(info.cuda_runtime.empty());
+  CHECK(info.gpus.empty());
+#endif
+}
+
+TEST_CASE("engine --version and engine version print the build") {
+  const engine::BuildInfo info = engine::build_info();
+  for (const char* cmd : {"--version", "version"}) {
+    CAPTURE(cmd);
+    const RunResult r = run(cmd);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(has_line(r.output, "engine " + info.engine_version));
+    CHECK(has_line(r.output, "HDF5: " + info.hdf5));
+    CHECK(has_line(r.output, "BLAS: .+"));
+    CHECK(has_line(r.output, "OpenMP: .+"));
+#if defined(ENGINE_WITH_CUDA)
+    CHECK(has_line(r.output, R"(CUDA backend: on \(built against CUDA runtime \d+\.\d+\))"));
+    CHECK(has_line(r.output, R"(cuDNN: \d+\.\d+\.\d+ \(headers \d+\.\d+\.\d+\))"));
+    CHECK(has_line(r.output, R"(cuBLAS: \d+\.\d+\.\d+ \(headers \d+\.\d+\.\d+\))"));
+    CHECK(has_line(r.output, "CUDA driver: .+"));
+    // A machine without a GPU says so; one with a GPU names it.
+    if (info.gpus.empty())
+      CHECK(has_line(r.output, "GPU: no CUDA device"));
+    else
+      CHECK(r.output.find("\nGPU 0: " + info.gpus[0] + "\n") != std::string::npos);
+#else
+    CHECK(has_line(r.output, R"(CUDA backend: off .*)"));
+#endif
+  }
+}
