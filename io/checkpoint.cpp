@@ -2,7 +2,9 @@
 // implements it on the HDF5 C library plus zlib's crc32.
 #include "engine/checkpoint.h"
 
+#include "io/checkpoint_assemble.h"
 #include "io/crc32.h"
+#include "io/hdf5_sandbox.h"
 #include "io/deferred_remove.h"
 
 #include <fcntl.h>
@@ -1801,18 +1803,16 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
 }
 
 // Reading a checkpoint: the header, then the HDF5 metadata (metadata_bytes after the
-// header), checked before HDF5 sees it, then the dataset bytes. For a large version-2
-// file the dataset bytes are read and checked on a second thread while the first walks
-// the metadata (loaded tensors point into the buffer, so the walk needs only their
-// offsets); the few reads of dataset bytes through HDF5 wait for that check, and nothing
-// is returned before the whole payload has passed it.
+// header) and its checksum. libhdf5 never parses the file in this process: the parser
+// process (io/hdf5_sandbox.h) walks the metadata into a manifest while this thread
+// reads and checks the dataset bytes, and the checkpoint is assembled from the
+// manifest with every shape, offset and length checked against the verified buffer
+// (docs/security.md). Loaded tensors point into the buffer.
 Checkpoint load_checkpoint(const std::string& path) {
-  constexpr std::size_t kOverlapFrom = std::size_t(1) << 20;
-  // HDF5 reads some structures 512 bytes at a time from where they start; the bytes just
-  // past the metadata are read with it, so such reads never meet bytes being written.
+  // HDF5 reads some structures 512 bytes at a time from where they start; the parser is
+  // given the bytes just past the metadata too, as it would read them from the file.
   constexpr std::size_t kMetadataMargin = std::size_t(64) << 10;
-  Hdf5Session session;
-  const H5Ctx c{path};
+  constexpr std::size_t kHalvesFrom = std::size_t(1) << 20;
   FileReader reader(path);
   const std::size_t size = reader.size();
   unsigned char header_bytes[kUserBlockBytes];
@@ -1820,87 +1820,54 @@ Checkpoint load_checkpoint(const std::string& path) {
   const Header header = parse_header(path, header_bytes, size);
   reader.allocate(header_bytes, header_read);
   const std::size_t metadata_end = kUserBlockBytes + header.metadata_bytes;
-  LentImage lent{};
+  const std::size_t margin_end = std::min(size, metadata_end + kMetadataMargin);
+  unsigned char* const file = reader.bytes()->data();
+  using hdf5_sandbox::ImageContent;
+  using hdf5_sandbox::Outcome;
 
-  if (metadata_end == size || size < kOverlapFrom || omp_get_max_threads() < 2) {
+  hdf5_sandbox::Reply reply;
+  if (margin_end == size) {  // nothing to overlap: read and check everything first
     uint32_t metadata_crc = 0, data_crc = 0;
-    if (metadata_end == size && size >= kOverlapFrom)
+    if (metadata_end == size && size >= kHalvesFrom)
       metadata_crc = reader.read_in_halves(kUserBlockBytes, size);
     else
       reader.read(kUserBlockBytes, size, metadata_end, metadata_crc, data_crc);
     reader.check_not_grown();
     check_checksum(path, "metadata", metadata_crc, header.metadata_crc);
     check_checksum(path, "payload", crc_join(metadata_crc, data_crc, size - metadata_end), header.payload_crc);
-    H5Handle file = open_image(c, *reader.bytes(), lent);
-    return read_checkpoint(c, file.get(), header, reader.bytes(), nullptr);
-  }
-
-  const std::size_t margin_end = std::min(size, metadata_end + kMetadataMargin);
-  uint32_t metadata_crc = 0, margin_crc = 0, rest_crc = 0;
-  reader.read(kUserBlockBytes, margin_end, metadata_end, metadata_crc, margin_crc);
-  check_checksum(path, "metadata", metadata_crc, header.metadata_crc);
-
-  // Whichever thread comes first reads the rest: the second one, or the first one when it
-  // needs the data and no second thread was given.
-  std::atomic<bool> claimed{false};
-  std::mutex done_mutex;
-  std::condition_variable done_signal;
-  bool done = false;  // guarded by done_mutex
-  std::exception_ptr read_error, walk_error;
-  auto read_rest = [&] {
-    if (claimed.exchange(true)) return;
+    reply = hdf5_sandbox::parse(file, size, size, ImageContent::Complete);
+  } else {
+    uint32_t metadata_crc = 0, margin_crc = 0, rest_crc = 0;
+    reader.read(kUserBlockBytes, margin_end, metadata_end, metadata_crc, margin_crc);
+    check_checksum(path, "metadata", metadata_crc, header.metadata_crc);
+    hdf5_sandbox::start(file, margin_end, size, ImageContent::MetadataOnly);
     try {
       uint32_t none = 0;
       reader.read(margin_end, size, margin_end, none, rest_crc);
       reader.check_not_grown();
+      const uint32_t data_crc = crc_join(margin_crc, rest_crc, size - margin_end);
+      check_checksum(path, "payload", crc_join(metadata_crc, data_crc, size - metadata_end), header.payload_crc);
     } catch (...) {
-      read_error = std::current_exception();
+      (void)hdf5_sandbox::finish();
+      throw;
     }
-    {
-      std::lock_guard<std::mutex> lock(done_mutex);
-      done = true;
-    }
-    done_signal.notify_all();
-  };
-  bool data_checked = false;
-  auto wait_for_data = [&] {
-    if (data_checked) return;
-    read_rest();
-    {
-      std::unique_lock<std::mutex> lock(done_mutex);
-      done_signal.wait(lock, [&] { return done; });
-    }
-    if (read_error) std::rethrow_exception(read_error);
-    const uint32_t data_crc = crc_join(margin_crc, rest_crc, size - margin_end);
-    check_checksum(path, "payload", crc_join(metadata_crc, data_crc, size - metadata_end), header.payload_crc);
-    data_checked = true;
-  };
-  Checkpoint result;
-  auto walk = [&] {
-    try {
-      H5Handle file = open_image(c, *reader.bytes(), lent);
-      result = read_checkpoint(c, file.get(), header, reader.bytes(), wait_for_data);
-    } catch (...) {
-      walk_error = std::current_exception();
-    }
-    // A walk that failed before the data was in may have met metadata past
-    // metadata_bytes (a writer that got it wrong): with all of the file read and
-    // checked, the second walk gives the file's real answer.
-    if (walk_error && !data_checked) {
-      try {
-        wait_for_data();
-        H5Handle file = open_image(c, *reader.bytes(), lent);
-        result = read_checkpoint(c, file.get(), header, reader.bytes(), nullptr);
-        walk_error = nullptr;
-      } catch (...) {
-        walk_error = std::current_exception();
-      }
-    }
-  };
-  // The walk stays on the calling thread: HDF5's error settings (Hdf5Session) are per thread.
-  side_by_side(walk, read_rest);
-  if (walk_error) std::rethrow_exception(walk_error);
-  return result;
+    reply = hdf5_sandbox::finish();
+    // Chunked data is read through HDF5, so the parser needs the whole file; and a
+    // writer that understated metadata_bytes gets the file's real answer from a walk of
+    // all of it.
+    if (reply.outcome == Outcome::NeedsData || reply.outcome == Outcome::Refused)
+      reply = hdf5_sandbox::parse(file, size, size, ImageContent::Complete);
+  }
+  if (reply.outcome != Outcome::Parsed)
+    fail(path, reply.outcome == Outcome::NeedsData ? "the HDF5 parser asked for data it already has" : reply.message);
+  Checkpoint ckpt = assemble_checkpoint(path, reply.manifest, reader.bytes(), file, size, header.format_version);
+  normalise_keys(path, ckpt.groups);
+  for (int64_t v = ckpt.meta.format_version; v < kCheckpointFormatVersion; ++v) {
+    auto it = upgrades().find(v);
+    if (it == upgrades().end()) fail(path, "no upgrade from format_version " + std::to_string(v));
+    it->second(ckpt);
+  }
+  return ckpt;
 }
 
 void verify_checkpoint_file(const std::string& path) { (void)load_checkpoint(path); }

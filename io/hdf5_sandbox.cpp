@@ -38,7 +38,7 @@ constexpr double kCpuSecondsPerMiB = 0.05;
 // A parser neither answering nor using CPU (blocked) is killed after this long.
 constexpr double kDefaultWallSeconds = 20.0;
 
-enum class Status : uint8_t { Parsed = 0, Refused = 1, NeedsData = 2 };
+enum class Status : uint8_t { Parsed = 0, Refused = 1, NeedsData = 2, Failed = 3 };
 
 struct Request {
   uint64_t magic;
@@ -161,7 +161,7 @@ void reply(int sock, Status status, const std::string& body) {
     // Pages past `sent` stay untouched zeros: the parser's image costs what it is sent.
     void* image = ::mmap(nullptr, rq.image_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (image == MAP_FAILED) {
-      reply(sock, Status::Refused, "the HDF5 structure could not be parsed safely (parser out of memory)");
+      reply(sock, Status::Failed, "the HDF5 structure could not be parsed safely (parser out of memory)");
       _exit(0);
     }
     if (!read_full(sock, image, rq.sent)) _exit(0);
@@ -180,18 +180,18 @@ void reply(int sock, Status status, const std::string& body) {
       status = Status::NeedsData;
       body.clear();
     } catch (const std::bad_alloc&) {
-      status = Status::Refused;
+      status = Status::Failed;
       body = "the HDF5 structure could not be parsed safely (parser out of memory: limit " +
              std::to_string((memory_limit - inherited) >> 20) + " MiB)";
     } catch (const std::exception& e) {
-      status = Status::Refused;
+      status = Status::Failed;
       body = std::string("the HDF5 structure could not be parsed safely (") + e.what() + ")";
     }
     reply(sock, status, body);
     ::munmap(image, rq.image_size);
     // A parser that refused a file may have been left in any state by it; the next
     // parse gets a fresh process.
-    if (status == Status::Refused) _exit(0);
+    if (status == Status::Refused || status == Status::Failed) _exit(0);
   }
 }
 
@@ -431,6 +431,11 @@ Reply finish() {
       retire(false);  // it exits by itself after refusing
       out.message = one_line(std::string(body.begin() + 1, body.end()));
       if (out.message.empty()) out.message = unsafe("parser refused without a reason");
+      return out;
+    case static_cast<uint8_t>(Status::Failed):
+      retire(false);
+      out.message = one_line(std::string(body.begin() + 1, body.end()));
+      if (out.message.rfind("the HDF5 structure could not be parsed safely", 0) != 0) out.message = unsafe("parser failed");
       return out;
     default:
       retire(true);

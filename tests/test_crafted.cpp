@@ -172,6 +172,7 @@ TEST_CASE("300 resealed random metadata mutations: no crash, no hang, one-line r
     const auto t0 = std::chrono::steady_clock::now();
     const std::string msg = outcome_of(path);
     slowest = std::max(slowest, seconds_since(t0));
+    if (std::getenv("CRAFTED_VERBOSE")) MESSAGE(i << " " << seconds_since(t0) << " " << msg);
     if (msg.empty()) {
       ++loaded;
       continue;
