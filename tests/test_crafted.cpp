@@ -20,6 +20,7 @@
 #include "engine/checkpoint.h"
 #include "io/hdf5_sandbox.h"
 #include "scratch_dir.h"
+#include "support/checkpoint_testing.h"
 
 using namespace engine;
 namespace fs = std::filesystem;
@@ -188,4 +189,78 @@ TEST_CASE("300 resealed random metadata mutations: no crash, no hang, one-line r
   CHECK(slowest < 60);
   CHECK(peak_rss_kib() - rss_before < 256 * 1024);
   CHECK(outcome_of(fixture()).empty());
+}
+
+namespace {
+
+// The fixture's state saved again with one extra dataset stored as `raw` says.
+std::string with_raw_dataset(const std::string& name, const checkpoint_testing::RawDataset& raw) {
+  const std::string path = tmp_path(name);
+  checkpoint_testing::Tamper tamper;
+  tamper.raw_datasets = {raw};
+  checkpoint_testing::save_tampered(path, load_checkpoint(fixture()), tamper);
+  return path;
+}
+
+using Layout = checkpoint_testing::RawDataset::Layout;
+
+checkpoint_testing::RawDataset raw_dataset(const std::string& at, const std::string& type, std::vector<uint64_t> dims,
+                                           Layout layout, bool series = false) {
+  checkpoint_testing::RawDataset raw{at, type, std::move(dims), series};
+  raw.layout = layout;
+  return raw;
+}
+
+}  // namespace
+
+// The issue's 2.2 GB case: a series declared with 2^28 float64 elements, one chunk of
+// 1024 written, the rest fill values. Refused from its layout, before any allocation.
+TEST_CASE("a chunked dataset declared with 2^28 elements and one chunk stored is refused quickly in little memory") {
+  const std::string path = with_raw_dataset(
+      "huge_series.h5", raw_dataset("/trainer/epoch_sample_loss_huge", "float64", {uint64_t(1) << 28}, Layout::FirstChunk, true));
+  CHECK(fs::file_size(path) < (std::uintmax_t(16) << 20));
+  const long rss_before = peak_rss_kib();
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string msg = outcome_of(path);
+  check_one_line_naming(path, msg);
+  CHECK(msg.find("/trainer/epoch_sample_loss_huge is only partly stored") != std::string::npos);
+  CHECK(seconds_since(t0) < 5);
+  CHECK(peak_rss_kib() - rss_before < 64 * 1024);
+}
+
+TEST_CASE("partly stored and filtered datasets are refused; fully stored chunked and compact ones load") {
+  std::string path = with_raw_dataset("partial.h5", raw_dataset("/model/partial", "float32", {4096}, Layout::FirstChunk));
+  std::string msg = outcome_of(path);
+  check_one_line_naming(path, msg);
+  CHECK(msg.find("/model/partial is only partly stored (missing chunks would read as fill values)") != std::string::npos);
+
+  path = with_raw_dataset("deflated.h5", raw_dataset("/model/packed", "float32", {4096}, Layout::Deflated));
+  msg = outcome_of(path);
+  check_one_line_naming(path, msg);
+  CHECK(msg.find("/model/packed is compressed or filtered") != std::string::npos);
+
+  path = with_raw_dataset("unwritten.h5", raw_dataset("/model/never", "float32", {4096}, Layout::Unwritten));
+  CHECK(outcome_of(path) == path + ": /model/never has no stored data");
+
+  // Chunked without filters, every chunk written: read through HDF5 in the parser.
+  path = with_raw_dataset("chunked.h5", raw_dataset("/model/chunked", "float32", {64, 3}, Layout::Chunked));
+  Checkpoint c = load_checkpoint(path);
+  const Tensor& chunked = c.groups.at("model").tensors.at("chunked");
+  REQUIRE(chunked.shape() == Shape{64, 3});
+  for (int i = 0; i < 192; ++i) CHECK(chunked.f32()[i] == static_cast<float>(i % 251));
+
+  path = with_raw_dataset("chunked_series.h5",
+                          raw_dataset("/metrics/chunked_series", "float64", {1000}, Layout::Chunked, true));
+  c = load_checkpoint(path);
+  const std::vector<double>& series = c.groups.at("metrics").get_series("chunked_series");
+  REQUIRE(series.size() == 1000);
+  for (int i = 0; i < 1000; ++i) CHECK(series[static_cast<std::size_t>(i)] == static_cast<double>(i % 251));
+
+  // Compact: the data lives in the object header, inside the metadata.
+  path = with_raw_dataset("compact.h5", raw_dataset("/model/compact", "uint8", {5, 2}, Layout::Compact));
+  c = load_checkpoint(path);
+  const Tensor& compact = c.groups.at("model").tensors.at("compact");
+  REQUIRE(compact.shape() == Shape{5, 2});
+  REQUIRE(compact.dtype() == DType::U8);
+  for (int i = 0; i < 10; ++i) CHECK(compact.u8()[i] == i);
 }
