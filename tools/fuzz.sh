@@ -19,6 +19,7 @@ JOBS="${FUZZ_BUILD_JOBS:-2}"
 usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 build() {
+  [ "${FUZZ_NO_BUILD:-0}" = 1 ] && return 0  # binaries already in $FUZZ_BUILD_DIR/tests/fuzz/
   if [ ! -f "$BUILD/CMakeCache.txt" ]; then
     cmake -S "$ROOT" -B "$BUILD" -DENGINE_FUZZ=ON -DENGINE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCMAKE_C_COMPILER="${FUZZ_CC:-clang}" -DCMAKE_CXX_COMPILER="${FUZZ_CXX:-clang++}" >/dev/null || exit 1
@@ -58,9 +59,9 @@ signature() {
     sed -E 's/^.*ERROR: //; s/^.*(runtime error: )/\1/; s/0x[0-9a-f]+/X/g; s/[0-9]{3,}/N/g; s/ \(.*$//' | cut -d: -f1-2 | head -c 90)"
   local frames
   frames="$(grep -E '^ +#[0-9]+ 0x' <<<"$report" |
-    grep -vE 'libFuzzer|fuzzer::|__sanitizer|__asan|__ubsan|compiler-rt|libc\.so|abort|raise|LLVMFuzzerTestOneInput|__interceptor' |
-    sed -E 's/^ +#[0-9]+ 0x[0-9a-f]+ in ([^ ]+).*/\1/; s/^ +#[0-9]+ 0x[0-9a-f]+ +\(.*\/([^/+]+)\+(0x[0-9a-f]+)\).*/\1+\2/' |
-    head -3 | paste -sd '<' -)"
+    grep -vE 'libFuzzer|fuzzer::|__sanitizer|__asan|__ubsan|compiler-rt|libc\.so|libstdc\+\+|pthread_kill|abort|raise|__cxa_throw|std::terminate|LLVMFuzzerTestOneInput|__interceptor' |
+    sed -E 's/^ +#[0-9]+ 0x[0-9a-f]+ in ([^ (<]+).*/\1/; s/^ +#[0-9]+ 0x[0-9a-f]+ +\(.*\/([^/]+)\+(0x[0-9a-f]+)\).*/\1+\2/' |
+    head -3 | paste -sd '<' - | sed 's/</ < /g')"
   echo "${kind:-unknown} @ ${frames:-?}"
 }
 
