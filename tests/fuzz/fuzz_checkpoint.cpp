@@ -26,6 +26,12 @@ void check_message(const std::string& path, const std::string& what) {
   }
 }
 
+// FUZZ_VERBOSE=1: print each outcome (to see what a replayed input does).
+bool verbose() {
+  static const bool on = std::getenv("FUZZ_VERBOSE") != nullptr;
+  return on;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -37,7 +43,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     verified = true;
   } catch (const engine::CheckpointError& e) {
     check_message(path, e.what());
+    if (verbose()) std::cerr << "refused: " << e.what() << "\n";
   }
+  if (verbose() && verified) std::cerr << "accepted\n";
   if (!verified) return 0;
   // verify promises everything load checks: a verified file must load.
   try {
