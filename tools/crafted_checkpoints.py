@@ -7,6 +7,7 @@ CRC-valid), runs `engine verify FILE` and `engine inspect FILE` on each with a t
 and counts:
   crashes   the engine died of a signal (SIGSEGV, SIGABRT, ...)
   hangs     it ran past --timeout seconds (killed)
+  slow      it finished, but after more than --slow seconds (listed, not a failure)
   bad msgs  it refused the file, but its error was not exactly one line starting with the path
   accepted  it exited 0 (the mutation left a valid file, or hit bytes nobody reads)
 and the peak memory of any single run. `inspect` runs on a file only after `verify`
@@ -86,7 +87,8 @@ def mutate(payload, metadata_bytes, rng):
 
 
 def run(cmd, timeout):
-    """(status, stderr): status is an int exit code, 'signal N' or 'timeout'."""
+    """(status, stderr, seconds): status is an int exit code, 'signal N' or 'timeout'."""
+    t0 = time.time()
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          start_new_session=True)
     try:
@@ -94,10 +96,10 @@ def run(cmd, timeout):
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         p.communicate()
-        return "timeout", b""
+        return "timeout", b"", time.time() - t0
     if p.returncode < 0:
-        return "signal %d (%s)" % (-p.returncode, signal.Signals(-p.returncode).name), err
-    return p.returncode, err
+        return "signal %d (%s)" % (-p.returncode, signal.Signals(-p.returncode).name), err, time.time() - t0
+    return p.returncode, err, time.time() - t0
 
 
 def main():
@@ -114,6 +116,8 @@ def main():
     ap.add_argument("--all-commands", action="store_true",
                     help="run every command on every file, not only after the previous one accepted it")
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--slow", type=float, default=10.0,
+                    help="report runs that finished but took longer than this many seconds")
     a = ap.parse_args()
     bases = a.base or [os.path.join(ROOT, "tests/data/checkpoint_v2_cpu_mid_epoch.h5"),
                        os.path.join(ROOT, "tests/fuzz/corpus/checkpoint/tiny.h5")]
@@ -130,7 +134,8 @@ def main():
     if a.keep_dir:
         os.makedirs(a.keep_dir, exist_ok=True)
     counts = {"files": 0, "runs": 0, "crashes": 0, "hangs": 0, "bad_messages": 0, "accepted": 0,
-              "refused": 0}
+              "refused": 0, "slow": 0}
+    slowest = [0.0]
     failures = {}
     peak_kb, peak_file = 0, None
     start = time.time()
@@ -146,10 +151,16 @@ def main():
         with open(path, "wb") as out:
             out.write(data)
         for cmd in commands:
-            status, err = run([a.engine, cmd, path], a.timeout)
+            status, err, seconds = run([a.engine, cmd, path], a.timeout)
             problem = None
             with lock:
                 counts["runs"] += 1
+                if seconds > a.slow and status != "timeout":
+                    counts["slow"] += 1
+                    slowest[0] = max(slowest[0], seconds)
+                    if not a.quiet:
+                        print("%s %s: slow, %.1fs, exit %s: %s" % (cmd, os.path.basename(path), seconds, status,
+                                                              err.decode("utf-8", "replace").strip()[:200]), flush=True)
                 maxrss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
                 if maxrss > peak_kb:
                     peak_kb, peak_file = maxrss, "%s %s" % (cmd, os.path.basename(path))
@@ -197,6 +208,8 @@ def main():
           "%(bad_messages)d bad messages, %(refused)d refused, %(accepted)d accepted" % counts)
     if failures:
         print("by kind: " + ", ".join("%s: %d" % kv for kv in sorted(failures.items())))
+    if counts["slow"]:
+        print("slow runs (finished, over %gs): %d, the slowest %.1fs" % (a.slow, counts["slow"], slowest[0]))
     print("peak memory of one run: %.0f MB (%s); %.0fs" % (peak_kb / 1024, peak_file, time.time() - start))
     return 0 if counts["crashes"] == counts["hangs"] == counts["bad_messages"] == 0 else 1
 
