@@ -132,7 +132,8 @@ std::string one_line(std::string s) {
 }
 
 std::string short_dump(const json& v) {
-  std::string s = v.dump();
+  // Replace, not throw, on invalid UTF-8: a message must never fail to be built.
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   constexpr size_t kMax = 60;
   if (s.size() > kMax) s = s.substr(0, kMax) + "...";
   return s;
@@ -509,6 +510,13 @@ void apply_override(json& j, const std::string& assignment) {
   try {
     value = json::parse(text);
   } catch (const json::parse_error&) {
+    // The literal string, which must be UTF-8 like any JSON text: the resolved config is
+    // stored as JSON in every checkpoint (found by tests/fuzz/fuzz_config).
+    try {
+      (void)json(text).dump();
+    } catch (const json::type_error&) {
+      throw ConfigError(one_line("--set: value for '" + key + "' is not valid UTF-8"));
+    }
     value = text;
   } catch (const json::exception& e) {
     // Valid JSON syntax that cannot be held, such as 1e999: a plain string would hide it.

@@ -22,7 +22,9 @@
 #include <zlib.h>
 
 #include "engine/checkpoint.h"
+#include "io/checkpoint_reader.h"
 #include "io/deferred_remove.h"
+#include "support/checkpoint_testing.h"
 #include "scratch_dir.h"
 
 using namespace engine;
@@ -458,6 +460,31 @@ TEST_CASE("a flipped bit anywhere is a checksum mismatch") {
   }
   write_bytes(damaged, good);
   verify_checkpoint_file(damaged);
+}
+
+TEST_CASE("loading from bytes in memory checks and returns what loading the file does") {
+  const std::string path = tmp_path("from_bytes.h5");
+  save_checkpoint(path, sample());
+  const auto good = read_bytes(path);
+  const Checkpoint from_file = load_checkpoint(path);
+  const Checkpoint from_bytes = checkpoint_internal::load_checkpoint_from_bytes("buffer", good.data(), good.size());
+  CHECK(from_bytes.meta.created_utc == from_file.meta.created_utc);
+  CHECK(from_bytes.config_json == from_file.config_json);
+  REQUIRE(from_bytes.groups.size() == from_file.groups.size());
+  for (const auto& [group, d] : from_file.groups) {
+    INFO("group " << group);
+    REQUIRE(from_bytes.groups.count(group));
+    CHECK(state_difference(d, from_bytes.groups.at(group)) == "");
+  }
+
+  auto damaged = good;
+  damaged[good.size() / 2] ^= 1;
+  CHECK(error_of([&] { checkpoint_internal::load_checkpoint_from_bytes("buffer", damaged.data(), damaged.size()); })
+            .rfind("buffer: checksum mismatch (file is corrupt)", 0) == 0);
+  CHECK(error_of([&] { checkpoint_internal::load_checkpoint_from_bytes("buffer", good.data(), good.size() - 1); })
+            .rfind("buffer: truncated", 0) == 0);
+  CHECK(error_of([&] { checkpoint_internal::load_checkpoint_from_bytes("buffer", good.data(), 0); }) ==
+        "buffer: truncated: the file is empty");
 }
 
 namespace {

@@ -491,6 +491,19 @@ TEST_CASE("overrides") {
           "--set: expected key=value, got 'train.epochs'");
     CHECK(contains(config_error([&] { engine::apply_override(j, "=3"); }), "--set: missing key"));
   }
+  SUBCASE("a value that is not valid UTF-8 is refused with the key, not a JSON exception") {
+    // tests/fuzz/regressions/config/: the unquoted value became a string that could not be
+    // dumped, and the type_error escaped config_from_json while it described the value.
+    CHECK(config_error([&] { engine::apply_override(j, "device=a\xff"); }) ==
+          "--set: value for 'device' is not valid UTF-8");
+    CHECK(config_error([&] { engine::apply_override(j, "data.dir=/tmp/\xc3"); }) ==
+          "--set: value for 'data.dir' is not valid UTF-8");
+    CHECK(j == engine::default_config_json());
+    // A JSON string that parsed is valid UTF-8; one set directly is described, not thrown.
+    json raw = json::object();
+    raw["device"] = std::string("cu\xff");
+    CHECK(contains(parse_error(raw), "key 'device' must be one of auto, cpu, cuda, cuda:N"));
+  }
   SUBCASE("a section that is not an object in the user's JSON") {
     json bad = json::parse(R"({"train": 5})");
     CHECK(contains(config_error([&] { engine::apply_override(bad, "train.epochs=3"); }),

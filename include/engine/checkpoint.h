@@ -73,28 +73,4 @@ CheckpointDiff diff_checkpoints(const std::string& a, const std::string& b);
 // DataParallel) from a parameter name, repeatedly.
 std::string strip_wrapper_prefixes(const std::string& name);
 
-// For tests and fixture tools only, never for training: writes files that are
-// deliberately wrong in one respect so that the refusals of the loader can be tested
-// without the HDF5 headers.
-namespace checkpoint_testing {
-struct RawDataset {
-  std::string path;             // absolute HDF5 path, e.g. "/model/bad"
-  std::string type;             // "float32", "float64", "int64", "int16", "uint8", "string"
-  std::vector<uint64_t> dims;   // any rank; storage is never allocated, so size is free
-  bool series_kind = false;     // add the attribute kind = "series"
-  std::string external_file;    // non-empty: contiguous storage in this external file
-};
-struct Tamper {
-  int64_t format_version = kCheckpointFormatVersion;  // header and root attribute
-  std::vector<std::string> omit_groups;
-  std::vector<std::string> omit_root_attributes;
-  std::vector<RawDataset> raw_datasets;
-  bool plain_hdf5 = false;  // no engine header: an ordinary HDF5 file
-};
-void save_tampered(const std::string& path, const Checkpoint& ckpt, const Tamper& tamper);
-// Rewrites the user-block header of a file whose HDF5 payload was patched by hand, so
-// that the payload passes the checksum and reaches the structural checks.
-void reseal(const std::string& path, int64_t format_version = kCheckpointFormatVersion);
-}  // namespace checkpoint_testing
-
 }  // namespace engine

@@ -1,0 +1,461 @@
+// The parser process: forked once, fed file images over a socket pair, answering with
+// manifests. Everything it says is checked by the caller (io/checkpoint_manifest.cpp
+// decodes defensively; the loader checks offsets against the file).
+#include "io/hdf5_sandbox.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+#include <vector>
+
+namespace engine::hdf5_sandbox {
+
+namespace {
+
+constexpr uint64_t kRequestMagic = 0x5153455251484645;  // "EFHQREQS"
+// Memory the parser may use beyond its inherited address space and the image: HDF5's
+// caches and the manifest, with room to spare (a 5 MB checkpoint needs a few MiB).
+constexpr uint64_t kParserHeadroom = uint64_t(512) << 20;
+// CPU time a parse may take: the walk of a 5 MB checkpoint takes well under 10 ms.
+constexpr double kCpuSeconds = 2.0;
+constexpr double kCpuSecondsPerMiB = 0.05;
+// A parser neither answering nor using CPU (blocked) is killed after this long.
+constexpr double kDefaultWallSeconds = 20.0;
+
+enum class Status : uint8_t { Parsed = 0, Refused = 1, NeedsData = 2, Failed = 3 };
+
+struct Request {
+  uint64_t magic;
+  uint64_t image_size;
+  uint64_t sent;
+  uint32_t content;
+  uint32_t fault;
+};
+
+double cpu_limit_seconds(uint64_t sent) { return kCpuSeconds + kCpuSecondsPerMiB * double(sent >> 20); }
+
+// ---- The parser process -----------------------------------------------------------
+
+bool read_full(int fd, void* data, std::size_t n) {
+  auto* p = static_cast<unsigned char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+bool write_full(int fd, const void* data, std::size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+uint64_t address_space_bytes() {
+  char buf[128] = {};
+  const int fd = ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  return std::strtoull(buf, nullptr, 10) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+void set_soft_limit(int resource, uint64_t value) {
+  rlimit lim{};
+  if (getrlimit(resource, &lim) != 0) return;
+  lim.rlim_cur = lim.rlim_max == RLIM_INFINITY ? value : std::min<uint64_t>(value, lim.rlim_max);
+  setrlimit(resource, &lim);
+}
+
+// Leaves the parser with the socket as fd 3, /dev/null as stdio, no other descriptor of
+// the caller's, default signal handling except for the signals meant for the caller
+// (Ctrl-C reaches the whole process group), no core dumps.
+int isolate(int sock) {
+  if (sock != 3) {
+    if (::dup2(sock, 3) < 0) _exit(3);
+    sock = 3;
+  }
+  const int null = ::open("/dev/null", O_RDWR);
+  if (null >= 0)
+    for (int fd = 0; fd < 3; ++fd) ::dup2(null, fd);
+#ifdef SYS_close_range
+  if (::syscall(SYS_close_range, 4u, ~0u, 0u) != 0)
+#endif
+    for (int fd = 4; fd < 65536; ++fd) ::close(fd);
+  for (int sig = 1; sig < NSIG; ++sig)
+    if (sig != SIGKILL && sig != SIGSTOP) ::signal(sig, SIG_DFL);
+  for (int sig : {SIGINT, SIGQUIT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGPIPE, SIGTSTP}) ::signal(sig, SIG_IGN);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  rlimit no_core{0, 0};
+  setrlimit(RLIMIT_CORE, &no_core);
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+  return sock;
+}
+
+void misbehave(testing::Fault fault) {
+  switch (fault) {
+    case testing::Fault::None:
+    case testing::Fault::Garbage: return;
+    case testing::Fault::Crash: ::raise(SIGSEGV); return;
+    case testing::Fault::Spin: {
+      volatile uint64_t x = 0;
+      for (;;) x = x + 1;
+    }
+    case testing::Fault::Stall: ::pause(); return;
+    case testing::Fault::Allocate: {
+      std::vector<void*> held;
+      for (;;) held.push_back(::operator new(std::size_t(64) << 20));  // throws bad_alloc at the limit
+    }
+  }
+}
+
+void reply(int sock, Status status, const std::string& body) {
+  const uint64_t len = body.size() + 1;
+  const auto code = static_cast<uint8_t>(status);
+  if (!write_full(sock, &len, 8) || !write_full(sock, &code, 1) || !write_full(sock, body.data(), body.size()))
+    _exit(0);
+}
+
+[[noreturn]] void serve(int sock) {
+  sock = isolate(sock);
+  const uint64_t inherited = address_space_bytes();
+  for (;;) {
+    Request rq{};
+    if (!read_full(sock, &rq, sizeof rq)) _exit(0);  // the caller closed the socket or exited
+    if (rq.magic != kRequestMagic || rq.sent > rq.image_size || rq.image_size == 0) _exit(2);
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    const double used = double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+    set_soft_limit(RLIMIT_CPU, static_cast<uint64_t>(std::ceil(used + cpu_limit_seconds(rq.sent))));
+    const uint64_t memory_limit = inherited + 2 * rq.image_size + kParserHeadroom;
+    set_soft_limit(RLIMIT_AS, memory_limit);
+    // Pages past `sent` stay untouched zeros: the parser's image costs what it is sent.
+    void* image = ::mmap(nullptr, rq.image_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (image == MAP_FAILED) {
+      reply(sock, Status::Failed, "the HDF5 structure could not be parsed safely (parser out of memory)");
+      _exit(0);
+    }
+    if (!read_full(sock, image, rq.sent)) _exit(0);
+    const auto fault = static_cast<testing::Fault>(rq.fault);
+    Status status = Status::Parsed;
+    std::string body;
+    try {
+      misbehave(fault);
+      const auto content = rq.content == 1 ? hdf5_walk::ImageContent::Complete : hdf5_walk::ImageContent::MetadataOnly;
+      body = manifest::encode(hdf5_walk::walk(static_cast<unsigned char*>(image), rq.image_size, content));
+      if (fault == testing::Fault::Garbage) body.assign(64, '\x7f');
+    } catch (const hdf5_walk::Refusal& e) {
+      status = Status::Refused;
+      body = e.what();
+    } catch (const hdf5_walk::NeedsData&) {
+      status = Status::NeedsData;
+      body.clear();
+    } catch (const std::bad_alloc&) {
+      status = Status::Failed;
+      body = "the HDF5 structure could not be parsed safely (parser out of memory: limit " +
+             std::to_string((memory_limit - inherited) >> 20) + " MiB)";
+    } catch (const std::exception& e) {
+      status = Status::Failed;
+      body = std::string("the HDF5 structure could not be parsed safely (") + e.what() + ")";
+    }
+    reply(sock, status, body);
+    ::munmap(image, rq.image_size);
+    // A parser that refused a file may have been left in any state by it; the next
+    // parse gets a fresh process.
+    if (status == Status::Refused || status == Status::Failed) _exit(0);
+  }
+}
+
+// ---- The caller's side ------------------------------------------------------------
+
+struct Parser {
+  pid_t pid = -1;
+  int sock = -1;
+};
+
+std::mutex g_mutex;
+Parser g_parser;
+std::atomic<int> g_fault{0};
+std::atomic<double> g_wall_limit{0};
+
+// The pending parse between start() and finish().
+struct Pending {
+  std::chrono::steady_clock::time_point deadline;
+  double wall_seconds = 0;
+  uint64_t sent = 0;
+  bool failed = false;
+  std::string failure;
+};
+Pending g_pending;
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return "signal " + std::to_string(sig) + (abbrev ? std::string(" (SIG") + abbrev + ")" : "");
+}
+
+// Ends the parser: waits briefly for a process that is exiting by itself, then kills it.
+// Returns how it ended, for messages.
+std::string retire(bool kill_now) {
+  Parser p = g_parser;
+  g_parser = Parser{};
+  if (p.sock >= 0) ::close(p.sock);
+  if (p.pid < 0) return "";
+  int status = 0;
+  pid_t r = 0;
+  if (!kill_now) {
+    for (int i = 0; i < 200 && (r = ::waitpid(p.pid, &status, WNOHANG)) == 0; ++i) ::usleep(500);
+  }
+  if (r == 0 || kill_now) {
+    ::kill(p.pid, SIGKILL);
+    while ((r = ::waitpid(p.pid, &status, 0)) < 0 && errno == EINTR) {
+    }
+  }
+  if (r != p.pid) return "parser ended, status unknown";
+  if (WIFSIGNALED(status)) {
+    if (WTERMSIG(status) == SIGXCPU) return "parser exceeded its CPU time limit";
+    return "parser crashed: " + signal_name(WTERMSIG(status));
+  }
+  if (WIFEXITED(status)) return "parser exited with status " + std::to_string(WEXITSTATUS(status));
+  return "parser ended";
+}
+
+bool spawn(std::string& why) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    why = std::string("cannot create the parser's socket: ") + std::strerror(errno);
+    return false;
+  }
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    why = std::string("cannot start the parser process: ") + std::strerror(errno);
+    ::close(sv[0]);
+    ::close(sv[1]);
+    return false;
+  }
+  if (pid == 0) {
+    ::close(sv[0]);
+    serve(sv[1]);
+  }
+  ::close(sv[1]);
+  ::fcntl(sv[0], F_SETFL, ::fcntl(sv[0], F_GETFL) | O_NONBLOCK);
+  g_parser = Parser{pid, sv[0]};
+  return true;
+}
+
+enum class Io { Done, Closed, TimedOut };
+
+Io wait_for(int fd, short events) {
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(g_pending.deadline -
+                                                                            std::chrono::steady_clock::now());
+    if (left.count() <= 0) return Io::TimedOut;
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count() + 1, 1 << 30)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Io::Closed;
+    if (r > 0) return (p.revents & events) ? Io::Done : Io::Closed;
+  }
+}
+
+Io send_all(const void* data, std::size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::send(g_parser.sock, p, n, MSG_NOSIGNAL);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      const Io w = wait_for(g_parser.sock, POLLOUT);
+      if (w != Io::Done) return w;
+      continue;
+    }
+    if (r <= 0) return Io::Closed;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return Io::Done;
+}
+
+Io recv_all(void* data, std::size_t n) {
+  auto* p = static_cast<unsigned char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::recv(g_parser.sock, p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      const Io w = wait_for(g_parser.sock, POLLIN);
+      if (w != Io::Done) return w;
+      continue;
+    }
+    if (r <= 0) return Io::Closed;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return Io::Done;
+}
+
+std::string unsafe(const std::string& why) { return "the HDF5 structure could not be parsed safely (" + why + ")"; }
+
+// A failed exchange: retire the parser and say what happened to it.
+void fail_pending(Io io) {
+  std::string how = retire(io == Io::TimedOut);
+  if (io == Io::TimedOut) {
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%g", g_pending.wall_seconds);
+    how = std::string("parser killed after ") + secs + " s without an answer";
+  }
+  g_pending.failed = true;
+  g_pending.failure = unsafe(how.empty() ? "parser ended" : how);
+}
+
+// A line from the parser: attacker-influenced text (names from the file), so control
+// characters are replaced and the length bounded before it reaches a message.
+std::string one_line(const std::string& s) {
+  std::string out = s.substr(0, 2000);
+  for (char& c : out)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  return out;
+}
+
+}  // namespace
+
+void start(const unsigned char* image, std::size_t sent, std::size_t image_size, ImageContent content) {
+  g_mutex.lock();
+  g_pending = Pending{};
+  const double wall = g_wall_limit.load() > 0 ? g_wall_limit.load() : kDefaultWallSeconds + 4 * cpu_limit_seconds(sent);
+  g_pending.wall_seconds = wall;
+  g_pending.sent = sent;
+  g_pending.deadline = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(wall));
+  Request rq{kRequestMagic, image_size, sent, content == ImageContent::Complete ? 1u : 0u,
+             static_cast<uint32_t>(g_fault.exchange(0))};
+  // A parser that died since the last parse (killed from outside) is noticed when the
+  // request cannot be sent: one new parser is tried.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (g_parser.pid < 0) {
+      std::string why;
+      if (!spawn(why)) {
+        g_pending.failed = true;
+        g_pending.failure = unsafe(why);
+        return;
+      }
+    }
+    Io io = send_all(&rq, sizeof rq);
+    if (io == Io::Closed && attempt == 0) {
+      retire(true);
+      continue;
+    }
+    if (io == Io::Done) io = send_all(image, sent);
+    if (io != Io::Done) fail_pending(io);
+    return;
+  }
+}
+
+Reply finish() {
+  std::lock_guard<std::mutex> unlock_at_end(g_mutex, std::adopt_lock);
+  Reply out;
+  out.outcome = Outcome::Failed;
+  if (g_pending.failed) {
+    out.message = g_pending.failure;
+    return out;
+  }
+  uint64_t len = 0;
+  Io io = recv_all(&len, 8);
+  // A reply holds at most the image's data once (chunked and compact datasets read
+  // through HDF5) plus names and scalars, which are part of the image too.
+  const uint64_t cap = 2 * g_pending.sent + 2 * (uint64_t(1) << 20);
+  if (io == Io::Done && (len == 0 || len > cap)) {
+    retire(true);
+    out.message = unsafe("parser sent a malformed reply");
+    return out;
+  }
+  std::vector<unsigned char> body;
+  if (io == Io::Done) {
+    try {
+      body.resize(static_cast<std::size_t>(len));
+    } catch (const std::bad_alloc&) {
+      retire(true);
+      out.message = unsafe("parser sent a malformed reply");
+      return out;
+    }
+    io = recv_all(body.data(), body.size());
+  }
+  if (io != Io::Done) {
+    fail_pending(io);
+    out.message = g_pending.failure;
+    return out;
+  }
+  switch (body[0]) {
+    case static_cast<uint8_t>(Status::Parsed): {
+      std::string why;
+      if (manifest::decode(body.data() + 1, body.size() - 1, out.manifest, why)) {
+        out.outcome = Outcome::Parsed;
+        return out;
+      }
+      retire(true);
+      out.manifest = manifest::Manifest{};
+      out.message = unsafe("parser sent a malformed reply: " + why);
+      return out;
+    }
+    case static_cast<uint8_t>(Status::NeedsData):
+      out.outcome = Outcome::NeedsData;
+      return out;
+    case static_cast<uint8_t>(Status::Refused):
+      out.outcome = Outcome::Refused;
+      retire(false);  // it exits by itself after refusing
+      out.message = one_line(std::string(body.begin() + 1, body.end()));
+      if (out.message.empty()) out.message = unsafe("parser refused without a reason");
+      return out;
+    case static_cast<uint8_t>(Status::Failed):
+      retire(false);
+      out.message = one_line(std::string(body.begin() + 1, body.end()));
+      if (out.message.rfind("the HDF5 structure could not be parsed safely", 0) != 0) out.message = unsafe("parser failed");
+      return out;
+    default:
+      retire(true);
+      out.message = unsafe("parser sent a malformed reply");
+      return out;
+  }
+}
+
+Reply parse(const unsigned char* image, std::size_t sent, std::size_t image_size, ImageContent content) {
+  start(image, sent, image_size, content);
+  return finish();
+}
+
+namespace testing {
+void inject_next(Fault fault) { g_fault = static_cast<int>(fault); }
+void set_wall_limit(double seconds) { g_wall_limit = seconds; }
+int parser_pid() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_parser.pid;
+}
+}  // namespace testing
+
+}  // namespace engine::hdf5_sandbox

@@ -1,0 +1,266 @@
+// Crafted checkpoints: files whose HDF5 structure was made to crash, hang or exhaust
+// libhdf5 or the loader, with valid checksums. Each must be refused with one line
+// naming the file (or load cleanly), quickly and in little memory, and never take the
+// loading process down (docs/security.md).
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/checkpoint.h"
+#include "io/hdf5_sandbox.h"
+#include "scratch_dir.h"
+#include "support/checkpoint_testing.h"
+
+using namespace engine;
+namespace fs = std::filesystem;
+namespace sandbox_testing = engine::hdf5_sandbox::testing;
+
+namespace {
+
+std::string tmp_path(const std::string& name) { return (test_util::scratch_root("test_crafted") / name).string(); }
+
+std::string fixture() {
+  const char* root = std::getenv("ENGINE_SOURCE_DIR");
+  return std::string(root ? root : ".") + "/tests/data/checkpoint_v2_cpu_mid_epoch.h5";
+}
+
+std::vector<unsigned char> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<unsigned char>(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const std::string& path, const std::vector<unsigned char>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// metadata_bytes from the header of a version-2 file.
+std::size_t metadata_bytes_of(const std::vector<unsigned char>& file) {
+  const std::string header(file.begin(), file.begin() + 512);
+  const std::size_t at = header.find("metadata_bytes ");
+  REQUIRE(at != std::string::npos);
+  return std::stoull(header.substr(at + 15));
+}
+
+long peak_rss_kib() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The message of a refusal, "" when the file loads.
+std::string outcome_of(const std::string& path) {
+  try {
+    (void)load_checkpoint(path);
+    return "";
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+}
+
+void check_one_line_naming(const std::string& path, const std::string& msg) {
+  CHECK(msg.rfind(path + ": ", 0) == 0);
+  CHECK(msg.find('\n') == std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("the fixture loads through the sandboxed parser, which is reused") {
+  const Checkpoint c = load_checkpoint(fixture());
+  CHECK(c.groups.count("model"));
+  const int pid = sandbox_testing::parser_pid();
+  CHECK(pid > 0);
+  (void)load_checkpoint(fixture());
+  CHECK(sandbox_testing::parser_pid() == pid);
+}
+
+TEST_CASE("a parser that crashes is a one-line refusal, and the next load gets a new parser") {
+  const std::string path = fixture();
+  sandbox_testing::inject_next(sandbox_testing::Fault::Crash);
+  const std::string msg = outcome_of(path);
+  check_one_line_naming(path, msg);
+  CHECK(msg.find("could not be parsed safely (parser crashed: signal 11") != std::string::npos);
+  CHECK(outcome_of(path).empty());
+}
+
+TEST_CASE("a parser that spins is stopped by its CPU limit") {
+  const std::string path = fixture();
+  const auto t0 = std::chrono::steady_clock::now();
+  sandbox_testing::inject_next(sandbox_testing::Fault::Spin);
+  const std::string msg = outcome_of(path);
+  check_one_line_naming(path, msg);
+  CHECK(msg.find("parser exceeded its CPU time limit") != std::string::npos);
+  CHECK(seconds_since(t0) < 30);  // 2-3 s of CPU; wall time depends on the machine's load
+  CHECK(outcome_of(path).empty());
+}
+
+TEST_CASE("a parser that blocks is killed by the watchdog") {
+  const std::string path = fixture();
+  sandbox_testing::set_wall_limit(1.0);
+  const auto t0 = std::chrono::steady_clock::now();
+  sandbox_testing::inject_next(sandbox_testing::Fault::Stall);
+  const std::string msg = outcome_of(path);
+  sandbox_testing::set_wall_limit(0);
+  check_one_line_naming(path, msg);
+  CHECK(msg.find("parser killed after 1 s without an answer") != std::string::npos);
+  CHECK(seconds_since(t0) < 5);
+  CHECK(outcome_of(path).empty());
+}
+
+TEST_CASE("a malformed reply or a parser out of memory is a refusal") {
+  const std::string path = fixture();
+  sandbox_testing::inject_next(sandbox_testing::Fault::Garbage);
+  std::string msg = outcome_of(path);
+  check_one_line_naming(path, msg);
+  CHECK(msg.find("parser sent a malformed reply") != std::string::npos);
+
+  sandbox_testing::inject_next(sandbox_testing::Fault::Allocate);
+  msg = outcome_of(path);
+  check_one_line_naming(path, msg);
+  CHECK(msg.find("parser out of memory") != std::string::npos);
+  CHECK(outcome_of(path).empty());
+}
+
+TEST_CASE("a parser killed from outside between loads is replaced") {
+  (void)load_checkpoint(fixture());
+  const int pid = sandbox_testing::parser_pid();
+  REQUIRE(pid > 0);
+  REQUIRE(::kill(pid, SIGKILL) == 0);
+  CHECK(outcome_of(fixture()).empty());
+  CHECK(sandbox_testing::parser_pid() != pid);
+}
+
+// The experiment, as a test: random changes to the HDF5 metadata bytes of a real
+// checkpoint, the header checksums recomputed. libhdf5 1.10 crashes or loops on some of
+// these; the loader must survive every one.
+TEST_CASE("300 resealed random metadata mutations: no crash, no hang, one-line refusals") {
+  const std::vector<unsigned char> original = read_bytes(fixture());
+  const std::size_t metadata_end = 512 + metadata_bytes_of(original);
+  REQUIRE(metadata_end <= original.size());
+  std::mt19937_64 rng(20261130);
+  const std::string path = tmp_path("mutated.h5");
+  int loaded = 0, refused = 0, parser_failures = 0;
+  double slowest = 0;
+  const long rss_before = peak_rss_kib();
+  for (int i = 0; i < 300; ++i) {
+    std::vector<unsigned char> bytes = original;
+    const int changes = 1 + static_cast<int>(rng() % 8);
+    for (int k = 0; k < changes; ++k) {
+      const std::size_t at = 512 + rng() % (metadata_end - 512);
+      switch (rng() % 3) {
+        case 0: bytes[at] ^= static_cast<unsigned char>(1u << (rng() % 8)); break;
+        case 1: bytes[at] = static_cast<unsigned char>(rng()); break;
+        default: bytes[at] = (rng() % 2) ? 0xff : 0x00; break;
+      }
+    }
+    write_bytes(path, bytes);
+    checkpoint_testing::reseal(path);
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string msg = outcome_of(path);
+    slowest = std::max(slowest, seconds_since(t0));
+    if (std::getenv("CRAFTED_VERBOSE")) MESSAGE(i << " " << seconds_since(t0) << " " << msg);
+    if (msg.empty()) {
+      ++loaded;
+      continue;
+    }
+    ++refused;
+    INFO("mutation " << i << ": " << msg);
+    check_one_line_naming(path, msg);
+    if (msg.find("could not be parsed safely") != std::string::npos) ++parser_failures;
+  }
+  MESSAGE("mutations: " << loaded << " loaded, " << refused << " refused (" << parser_failures
+                        << " by a parser crash or limit); slowest load " << slowest << " s");
+  CHECK(loaded + refused == 300);
+  CHECK(slowest < 60);
+  CHECK(peak_rss_kib() - rss_before < 256 * 1024);
+  CHECK(outcome_of(fixture()).empty());
+}
+
+namespace {
+
+// The fixture's state saved again with one extra dataset stored as `raw` says.
+std::string with_raw_dataset(const std::string& name, const checkpoint_testing::RawDataset& raw) {
+  const std::string path = tmp_path(name);
+  checkpoint_testing::Tamper tamper;
+  tamper.raw_datasets = {raw};
+  checkpoint_testing::save_tampered(path, load_checkpoint(fixture()), tamper);
+  return path;
+}
+
+using Layout = checkpoint_testing::RawDataset::Layout;
+
+checkpoint_testing::RawDataset raw_dataset(const std::string& at, const std::string& type, std::vector<uint64_t> dims,
+                                           Layout layout, bool series = false) {
+  checkpoint_testing::RawDataset raw{at, type, std::move(dims), series};
+  raw.layout = layout;
+  return raw;
+}
+
+}  // namespace
+
+// The 2.2 GB case: a series declared with 2^28 float64 elements, one chunk of
+// 1024 written, the rest fill values. Refused from its layout, before any allocation.
+TEST_CASE("a chunked dataset declared with 2^28 elements and one chunk stored is refused quickly in little memory") {
+  const std::string path = with_raw_dataset(
+      "huge_series.h5", raw_dataset("/trainer/epoch_sample_loss_huge", "float64", {uint64_t(1) << 28}, Layout::FirstChunk, true));
+  CHECK(fs::file_size(path) < (std::uintmax_t(16) << 20));
+  const long rss_before = peak_rss_kib();
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string msg = outcome_of(path);
+  check_one_line_naming(path, msg);
+  CHECK(msg.find("/trainer/epoch_sample_loss_huge is only partly stored") != std::string::npos);
+  CHECK(seconds_since(t0) < 5);
+  CHECK(peak_rss_kib() - rss_before < 64 * 1024);
+}
+
+TEST_CASE("partly stored and filtered datasets are refused; fully stored chunked and compact ones load") {
+  std::string path = with_raw_dataset("partial.h5", raw_dataset("/model/partial", "float32", {4096}, Layout::FirstChunk));
+  std::string msg = outcome_of(path);
+  check_one_line_naming(path, msg);
+  CHECK(msg.find("/model/partial is only partly stored (missing chunks would read as fill values)") != std::string::npos);
+
+  path = with_raw_dataset("deflated.h5", raw_dataset("/model/packed", "float32", {4096}, Layout::Deflated));
+  msg = outcome_of(path);
+  check_one_line_naming(path, msg);
+  CHECK(msg.find("/model/packed is compressed or filtered") != std::string::npos);
+
+  path = with_raw_dataset("unwritten.h5", raw_dataset("/model/never", "float32", {4096}, Layout::Unwritten));
+  CHECK(outcome_of(path) == path + ": /model/never has no stored data");
+
+  // Chunked without filters, every chunk written: read through HDF5 in the parser.
+  path = with_raw_dataset("chunked.h5", raw_dataset("/model/chunked", "float32", {64, 3}, Layout::Chunked));
+  Checkpoint c = load_checkpoint(path);
+  const Tensor& chunked = c.groups.at("model").tensors.at("chunked");
+  REQUIRE(chunked.shape() == Shape{64, 3});
+  for (int i = 0; i < 192; ++i) CHECK(chunked.f32()[i] == static_cast<float>(i % 251));
+
+  path = with_raw_dataset("chunked_series.h5",
+                          raw_dataset("/metrics/chunked_series", "float64", {1000}, Layout::Chunked, true));
+  c = load_checkpoint(path);
+  const std::vector<double>& series = c.groups.at("metrics").get_series("chunked_series");
+  REQUIRE(series.size() == 1000);
+  for (int i = 0; i < 1000; ++i) CHECK(series[static_cast<std::size_t>(i)] == static_cast<double>(i % 251));
+
+  // Compact: the data lives in the object header, inside the metadata.
+  path = with_raw_dataset("compact.h5", raw_dataset("/model/compact", "uint8", {5, 2}, Layout::Compact));
+  c = load_checkpoint(path);
+  const Tensor& compact = c.groups.at("model").tensors.at("compact");
+  REQUIRE(compact.shape() == Shape{5, 2});
+  REQUIRE(compact.dtype() == DType::U8);
+  for (int i = 0; i < 10; ++i) CHECK(compact.u8()[i] == i);
+}

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Fuzzing (docs/fuzzing.md).
+#   tools/fuzz.sh TARGET SECONDS [LIBFUZZER_ARGS...]   fuzz one harness for SECONDS
+#   tools/fuzz.sh --replay [TARGET...]                 replay the regression corpus
+# TARGET: checkpoint, checkpoint_header, config, idx.
+# Builds the fuzz build (clang, libFuzzer, ASan+UBSan, CPU only) in $FUZZ_BUILD_DIR
+# (default build-fuzz/) when needed. Fuzzing keeps going past crashes (libFuzzer's fork
+# mode), saves every crashing, hanging or memory-hungry input under
+# $FUZZ_ARTIFACT_DIR/TARGET/ (default tests/fuzz/regressions/TARGET/, the committed
+# regression corpus), and prints the executions run and each new finding with the top of
+# its stack. Exit status: 0 = no finding, 1 = findings (or a replayed input fails), 2 = usage.
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+BUILD="${FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
+ARTIFACTS="${FUZZ_ARTIFACT_DIR:-$ROOT/tests/fuzz/regressions}"
+TARGETS=(checkpoint checkpoint_header config idx)
+JOBS="${FUZZ_BUILD_JOBS:-2}"
+
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+
+build() {
+  [ "${FUZZ_NO_BUILD:-0}" = 1 ] && return 0  # binaries already in $FUZZ_BUILD_DIR/tests/fuzz/
+  if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+    cmake -S "$ROOT" -B "$BUILD" -DENGINE_FUZZ=ON -DENGINE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_C_COMPILER="${FUZZ_CC:-clang}" -DCMAKE_CXX_COMPILER="${FUZZ_CXX:-clang++}" >/dev/null || exit 1
+  fi
+  cmake --build "$BUILD" -j"$JOBS" --target "$@" >"$BUILD/fuzz-build.log" 2>&1 ||
+    { tail -40 "$BUILD/fuzz-build.log" >&2; echo "fuzz.sh: build failed (log: $BUILD/fuzz-build.log)" >&2; exit 1; }
+}
+
+# Per-target inputs: seed directories and libFuzzer options.
+# The checkpoint fixtures in tests/data/ (5 MB, a real training checkpoint) are seeds
+# too, whole: HDF5 refuses a truncated file before parsing much (the superblock records
+# the end of the file), and crafted-file crashes come mostly from the fixture's richer
+# structure. The small tests/fuzz/corpus/checkpoint/tiny.h5 keeps the executions fast.
+seeds_of() {
+  case "$1" in
+    checkpoint) echo "$ROOT/tests/fuzz/corpus/checkpoint $ROOT/tests/data" ;;
+    *) echo "$ROOT/tests/fuzz/corpus/$1" ;;
+  esac
+}
+options_of() {
+  case "$1" in
+    checkpoint) echo "-max_len=5300000" ;;
+    checkpoint_header) echo "-max_len=1024 -dict=$ROOT/tests/fuzz/checkpoint_header.dict" ;;
+    config) echo "-max_len=4096 -dict=$ROOT/tests/fuzz/config.dict" ;;
+    idx) echo "-max_len=8192" ;;
+  esac
+}
+valid_target() { local t; for t in "${TARGETS[@]}"; do [ "$t" = "$1" ] && return 0; done; return 1; }
+
+# The signature of a finding: the kind of report and the first three frames of the
+# engine or a library it calls (libFuzzer's and the sanitizers' own frames skipped).
+signature() {
+  local bin="$1" input="$2" report
+  report="$(timeout 60 "$bin" -rss_limit_mb=2048 -timeout=10 "$input" 2>&1)"
+  local kind
+  kind="$(grep -m1 -E 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|rejection is not one line|verify accepted|load_config accepted|resolved config changes|inconsistent sizes|label out of range|deadly signal|Timeout|out-of-memory' <<<"$report" |
+    sed -E 's/^.*ERROR: //; s/^.*(runtime error: )/\1/; s/0x[0-9a-f]+/X/g; s/[0-9]{3,}/N/g; s/ \(.*$//' | cut -d: -f1-2 | head -c 90)"
+  local frames
+  frames="$(grep -E '^ +#[0-9]+ 0x' <<<"$report" |
+    grep -vE 'libFuzzer|fuzzer::|__sanitizer|__asan|__ubsan|compiler-rt|libc\.so|libstdc\+\+|pthread_kill|abort|raise|__cxa_throw|std::terminate|LLVMFuzzerTestOneInput|__interceptor' |
+    sed -E 's/^ +#[0-9]+ 0x[0-9a-f]+ in ([^ (<]+).*/\1/; s/^ +#[0-9]+ 0x[0-9a-f]+ +\(.*\/([^/]+)\+(0x[0-9a-f]+)\).*/\1+\2/' |
+    head -3 | paste -sd '<' - | sed 's/</ < /g')"
+  echo "${kind:-unknown} @ ${frames:-?}"
+}
+
+replay() {
+  local targets=("$@") t f rc failed=0 total=0
+  [ ${#targets[@]} -eq 0 ] && targets=("${TARGETS[@]}")
+  for t in "${targets[@]}"; do valid_target "$t" || usage; done
+  build $(printf 'fuzz_%s ' "${targets[@]}")
+  for t in "${targets[@]}"; do
+    local bin="$BUILD/tests/fuzz/fuzz_$t" n=0 bad=0
+    shopt -s nullglob
+    local inputs=("$ROOT/tests/fuzz/regressions/$t"/* "$ROOT/tests/fuzz/corpus/$t"/*)
+    shopt -u nullglob
+    for f in "${inputs[@]}"; do
+      [ -f "$f" ] || continue
+      n=$((n + 1))
+      timeout 120 "$bin" -rss_limit_mb=2048 -timeout=30 "$f" >/dev/null 2>&1
+      rc=$?
+      if [ $rc -ne 0 ]; then
+        bad=$((bad + 1))
+        echo "FAIL $t ${f#$ROOT/} (exit $rc): $(signature "$bin" "$f")"
+      fi
+    done
+    echo "replay $t: $n inputs, $bad failing"
+    total=$((total + n)); failed=$((failed + bad))
+  done
+  echo "replay: $total inputs, $failed failing"
+  [ $failed -eq 0 ]
+}
+
+fuzz() {
+  local t="$1" seconds="$2"; shift 2
+  valid_target "$t" || usage
+  [[ "$seconds" =~ ^[0-9]+$ ]] || usage
+  build "fuzz_$t"
+  local bin="$BUILD/tests/fuzz/fuzz_$t" work="$BUILD/corpus/$t" out="$ARTIFACTS/$t"
+  mkdir -p "$work" "$out"
+  local before
+  before="$(ls "$out")"
+  local log="$BUILD/fuzz-$t.log"
+  echo "fuzzing $t for ${seconds}s (log: ${log#$ROOT/})"
+  # Fork mode with -ignore_*: a finding is saved and fuzzing goes on for the whole time.
+  # -rss_limit_mb/-malloc_limit_mb: an input that makes one load take > 2 GB is a finding.
+  # shellcheck disable=SC2046
+  "$bin" -fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1 \
+    -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="$out/" $(options_of "$t") "$@" \
+    "$work" $(seeds_of "$t") >"$log" 2>&1
+  local rc=$?
+  # Fork mode's status lines: "#EXECS: cov: .. ft: .. corp: .. exec/s .. oom/timeout/crash: a/b/c time: Ts ..."
+  local last execs
+  last="$(grep -E '^#[0-9]+: cov:' "$log" | tail -1)"
+  execs="$(sed -E 's/^#([0-9]+):.*/\1/' <<<"$last")"
+  local new=() f
+  while IFS= read -r f; do
+    [ -n "$f" ] && ! grep -qxF "$f" <<<"$before" && new+=("$f")
+  done < <(ls "$out")
+  echo "$t: ${execs:-?} executions in ${seconds}s; ${last#*: }"
+  if [ ${#new[@]} -gt 0 ]; then
+    echo "$t: ${#new[@]} new finding(s) saved in ${out#$ROOT/}/:"
+    local sigs=""
+    for f in "${new[@]}"; do
+      local s; s="$(signature "$bin" "$out/$f")"
+      echo "  $f: $s"
+      sigs+="$s"$'\n'
+    done
+    echo "$t: $(sort -u <<<"${sigs%$'\n'}" | wc -l) unique signature(s)"
+    return 1
+  fi
+  if [ $rc -ne 0 ] || [ -z "$execs" ]; then
+    tail -20 "$log"; echo "$t: libFuzzer exited with status $rc"; return 1
+  fi
+  echo "$t: no crash, hang or out-of-memory"
+  return 0
+}
+
+[ $# -ge 1 ] || usage
+if [ "$1" = "--replay" ]; then shift; replay "$@"; exit $?; fi
+[ $# -ge 2 ] || usage
+fuzz "$@"
