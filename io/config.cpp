@@ -447,6 +447,7 @@ Config config_from_json(const json& j, const std::string& origin) {
                                                (*keep)[i], 1, kInt64Max));
   }
   r.boolean("checkpoint.verify", ck.verify);
+  r.choice("checkpoint.on_error", ck.on_error, {"stop", "continue"});
 
   r.boolean("cuda.deterministic", c.cuda.deterministic);
   return c;
@@ -584,6 +585,7 @@ json config_to_json(const Config& c) {
       {"every_n_steps", nullable(c.checkpoint.every_n_steps)},
       {"keep_epochs", json(c.checkpoint.keep_epochs)},
       {"verify", c.checkpoint.verify},
+      {"on_error", c.checkpoint.on_error},
   };
   j["cuda"] = {{"deterministic", c.cuda.deterministic}};
   return j;
