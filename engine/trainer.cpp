@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "engine/dispatch.h"
+#include "io/atomic_file.h"
 #include "io/tfevents.h"
 #include "kernels/cuda/settings.h"
 
@@ -32,6 +33,15 @@ double seconds_since(Clock::time_point t0) {
 }
 
 bool lower_is_better(const std::string& monitor) { return monitor == "val_loss"; }
+// A save the disk refused left the previous file in place; checkpoint.on_error says
+// whether training goes on without this save (the next one retries) or stops.
+bool survive_write_failure(const Config& cfg, TrainerObserver& observer, const CheckpointWriteError& e) {
+  if (cfg.checkpoint.on_error != "continue") return false;
+  observer.on_message(std::string("warning: ") + e.what() +
+                      "; training goes on (checkpoint.on_error = continue), the next save retries");
+  return true;
+}
+
 }  // namespace
 
 void request_stop() { g_stop_requested.store(true); }
@@ -486,7 +496,12 @@ void Trainer::save(CheckpointKind kind) {
     }
   }
   const std::string path = run_path(file);
-  save_checkpoint(path, snapshot());
+  try {
+    save_checkpoint(path, snapshot());
+  } catch (const CheckpointWriteError& e) {
+    if (!survive_write_failure(cfg_, *observer_, e)) throw;
+    return;
+  }
   if (cfg_.checkpoint.verify) verify_saved(path);
   observer_->on_checkpoint(path, kind);
   if (kind != CheckpointKind::Milestone) return;
@@ -531,24 +546,23 @@ void Trainer::verify_saved(const std::string& path) {
 }
 
 void Trainer::write_metrics_jsonl(const std::optional<EvalResult>& test) {
-  const std::string path = run_path("metrics.jsonl");
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    for (const EpochMetrics& m : history_) {
-      nlohmann::json j = {{"epoch", m.epoch},         {"train_loss", m.train_loss},
-                          {"val_loss", m.val_loss},   {"val_acc", m.val_acc},
-                          {"lr", m.lr},               {"loss_scale", m.loss_scale},
-                          {"epoch_seconds", m.epoch_seconds}};
-      out << j.dump() << "\n";
-    }
-    if (test)
-      out << nlohmann::json{{"test_loss", test->loss}, {"test_acc", test->accuracy},
-                            {"test_count", test->count}}.dump()
-          << "\n";
-    if (!out) throw std::runtime_error(tmp + ": cannot write metrics");
+  std::string text;
+  for (const EpochMetrics& m : history_) {
+    nlohmann::json j = {{"epoch", m.epoch},         {"train_loss", m.train_loss},
+                        {"val_loss", m.val_loss},   {"val_acc", m.val_acc},
+                        {"lr", m.lr},               {"loss_scale", m.loss_scale},
+                        {"epoch_seconds", m.epoch_seconds}};
+    text += j.dump() + "\n";
   }
-  fs::rename(tmp, path);
+  if (test)
+    text += nlohmann::json{{"test_loss", test->loss}, {"test_acc", test->accuracy},
+                           {"test_count", test->count}}.dump() + "\n";
+  // Replaced like a checkpoint: a crash leaves the old or the new file, never a torn one.
+  try {
+    write_file_atomically(run_path("metrics.jsonl"), text);
+  } catch (const CheckpointWriteError& e) {
+    if (!survive_write_failure(cfg_, *observer_, e)) throw;
+  }
   if (cfg_.logging.tensorboard) tfevents::write_run_events(cfg_.checkpoint.dir, history_, test);
 }
 

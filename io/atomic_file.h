@@ -8,13 +8,18 @@
 
 namespace engine {
 
-// pwrite of all `n` bytes at `offset`; 0 or the errno of the failure.
+// pwrite of all `n` bytes at `offset` (through file_ops); 0 or the errno of the failure.
 int write_fully_at(int fd, const unsigned char* data, std::size_t n, off_t offset);
 
 // Writes a new file under `path` atomically: `write_content(fd)` fills a temporary
 // file in the same directory (returning 0 or an errno), which is fsynced, renamed over
 // `path`, and the directory fsynced. On failure the previous file at `path` is
-// untouched and a CheckpointError names `path`.
+// untouched (put back if the directory fsync fails after the rename), no temporary file
+// is left, and a one-line CheckpointWriteError names `path`, the step and the errno
+// text. A `path` that exists and is not a regular file is refused (CheckpointError).
 void atomic_write(const std::string& path, const std::function<int(int)>& write_content);
+
+// atomic_write of `bytes` (metrics.jsonl and other small files of a run).
+void write_file_atomically(const std::string& path, const std::string& bytes);
 
 }  // namespace engine

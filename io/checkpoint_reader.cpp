@@ -53,12 +53,20 @@ std::size_t read_range_with_crc(int fd, unsigned char* data, std::size_t begin, 
 // An open checkpoint file being read into one buffer; every refusal names the file.
 class FileReader {
  public:
+  // Opened without blocking (a FIFO with no writer would wait forever) and refused
+  // unless it is a regular file; a refusal closes what it opened.
   explicit FileReader(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd_ < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
     struct stat st {};
-    if (fstat(fd_, &st) != 0) fail(path, std::string("cannot stat: ") + std::strerror(errno));
-    if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
+    std::string refusal;
+    if (fstat(fd_, &st) != 0) refusal = std::string("cannot stat: ") + std::strerror(errno);
+    else if (S_ISDIR(st.st_mode)) refusal = "is a directory, not a file";
+    else if (!S_ISREG(st.st_mode)) refusal = "not a regular file (a FIFO, socket or device)";
+    if (!refusal.empty()) {
+      ::close(fd_);
+      fail(path, refusal);
+    }
     size_ = static_cast<std::size_t>(st.st_size);
   }
   ~FileReader() { ::close(fd_); }

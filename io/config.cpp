@@ -448,6 +448,7 @@ Config config_from_json(const json& j, const std::string& origin) {
                                                (*keep)[i], 1, kInt64Max));
   }
   r.boolean("checkpoint.verify", ck.verify);
+  r.choice("checkpoint.on_error", ck.on_error, {"stop", "continue"});
 
   r.boolean("logging.tensorboard", c.logging.tensorboard);
 
@@ -594,6 +595,7 @@ json config_to_json(const Config& c) {
       {"every_n_steps", nullable(c.checkpoint.every_n_steps)},
       {"keep_epochs", json(c.checkpoint.keep_epochs)},
       {"verify", c.checkpoint.verify},
+      {"on_error", c.checkpoint.on_error},
   };
   j["logging"] = {{"tensorboard", c.logging.tensorboard}};
   j["cuda"] = {{"deterministic", c.cuda.deterministic}};

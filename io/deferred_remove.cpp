@@ -97,7 +97,8 @@ bool ends_with(const std::string& s, const std::string& tail) {
 }
 
 // The pid a leftover name was made by, or -1 if `name` is not one of ours:
-// ".<x>.h5.old.<pid>.<n>" or ".<x>.h5.tmp.<pid>" (then `temporary` is set).
+// ".<x>.h5.old.<pid>.<n>" or ".<x>.h5.tmp.<pid>" (then `temporary` is set), and the
+// same for ".<x>.jsonl" (metrics.jsonl is replaced the same way).
 long leftover_pid(const std::string& name, bool& temporary) {
   if (name.size() < 2 || name[0] != '.') return -1;
   std::size_t at = name.rfind(".tmp.");
@@ -113,7 +114,8 @@ long leftover_pid(const std::string& name, bool& temporary) {
     if (dot == std::string::npos || !all_digits(rest.substr(0, dot)) || !all_digits(rest.substr(dot + 1))) return -1;
     pid_text = rest.substr(0, dot);
   }
-  if (!ends_with(name.substr(0, at), ".h5") || pid_text.size() > 9) return -1;
+  const std::string base = name.substr(0, at);
+  if (!(ends_with(base, ".h5") || ends_with(base, ".jsonl")) || pid_text.size() > 9) return -1;
   return std::stol(pid_text);
 }
 

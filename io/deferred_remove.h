@@ -23,7 +23,7 @@ std::string replaced_version_name(const std::string& dir_prefix, const std::stri
 
 // Queues for removal the hidden files that saves in `dir` leave behind when their
 // process dies before cleaning up: ".<name>.old.<pid>.<n>" whose pid no longer runs
-// here, and ".<name>.tmp.<pid>" likewise once an hour old (the directory may be shared
+// here, and ".<name>.tmp.<pid>" likewise once an hour old (for names ending .h5 or .jsonl) (the directory may be shared
 // with other machines, whose pids mean nothing here). Runs once per directory per
 // process.
 void sweep_leftovers_once(const std::string& dir);

@@ -1,5 +1,8 @@
 #include "engine/idx.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -32,11 +35,26 @@ uint32_t big_endian32(const uint8_t* p) {
 // gzread reads plain files as they are, so one path serves .gz and uncompressed files.
 class IdxFile {
  public:
+  // Opened without blocking (a FIFO with no writer would wait forever) and checked to be
+  // a regular file before zlib sees it; nothing leaks when it is refused.
   explicit IdxFile(std::string path) : path_(std::move(path)) {
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) fail(std::string("cannot open: ") + std::strerror(errno));
+    struct stat st {};
+    const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    const int saved_errno = errno;
+    if (!regular || ::fcntl(fd, F_SETFL, O_RDONLY) != 0) {
+      ::close(fd);
+      fail(regular ? std::string("cannot open: ") + std::strerror(saved_errno)
+                   : S_ISDIR(st.st_mode) ? std::string("is a directory, not a file")
+                                         : std::string("not a regular file (a FIFO, socket or device)"));
+    }
     errno = 0;
-    file_ = gzopen(path_.c_str(), "rb");
-    if (!file_)
+    file_ = gzdopen(fd, "rb");
+    if (!file_) {
+      ::close(fd);
       fail(std::string("cannot open: ") + (errno ? std::strerror(errno) : "out of memory"));
+    }
     gzbuffer(file_, 1 << 17);
   }
   ~IdxFile() {

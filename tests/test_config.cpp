@@ -95,6 +95,7 @@ void check_same(const Config& a, const Config& b) {
   CHECK(a.checkpoint.every_n_steps == b.checkpoint.every_n_steps);
   CHECK(a.checkpoint.keep_epochs == b.checkpoint.keep_epochs);
   CHECK(a.checkpoint.verify == b.checkpoint.verify);
+  CHECK(a.checkpoint.on_error == b.checkpoint.on_error);
   CHECK(a.cuda.deterministic == b.cuda.deterministic);
 }
 
@@ -123,6 +124,7 @@ TEST_CASE("defaults") {
   CHECK(c.data.batch_size == 128);
   CHECK(c.optimizer.beta2 == 0.999);
   CHECK(c.checkpoint.every_n_epochs == 5);
+  CHECK(c.checkpoint.on_error == "stop");
   CHECK_FALSE(c.scheduler.t_max.has_value());
   CHECK(c.effective_t_max() == 15);
 
@@ -183,6 +185,7 @@ TEST_CASE("round trip through JSON is exact") {
   c.checkpoint.every_n_steps = 250;
   c.checkpoint.keep_epochs = {3, 7, 10};
   c.checkpoint.verify = false;
+  c.checkpoint.on_error = "continue";
   c.cuda.deterministic = false;
 
   SUBCASE("in memory") { check_same(engine::config_from_json(engine::config_to_json(c), "x"), c); }
@@ -326,6 +329,7 @@ TEST_CASE("range errors name the key and the offending value") {
       {"checkpoint.keep_epochs", "5", "must be an array of epoch numbers, got number 5"},
       {"checkpoint.keep_epochs", "[1, 0]", "key 'checkpoint.keep_epochs[1]' must be >= 1, got 0"},
       {"checkpoint.keep_epochs", "[1, 2.0]", "key 'checkpoint.keep_epochs[1]' must be an integer"},
+      {"checkpoint.on_error", "\"ignore\"", "must be one of stop, continue, got \"ignore\""},
   };
   for (const Case& c : cases) {
     const std::string msg = error_for(c.key, c.value);

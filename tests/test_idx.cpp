@@ -300,7 +300,7 @@ TEST_CASE("unreadable paths are named") {
   const fs::path dir = fresh_dir("nofile");
   const std::string path = (dir / "nothing.gz").string();
   CHECK(image_error(path) == path + ": cannot open: No such file or directory");
-  CHECK(contains(label_error(dir.string()), dir.string() + ": cannot read: "));
+  CHECK(label_error(dir.string()) == dir.string() + ": is a directory, not a file");
 }
 
 TEST_CASE("load_fashion_mnist reads a directory of plain or gzipped files") {

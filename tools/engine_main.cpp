@@ -49,6 +49,8 @@ const char* kTrainHelp = R"(usage: engine train CONFIG.json [options]
 Trains the model described by CONFIG.json (see docs/config.md). If the run directory
 already holds last.h5, training resumes from it ("resuming from epoch N"); --fresh
 starts over. Ctrl-C or SIGTERM stops after the current step and writes last.h5 first.
+Exit status: 0 done, 130 stopped by a signal, 3 a save failed (disk full, I/O error;
+checkpoint.on_error = stop) with the previous checkpoint intact, 1 error, 2 usage.
 
 options:
   --device cpu|cuda|cuda:N|auto   where to train (overrides the config's `device`)
@@ -110,6 +112,9 @@ struct Args {
   bool fresh = false, non_strict = false, help = false;
   std::optional<int64_t> stop_after_epochs, kill_after_steps, limit;
 };
+
+// Exit status of train/resume when the disk refused a save (docs/cli.md).
+constexpr int kExitSaveFailed = 3;
 
 [[noreturn]] void fail(const std::string& msg, int code = 1) {
   std::cerr << "engine: " << msg << "\n";
@@ -228,7 +233,15 @@ int run_training(Trainer& trainer, const Args& a, ConsoleObserver&) {
   StopPlan stop;
   stop.after_epochs = a.stop_after_epochs;
   stop.kill_after_steps = a.kill_after_steps;
-  const FitResult r = trainer.fit(stop);
+  FitResult r;
+  try {
+    r = trainer.fit(stop);
+  } catch (const CheckpointWriteError& e) {
+    // checkpoint.on_error = stop: the previous checkpoint is intact, so the same command
+    // resumes from it once the disk is fixed.
+    fail(std::string(e.what()) + "; training stopped (checkpoint.on_error = stop), the previous checkpoint is intact",
+         kExitSaveFailed);
+  }
   if (r.ending == FitResult::Ending::Stopped) {
     std::cout << "stopped after " << trainer.epochs_done() << " epoch(s), step "
               << trainer.global_step() << "; checkpoint in " << trainer.config().checkpoint.dir

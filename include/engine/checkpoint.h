@@ -23,6 +23,14 @@ struct CheckpointError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A save that the disk refused: creating, writing, fsyncing or renaming the file failed
+// (disk full, I/O error, quota, file size limit). The file that was at the path before
+// the save is still there, unchanged, and no temporary file is left. Training decides
+// what to do next with checkpoint.on_error (docs/config.md).
+struct CheckpointWriteError : CheckpointError {
+  using CheckpointError::CheckpointError;
+};
+
 struct CheckpointMeta {
   int64_t format_version = kCheckpointFormatVersion;
   std::string engine_version;
@@ -45,7 +53,9 @@ const std::vector<std::string>& checkpoint_required_groups();
 
 // Writes atomically: the file is built in memory, written to a temporary file in the
 // same directory, fsynced, renamed over `path`, and the directory fsynced. On failure
-// the previous file at `path` is untouched. Tensors may live on any device.
+// the previous file at `path` is untouched (a failure of the disk is a
+// CheckpointWriteError). `path` must not name a directory, FIFO or device. Tensors may
+// live on any device.
 void save_checkpoint(const std::string& path, const Checkpoint& ckpt);
 
 // Verifies header, length and checksum, then structure, then reads. Tensors come back

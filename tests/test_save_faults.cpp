@@ -1,0 +1,345 @@
+// Every write failure is survivable: a save that fails at any step (create, write,
+// fsync, close, rename, directory fsync) with any of the errors a full or failing disk
+// gives leaves the previous file loadable and bit-identical, no temporary or hidden file,
+// and one line naming the file and the reason; training stops or goes on as
+// checkpoint.on_error says, and resumes bit-exactly once the disk is fixed.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_util.h"
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/trainer.h"
+#include "io/atomic_file.h"
+#include "io/deferred_remove.h"
+#include "io/file_ops.h"
+
+using namespace engine;
+namespace fs = std::filesystem;
+using file_ops::Step;
+
+namespace {
+
+std::vector<unsigned char> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<unsigned char>(std::istreambuf_iterator<char>(in), {});
+}
+
+// A complete checkpoint whose one tensor is filled with `value`.
+Checkpoint state(float value) {
+  Checkpoint c;
+  c.meta.saved_on = "cpu";
+  c.config_json = "{}";
+  for (const std::string& g : checkpoint_required_groups()) c.groups[g];
+  std::vector<float> v(4096, value);
+  c.groups["model"].tensors["w"] = Tensor::from_vector({64, 64}, v);
+  c.groups["trainer"].scalars["epoch"] = int64_t{3};
+  return c;
+}
+
+// Names in `dir` that start with '.': temporary files and hidden replaced versions.
+std::vector<std::string> hidden_in(const std::string& dir) {
+  finish_pending_removals();
+  std::vector<std::string> found;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string()[0] == '.') found.push_back(e.path().filename().string());
+  return found;
+}
+
+std::string error_of(const std::function<void()>& f, bool* write_error = nullptr) {
+  try {
+    f();
+  } catch (const CheckpointWriteError& e) {
+    if (write_error) *write_error = true;
+    return e.what();
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  return "NO ERROR";
+}
+
+struct Case {
+  Step step;
+  int skip;  // the fault hits the skip+1-th call of the step
+};
+
+}  // namespace
+
+TEST_CASE("a save failing at any step with any disk error keeps the previous file and leaves nothing behind") {
+  const std::string dir = test_util::fresh_dir("save_faults");
+  const std::string path = dir + "/last.h5";
+  save_checkpoint(path, state(1.0f));
+  const auto before = read_bytes(path);
+  // Write: the first piece (the payload) and the second (the header written last).
+  const Case cases[] = {{Step::Create, 0}, {Step::Write, 0}, {Step::Write, 1}, {Step::Fsync, 0},
+                        {Step::Close, 0},  {Step::Rename, 0}, {Step::DirFsync, 0}};
+  int tried = 0;
+  for (const Case& c : cases) {
+    for (int err : {ENOSPC, EIO, EDQUOT, EFBIG}) {
+      CAPTURE(file_ops::step_name(c.step));
+      CAPTURE(c.skip);
+      CAPTURE(std::strerror(err));
+      bool write_error = false;
+      std::string msg;
+      {
+        file_ops::ScopedFault fault({c.step, err, c.skip, 1});
+        msg = error_of([&] { save_checkpoint(path, state(2.0f)); }, &write_error);
+        CHECK(fault.injected() == 1);
+      }
+      CHECK(write_error);
+      CHECK(msg.rfind(path + ": ", 0) == 0);
+      CHECK(msg.find('\n') == std::string::npos);
+      CHECK(msg.find(std::strerror(err)) != std::string::npos);
+      CHECK(read_bytes(path) == before);
+      CHECK(load_checkpoint(path).groups.at("model").tensors.at("w").f32()[0] == 1.0f);
+      CHECK(hidden_in(dir).empty());
+      ++tried;
+    }
+  }
+  CHECK(tried == 28);
+  // With the disk fixed, the same save goes through.
+  save_checkpoint(path, state(2.0f));
+  CHECK(load_checkpoint(path).groups.at("model").tensors.at("w").f32()[0] == 2.0f);
+  CHECK(hidden_in(dir).empty());
+}
+
+TEST_CASE("a first save that fails leaves no file at all") {
+  const std::string dir = test_util::fresh_dir("save_faults_first");
+  const std::string path = dir + "/best.h5";
+  for (Step step : {Step::Write, Step::Rename, Step::DirFsync}) {
+    CAPTURE(file_ops::step_name(step));
+    file_ops::ScopedFault fault({step, ENOSPC, 0, 1});
+    CHECK(error_of([&] { save_checkpoint(path, state(1.0f)); }).find("No space left on device") != std::string::npos);
+    CHECK(!fs::exists(path));
+    CHECK(hidden_in(dir).empty());
+  }
+}
+
+TEST_CASE("the message names the step") {
+  const std::string dir = test_util::fresh_dir("save_faults_words");
+  const std::string path = dir + "/last.h5";
+  save_checkpoint(path, state(1.0f));
+  auto message = [&](Step step) {
+    file_ops::ScopedFault fault({step, EIO, 0, 1});
+    return error_of([&] { save_checkpoint(path, state(2.0f)); });
+  };
+  const std::string tmp = dir + "/.last.h5.tmp." + std::to_string(getpid());
+  CHECK(message(Step::Create) == path + ": cannot create temporary file " + tmp + ": Input/output error");
+  CHECK(message(Step::Write) == path + ": cannot write temporary file " + tmp + ": Input/output error");
+  CHECK(message(Step::Fsync) == path + ": cannot fsync temporary file " + tmp + ": Input/output error");
+  CHECK(message(Step::Close) == path + ": cannot close temporary file " + tmp + ": Input/output error");
+  CHECK(message(Step::Rename) == path + ": cannot rename temporary file " + tmp + ": Input/output error");
+  CHECK(message(Step::DirFsync) ==
+        path + ": cannot fsync directory " + dir + ": Input/output error (the previous file was put back)");
+}
+
+TEST_CASE("a real EFBIG (RLIMIT_FSIZE, SIGXFSZ ignored) keeps the previous file") {
+  const std::string dir = test_util::fresh_dir("save_faults_efbig");
+  const std::string path = dir + "/last.h5";
+  save_checkpoint(path, state(1.0f));
+  const auto before = read_bytes(path);
+  REQUIRE(before.size() > 8192);
+  int pipe_fds[2];
+  REQUIRE(pipe(pipe_fds) == 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    alarm(20);
+    signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{8192, 8192};
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(2);
+    bool write_error = false;
+    const std::string msg = error_of([&] { save_checkpoint(path, state(2.0f)); }, &write_error);
+    finish_pending_removals();
+    (void)!write(pipe_fds[1], msg.data(), msg.size());
+    _exit(write_error ? 0 : 1);
+  }
+  REQUIRE(child > 0);
+  close(pipe_fds[1]);
+  std::string msg;
+  char buf[512];
+  for (ssize_t n; (n = read(pipe_fds[0], buf, sizeof buf)) > 0;) msg.append(buf, static_cast<std::size_t>(n));
+  close(pipe_fds[0]);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  INFO(msg);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(msg.rfind(path + ": cannot write temporary file ", 0) == 0);
+  CHECK(msg.find(std::strerror(EFBIG)) != std::string::npos);
+  CHECK(read_bytes(path) == before);
+  verify_checkpoint_file(path);
+  CHECK(hidden_in(dir).empty());
+}
+
+TEST_CASE("write_file_atomically replaces a file whole, or leaves it as it was") {
+  const std::string dir = test_util::fresh_dir("atomic_small");
+  const std::string path = dir + "/metrics.jsonl";
+  write_file_atomically(path, "one\n");
+  for (Step step : {Step::Create, Step::Write, Step::Fsync, Step::Rename, Step::DirFsync}) {
+    CAPTURE(file_ops::step_name(step));
+    file_ops::ScopedFault fault({step, EDQUOT, 0, 1});
+    CHECK(error_of([&] { write_file_atomically(path, "two\n"); }).find("Disk quota exceeded") != std::string::npos);
+    CHECK(test_util::read_lines(path) == std::vector<std::string>{"one"});
+    CHECK(hidden_in(dir).empty());
+  }
+  write_file_atomically(path, "two\n");
+  CHECK(test_util::read_lines(path) == std::vector<std::string>{"two"});
+}
+
+// ---- training ----------------------------------------------------------------------
+
+namespace {
+
+// A short run: 512 training images, 3 epochs of 8 steps, no milestones.
+const char* const kSmall[][2] = {
+    {"data.train_limit", "512"}, {"data.val_split", "256"},     {"data.test_limit", "256"},
+    {"data.batch_size", "64"},   {"train.epochs", "3"},         {"checkpoint.every_n_epochs", "null"},
+};
+
+Config small_config(const std::string& run_dir, const std::string& on_error) {
+  nlohmann::json j = default_config_json();
+  j["device"] = "cpu";
+  j["data"]["dir"] = test_util::data_dir();
+  for (const auto& kv : kSmall) apply_override(j, std::string(kv[0]) + "=" + kv[1]);
+  j["checkpoint"]["dir"] = run_dir;
+  j["checkpoint"]["on_error"] = on_error;
+  return config_from_json(j, "test");
+}
+
+// The same run through the CLI.
+std::string small_cli_run(const std::string& run_dir) {
+  std::string cmd = "train \"" + test_util::source_dir() + "/configs/mnist.json\" --device cpu --run-dir \"" + run_dir +
+                    "\" --set data.dir=\"" + test_util::data_dir() + "\"";
+  for (const auto& kv : kSmall) cmd += std::string(" --set ") + kv[0] + "=" + kv[1];
+  return cmd;
+}
+
+// Makes every file write of one epoch (its checkpoints and metrics.jsonl) fail, and
+// keeps the bytes last.h5 had when that epoch began.
+class FailingEpoch : public TrainerObserver {
+ public:
+  FailingEpoch(std::string run_dir, int64_t epoch, int error) : dir_(std::move(run_dir)), epoch_(epoch), error_(error) {}
+  void on_epoch_begin(int64_t epoch, int64_t, int64_t) override {
+    fault_.reset();
+    if (epoch != epoch_) return;
+    last_before = read_bytes(dir_ + "/last.h5");
+    fault_.emplace(file_ops::Fault{Step::Write, error_, 0, -1});
+  }
+  void on_message(const std::string& m) override { messages.push_back(m); }
+  void stop_failing() { fault_.reset(); }
+  std::vector<std::string> messages;
+  std::vector<unsigned char> last_before;
+
+ private:
+  std::string dir_;
+  int64_t epoch_;
+  int error_;
+  std::optional<file_ops::ScopedFault> fault_;
+};
+
+// An uninterrupted run, once per process.
+const std::string& reference_run() {
+  static const std::string dir = [] {
+    const std::string d = test_util::fresh_dir("save_faults_reference");
+    Trainer t(small_config(d, "stop"), Device::cpu());
+    if (t.fit().ending != FitResult::Ending::Completed) throw std::runtime_error("the reference run did not complete");
+    return d;
+  }();
+  return dir;
+}
+
+void expect_identical(const std::string& a, const std::string& b) {
+  const CheckpointDiff d = diff_checkpoints(a, b);
+  INFO(d.report);
+  CHECK(d.identical);
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint.on_error = stop: a failed save stops the run; it resumes bit-exactly once the disk is fixed") {
+  if (!test_util::dataset_available()) return;
+  const std::string dir = test_util::fresh_dir("save_faults_stop");
+  {
+    FailingEpoch obs(dir, 2, ENOSPC);
+    Trainer t(small_config(dir, "stop"), Device::cpu(), &obs);
+    bool write_error = false;
+    const std::string msg = error_of([&] { t.fit(); }, &write_error);
+    obs.stop_failing();
+    INFO(msg);
+    CHECK(write_error);
+    CHECK(msg.rfind(dir + "/last.h5: cannot write temporary file", 0) == 0);
+    CHECK(msg.find("No space left on device") != std::string::npos);
+    CHECK(t.epochs_done() == 2);  // the epoch ran; its save did not
+    REQUIRE(!obs.last_before.empty());
+    CHECK(read_bytes(dir + "/last.h5") == obs.last_before);  // epoch 1's file, untouched
+  }
+  CHECK(hidden_in(dir).empty());
+  Trainer resumed(small_config(dir, "stop"), Device::cpu());
+  resumed.resume_from(dir + "/last.h5", LoadMode::Strict);
+  CHECK(resumed.epochs_done() == 1);
+  REQUIRE(resumed.fit().ending == FitResult::Ending::Completed);
+  expect_identical(reference_run() + "/last.h5", dir + "/last.h5");
+  CHECK(test_util::read_lines(dir + "/metrics.jsonl").size() == test_util::read_lines(reference_run() + "/metrics.jsonl").size());
+}
+
+TEST_CASE("checkpoint.on_error = continue: a failed save warns, training goes on and the next save succeeds") {
+  if (!test_util::dataset_available()) return;
+  const std::string dir = test_util::fresh_dir("save_faults_continue");
+  FailingEpoch obs(dir, 2, EIO);
+  Trainer t(small_config(dir, "continue"), Device::cpu(), &obs);
+  REQUIRE(t.fit().ending == FitResult::Ending::Completed);
+  int warnings = 0;
+  for (const std::string& m : obs.messages)
+    if (m.rfind("warning: " + dir + "/", 0) == 0 && m.find("Input/output error") != std::string::npos &&
+        m.find("training goes on") != std::string::npos && m.find('\n') == std::string::npos)
+      ++warnings;
+  CHECK(warnings >= 2);  // last.h5 and metrics.jsonl at least
+  CHECK(hidden_in(dir).empty());
+  // Epoch 3's saves went through: the run ends where the uninterrupted one does.
+  expect_identical(reference_run() + "/last.h5", dir + "/last.h5");
+  CHECK(test_util::read_lines(dir + "/metrics.jsonl") .size() == 4);  // 3 epochs and the test line
+}
+
+TEST_CASE("engine train exits 3 when the file size limit refuses a save, and the same command resumes bit-exactly") {
+  if (!test_util::dataset_available()) return;
+  using test_util::run;
+  const std::string dir = test_util::fresh_dir("save_faults_cli");
+  const std::string cmd = small_cli_run(dir);
+  REQUIRE(run(cmd + " --stop-after-epochs 1").exit_code == 0);
+  const auto before = read_bytes(dir + "/last.h5");
+  // A real EFBIG: a 1 MiB file size limit (bash's ulimit -f counts 1024-byte blocks),
+  // SIGXFSZ ignored as a batch system would.
+  const std::string limited = "bash -c 'trap \"\" XFSZ; ulimit -f 1024; exec \"$0\" \"$@\"' " + test_util::engine_bin() +
+                              " " + cmd + " 2>&1";
+  FILE* f = popen(limited.c_str(), "r");
+  REQUIRE(f);
+  std::string out;
+  char buf[4096];
+  for (std::size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  const int status = pclose(f);
+  INFO(out);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 3);
+  CHECK(out.find("engine: " + dir + "/last.h5: cannot write temporary file") != std::string::npos);
+  CHECK(out.find("File too large; training stopped (checkpoint.on_error = stop)") != std::string::npos);
+  CHECK(read_bytes(dir + "/last.h5") == before);
+  CHECK(hidden_in(dir).empty());
+  const test_util::RunResult r = run(cmd);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("resuming from epoch 1") != std::string::npos);
+  expect_identical(reference_run() + "/last.h5", dir + "/last.h5");
+}
