@@ -11,9 +11,15 @@ static_assert(std::atomic<bool>::is_always_lock_free,
 
 namespace {
 
-// A non-negative decimal number filling the whole string ("90", "1.5").
+// A non-negative decimal number filling the whole string ("90", "1.5"; no exponent).
 std::optional<double> number(const std::string& s) {
-  if (s.empty() || !(std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '.')) return std::nullopt;
+  int digits = 0, points = 0;
+  for (char c : s) {
+    if (std::isdigit(static_cast<unsigned char>(c))) ++digits;
+    else if (c == '.') ++points;
+    else return std::nullopt;
+  }
+  if (digits == 0 || points > 1) return std::nullopt;
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
   if (end != s.c_str() + s.size()) return std::nullopt;
@@ -52,8 +58,9 @@ std::optional<double> parse_duration_seconds(const std::string& text) {
       start = colon + 1;
     }
     if (parts.size() < 2 || parts.size() > 3) return std::nullopt;
-    if (parts.size() == 2) parts.insert(parts.begin(), 0);  // MM:SS
-    if (parts[1] >= 60 || parts[2] >= 60) return std::nullopt;
+    // MM:SS (minutes may exceed 59, as Slurm allows) or HH:MM:SS.
+    if (parts.back() >= 60 || (parts.size() == 3 && parts[1] >= 60)) return std::nullopt;
+    if (parts.size() == 2) parts.insert(parts.begin(), 0);
     seconds = ((days * 24.0 + parts[0]) * 60.0 + parts[1]) * 60.0 + parts[2];
   } else {
     double unit = 1;
