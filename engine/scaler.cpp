@@ -8,7 +8,8 @@ namespace engine {
 
 LossScaler::LossScaler(bool enabled, double init_scale, double growth_factor,
                        double backoff_factor, int64_t growth_interval)
-    : enabled_(enabled), scale_(enabled ? init_scale : 1.0), growth_factor_(growth_factor),
+    : enabled_(enabled), scale_(enabled ? init_scale : 1.0), init_scale_(init_scale),
+      growth_factor_(growth_factor),
       backoff_factor_(backoff_factor), growth_interval_(growth_interval) {}
 
 bool LossScaler::unscale(const std::vector<Parameter*>& params) {
@@ -52,11 +53,20 @@ StateDict LossScaler::state() const {
 }
 
 void LossScaler::load_state(const StateDict& in) {
-  // scale and tracker are the evolving state; factors follow the config.
-  enabled_ = in.get_int("enabled") != 0;
-  scale_ = in.get_real("scale");
-  growth_tracker_ = in.get_int("growth_tracker");
-  active_ = active_ && enabled_;
+  // The config decides whether scaling is on (enabled_ stays as constructed); scale and
+  // tracker are the evolving state and continue when the checkpoint was scaling too. A
+  // checkpoint that was not (fp32) holds a placeholder scale of 1: an fp16 resume of it
+  // starts from the configured initial scale, as a fresh fp16 run does.
+  const bool saved_enabled = in.get_int("enabled") != 0;
+  const double saved_scale = in.get_real("scale");
+  const int64_t saved_tracker = in.get_int("growth_tracker");
+  if (enabled_ && saved_enabled) {
+    scale_ = saved_scale;
+    growth_tracker_ = saved_tracker;
+  } else {
+    scale_ = enabled_ ? init_scale_ : 1.0;
+    growth_tracker_ = 0;
+  }
 }
 
 }  // namespace engine

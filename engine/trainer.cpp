@@ -18,6 +18,8 @@
 #include "engine/dispatch.h"
 #include "io/atomic_file.h"
 #include "io/tfevents.h"
+#include "engine/restore_testing.h"
+#include "engine/time_budget.h"
 #include "kernels/cuda/settings.h"
 
 namespace engine {
@@ -26,8 +28,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-std::atomic<bool> g_stop_requested{false};
-
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -44,8 +44,61 @@ bool survive_write_failure(const Config& cfg, TrainerObserver& observer, const C
 
 }  // namespace
 
-void request_stop() { g_stop_requested.store(true); }
-bool stop_requested() { return g_stop_requested.load(); }
+namespace testing {
+void (*after_component_load)(const std::string& group) = nullptr;
+}
+
+namespace {
+
+// Times a save for the run's time budget (when it has one).
+class SaveTimer {
+ public:
+  explicit SaveTimer(TimeBudget* budget) : budget_(budget), t0_(Clock::now()) {}
+  ~SaveTimer() {
+    if (budget_) budget_->record_save(seconds_since(t0_));
+  }
+
+ private:
+  TimeBudget* budget_;
+  Clock::time_point t0_;
+};
+
+// The partial-epoch loss buffer (trainer/epoch_sample_loss) has one entry per training
+// image. At an epoch boundary it holds nothing (the next epoch starts by zeroing it), so
+// a training set of another size is accepted there: the saved buffer is replaced by an
+// empty one of the live size. Mid-epoch it is left as it is, and refused.
+void accept_resized_buffer_at_epoch_boundary(std::map<std::string, StateDict>& groups,
+                                             const Tensor& live_buffer) {
+  auto g = groups.find("trainer");
+  if (g == groups.end()) return;
+  auto buf = g->second.tensors.find("epoch_sample_loss");
+  auto step = g->second.scalars.find("step_in_epoch");
+  if (buf == g->second.tensors.end() || step == g->second.scalars.end() ||
+      !std::holds_alternative<int64_t>(step->second))
+    return;
+  if (std::get<int64_t>(step->second) != 0 || buf->second.shape() == live_buffer.shape() ||
+      buf->second.dtype() != live_buffer.dtype())
+    return;
+  buf->second = Tensor::zeros(live_buffer.shape(), live_buffer.dtype());
+}
+
+// Says why a mid-epoch checkpoint's loss buffer of another size cannot be taken over.
+void explain_resized_buffer_mid_epoch(StateReport& report, const std::map<std::string, StateDict>& groups) {
+  for (std::string& m : report.mismatched) {
+    if (m.rfind("trainer/epoch_sample_loss:", 0) != 0) continue;
+    int64_t step = -1;
+    try {
+      step = groups.at("trainer").get_int("step_in_epoch");
+    } catch (const std::exception&) {
+      continue;
+    }
+    m += " (the checkpoint stopped mid-epoch, after step " + std::to_string(step) +
+         ", and its position in the shuffled epoch depends on the training set's size: "
+         "data.train_limit and data.val_split can change only at an epoch boundary)";
+  }
+}
+
+}  // namespace
 
 const char* checkpoint_kind_name(CheckpointKind k) {
   switch (k) {
@@ -196,33 +249,95 @@ Precision Trainer::compute_precision() const {
 FitResult Trainer::fit(const StopPlan& stop) {
   FitResult result;
   fs::create_directories(cfg_.checkpoint.dir);
+  // One writer per run directory, for the whole run (run_lock.h).
+  std::optional<RunDirLock> own_lock;
+  if (!run_lock_ || !fs::equivalent(run_lock_->dir(), cfg_.checkpoint.dir))
+    own_lock = RunDirLock::acquire(cfg_.checkpoint.dir);
+  // The requests and the deadline belong to this run: whatever is left of them when it
+  // returns does not reach the next fit().
+  struct RunScope {
+    Trainer& t;
+    ~RunScope() {
+      t.time_budget_.reset();
+      t.control_.clear_stop();
+      t.control_.take_checkpoint_request();
+    }
+  } run_scope{*this};
+  if (stop.time_limit_seconds)
+    time_budget_ = std::make_unique<TimeBudget>(stop.time_limit_from.value_or(Clock::now()),
+                                                *stop.time_limit_seconds);
+  stop_cause_ = FitResult::StopCause::None;
+  auto stopped = [&](FitResult::StopCause cause) {
+    result.ending = FitResult::Ending::Stopped;
+    result.stop_cause = cause;
+    result.epochs_done = epoch_;
+    return result;
+  };
   const auto& es = cfg_.train.early_stopping;
   bool stop_early = es.patience > 0 && epochs_without_improvement_ >= es.patience;
   while (!stop_early && epoch_ < cfg_.train.epochs) {
     if (stop.after_epochs && epoch_ >= *stop.after_epochs) {
       result.ending = FitResult::Ending::Stopped;
+      result.stop_cause = FitResult::StopCause::EpochLimit;
       break;
+    }
+    const int64_t steps = (data_.get(Split::Train).count + cfg_.data.batch_size - 1) / cfg_.data.batch_size;
+    if (time_budget_ && out_of_time(step_in_epoch_ + 1 >= steps)) {
+      // Between epochs (or before the first step of a resumed run): the state here is
+      // exactly what a checkpoint of it resumes from.
+      save(step_in_epoch_ > 0 ? CheckpointKind::MidEpoch : CheckpointKind::Last);
+      observer_->on_message(time_limit_message());
+      return stopped(FitResult::StopCause::TimeLimit);
     }
     const auto t0 = Clock::now();
     bool interrupted = false;
     train_epoch(stop, interrupted);
-    if (interrupted) {
-      result.ending = FitResult::Ending::Stopped;
-      result.epochs_done = epoch_;
-      return result;
-    }
-    end_epoch(seconds_since(t0), stop_early);
+    if (interrupted) return stopped(stop_cause_);
+    end_epoch(seconds_since(t0), stop_early, interrupted);
+    if (interrupted) return stopped(stop_cause_);
   }
   result.epochs_done = epoch_;
   if (result.ending != FitResult::Ending::Stopped) {
     if (stop_early) result.ending = FitResult::Ending::EarlyStopped;
+    if (time_budget_ && !time_budget_->fits(time_budget_->eval_estimate(data_.get(Split::Test).count,
+                                                                        cfg_.data.batch_size))) {
+      observer_->on_message("time limit: training is complete and saved in last.h5, but the test "
+                            "evaluation would overrun; run the same command again to evaluate");
+      return stopped(FitResult::StopCause::TimeLimit);
+    }
     // Training is over: hold the test images instead of the training images.
     model_->release_workspaces();
     data_.release(Split::Train);
-    result.test = evaluate(Split::Test);
+    result.test = evaluate_unless_stopped(Split::Test);
+    if (!result.test) {
+      observer_->on_message("stopped during the test evaluation; training is complete and saved in "
+                            "last.h5; run the same command again to evaluate");
+      return stopped(FitResult::StopCause::Requested);
+    }
     write_metrics_jsonl(result.test);
   }
   return result;
+}
+
+void Trainer::use_run_lock(RunDirLock lock) { run_lock_ = std::move(lock); }
+
+bool Trainer::out_of_time(bool last_step_of_epoch) {
+  double need = time_budget_->step_estimate();
+  // The last step of an epoch brings validation and the end-of-epoch saves with it
+  // (last.h5, and best.h5 or a milestone; the stop's own save is counted by fits()).
+  if (last_step_of_epoch)
+    need += time_budget_->eval_estimate(data_.get(Split::Val).count, cfg_.data.batch_size) +
+            2 * time_budget_->save_estimate();
+  return !time_budget_->fits(need);
+}
+
+std::string Trainer::time_limit_message() const {
+  char left[96];
+  std::snprintf(left, sizeof left, "%.1f s of the %.1f s limit left", time_budget_->remaining(),
+                time_budget_->limit());
+  return "time limit: stopping at epoch " + std::to_string(epoch_ + 1) + " step " +
+         std::to_string(step_in_epoch_) + " with " + left +
+         " (the next step and a checkpoint would not fit); last.h5 saved, resume with the same command";
 }
 
 void Trainer::train_epoch(const StopPlan& stop, bool& interrupted) {
@@ -251,6 +366,16 @@ void Trainer::train_epoch(const StopPlan& stop, bool& interrupted) {
   const int classes = FashionCnn::kClasses;
 
   while (step_in_epoch_ < steps) {
+    // The time limit between steps (fit() checks before the epoch's first one: at step 0
+    // this epoch's shuffle is already drawn, which a checkpoint must not record).
+    if (time_budget_ && step_in_epoch_ > first_step && out_of_time(step_in_epoch_ + 1 == steps)) {
+      save(CheckpointKind::MidEpoch);
+      observer_->on_message(time_limit_message());
+      stop_cause_ = FitResult::StopCause::TimeLimit;
+      interrupted = true;
+      return;
+    }
+    const auto step_t0 = Clock::now();
     const int64_t start = step_in_epoch_ * batch;
     const int b = static_cast<int>(std::min<int64_t>(batch, n - start));
     if (!batch_x_.defined() || batch_x_.dim(0) != b) {
@@ -272,12 +397,22 @@ void Trainer::train_epoch(const StopPlan& stop, bool& interrupted) {
     if (!found_inf) optimizer_->step();
     ++step_in_epoch_;
     ++global_step_;
+    if (time_budget_) time_budget_->record_step(seconds_since(step_t0));
 
     const bool epoch_done = step_in_epoch_ == steps;
-    const bool halt = stop_requested();
+    const bool halt = control_.stop_requested();
+    // A checkpoint request (SIGUSR1) saves now and training goes on; at the end of an
+    // epoch, end_epoch's last.h5 answers it.
+    const bool checkpoint_asked = control_.take_checkpoint_request();
     if (!epoch_done && ((cfg_.checkpoint.every_n_steps &&
-                         global_step_ % *cfg_.checkpoint.every_n_steps == 0) || halt))
+                         global_step_ % *cfg_.checkpoint.every_n_steps == 0) || halt || checkpoint_asked))
       save(CheckpointKind::MidEpoch);
+    if (checkpoint_asked && !halt)
+      observer_->on_message(epoch_done ? "checkpoint requested: last.h5 is written at the end of epoch " +
+                                             std::to_string(epoch_ + 1)
+                                       : "checkpoint requested: last.h5 saved at epoch " +
+                                             std::to_string(epoch_ + 1) + " step " +
+                                             std::to_string(step_in_epoch_) + "; training goes on");
     if (stop.kill_after_steps && global_step_ == *stop.kill_after_steps) {
       // Simulates a power cut right after this step (tests): no cleanup, no flush.
       std::fflush(nullptr);
@@ -286,6 +421,7 @@ void Trainer::train_epoch(const StopPlan& stop, bool& interrupted) {
     if (halt && !epoch_done) {
       observer_->on_message("stopped at epoch " + std::to_string(epoch_ + 1) + " step " +
                             std::to_string(step_in_epoch_) + "; resume with the same command");
+      stop_cause_ = FitResult::StopCause::Requested;
       interrupted = true;
       return;
     }
@@ -309,11 +445,22 @@ void Trainer::train_epoch(const StopPlan& stop, bool& interrupted) {
   }
 }
 
-void Trainer::end_epoch(double seconds, bool& stop_early) {
+void Trainer::end_epoch(double seconds, bool& stop_early, bool& interrupted) {
   const int64_t n = data_.get(Split::Train).count;
   EpochMetrics m;
   m.train_loss = ENGINE_DISPATCH(device_, reduce_sum, n, epoch_sample_loss_.f32()) / static_cast<double>(n);
-  const EvalResult val = evaluate(Split::Val);
+  const std::optional<EvalResult> val_done = evaluate_unless_stopped(Split::Val);
+  if (!val_done) {
+    // Stopped during validation: the epoch's steps are all done (step_in_epoch ==
+    // steps) and saved so; a resume runs this validation again and ends the epoch.
+    save(CheckpointKind::MidEpoch);
+    observer_->on_message("stopped during the validation of epoch " + std::to_string(epoch_ + 1) +
+                          "; resume with the same command");
+    stop_cause_ = FitResult::StopCause::Requested;
+    interrupted = true;
+    return;
+  }
+  const EvalResult& val = *val_done;
   m.val_loss = val.loss;
   m.val_acc = val.accuracy;
   m.lr = scheduler_->lr();
@@ -359,7 +506,16 @@ void Trainer::end_epoch(double seconds, bool& stop_early) {
 
 // ---- evaluation ----------------------------------------------------------------------
 
-EvalResult Trainer::evaluate(Split split) {
+EvalResult Trainer::evaluate(Split split) { return *evaluate_impl(split, nullptr); }
+
+std::optional<EvalResult> Trainer::evaluate_unless_stopped(Split split) {
+  const auto t0 = Clock::now();
+  std::optional<EvalResult> r = evaluate_impl(split, &control_);
+  if (r && time_budget_) time_budget_->record_eval(seconds_since(t0), r->count);
+  return r;
+}
+
+std::optional<EvalResult> Trainer::evaluate_impl(Split split, const RunControl* stop) {
   const SplitData& d = data_.get(split);
   EvalResult r;
   r.count = d.count;
@@ -374,6 +530,7 @@ EvalResult Trainer::evaluate(Split split) {
   Tensor predictions = Tensor::empty({d.count}, DType::I32);  // host
   Tensor x, labels;
   for (int64_t start = 0; start < d.count; start += batch) {
+    if (stop && stop->stop_requested()) return std::nullopt;
     const int b = static_cast<int>(std::min<int64_t>(batch, d.count - start));
     if (!x.defined() || x.dim(0) != b) {
       x = Tensor::empty({b, 1, 28, 28}, DType::F32, device_);
@@ -435,13 +592,16 @@ Checkpoint Trainer::snapshot() const {
 StateReport Trainer::restore(const Checkpoint& ckpt, LoadMode mode) {
   StateReport report;
   auto comps = components();
+  std::map<std::string, StateDict> groups = ckpt.groups;  // shares the tensors
+  accept_resized_buffer_at_epoch_boundary(groups, epoch_sample_loss_);
   std::vector<StateDict> expected;
   for (auto& [name, comp] : comps) {
     expected.push_back(comp->state());
-    auto it = ckpt.groups.find(name);
-    report.merge(compare_state(expected.back(), it == ckpt.groups.end() ? StateDict{} : it->second), name);
+    auto it = groups.find(name);
+    report.merge(compare_state(expected.back(), it == groups.end() ? StateDict{} : it->second), name);
   }
-  for (auto& [name, group] : ckpt.groups) {
+  explain_resized_buffer_mid_epoch(report, groups);
+  for (auto& [name, group] : groups) {
     bool known = false;
     for (auto& c : comps) known = known || c.first == name;
     if (!known) report.unexpected.push_back(name + "/");
@@ -455,16 +615,19 @@ StateReport Trainer::restore(const Checkpoint& ckpt, LoadMode mode) {
     for (auto& [k, t] : b.tensors) t = t.clone();
     backup.push_back(std::move(b));
   }
-  std::size_t applied = 0;
+  // Every component touched is rolled back on failure, the one that threw included: it
+  // may have changed part of its state before throwing.
+  std::size_t touched = 0;
   try {
     for (std::size_t i = 0; i < comps.size(); ++i) {
-      auto it = ckpt.groups.find(comps[i].first);
-      const StateDict given = it == ckpt.groups.end() ? StateDict{} : it->second;
+      auto it = groups.find(comps[i].first);
+      const StateDict given = it == groups.end() ? StateDict{} : it->second;
+      touched = i + 1;
       comps[i].second->load_state(merge_matching(expected[i], given));
-      applied = i + 1;
+      if (testing::after_component_load) testing::after_component_load(comps[i].first);
     }
   } catch (...) {
-    for (std::size_t i = 0; i < applied; ++i) comps[i].second->load_state(backup[i]);
+    for (std::size_t i = 0; i < touched; ++i) comps[i].second->load_state(backup[i]);
     throw;
   }
   scaler_->set_active(device_.is_cuda());
@@ -495,6 +658,7 @@ void Trainer::save(CheckpointKind kind) {
       break;
     }
   }
+  const SaveTimer timed(time_budget_.get());
   const std::string path = run_path(file);
   try {
     save_checkpoint(path, snapshot());

@@ -63,6 +63,52 @@ inline RunResult run_with_env(const std::string& env, const std::string& args) {
 
 inline RunResult run(const std::string& args) { return run_with_env("", args); }
 
+// An engine process running in the background, its output read line by line, so a test
+// can signal it at a known point of the run.
+class Background {
+ public:
+  explicit Background(const std::string& args) {
+    // The shell prints its pid and becomes the engine (exec keeps the pid).
+    f_ = popen(("echo $$; exec " + engine_bin() + " " + args + " 2>&1").c_str(), "r");
+    std::string first;
+    if (f_ && next_line(first)) pid_ = std::atoi(first.c_str());
+  }
+  ~Background() {
+    if (f_) finish();
+  }
+  int pid() const { return pid_; }
+  const std::string& output() const { return output_; }
+  // Reads until a line containing `needle` (true) or the end of the output (false).
+  bool wait_for(const std::string& needle) {
+    for (std::string l; next_line(l);)
+      if (l.find(needle) != std::string::npos) return true;
+    return false;
+  }
+  // Reads the rest and waits for the exit.
+  RunResult finish() {
+    for (std::string l; next_line(l);) {}
+    RunResult r;
+    r.output = output_;
+    const int status = pclose(f_);
+    f_ = nullptr;
+    if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+    return r;
+  }
+
+ private:
+  bool next_line(std::string& line) {
+    char buf[4096];
+    if (!f_ || !fgets(buf, sizeof buf, f_)) return false;
+    line = buf;
+    output_ += line;
+    return true;
+  }
+  FILE* f_ = nullptr;
+  int pid_ = -1;
+  std::string output_;
+};
+
 inline std::vector<std::string> read_lines(const std::string& path) {
   std::ifstream in(path);
   std::vector<std::string> lines;

@@ -1,12 +1,16 @@
 // The CLI end to end on a small subset, and its one-line errors on bad input.
 #include <doctest/doctest.h>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
+#include "engine/checkpoint.h"
 #include "engine/device.h"
 
 using namespace test_util;
@@ -37,7 +41,7 @@ TEST_CASE("help texts explain every option") {
     CHECK(r.output.find(cmd) != std::string::npos);
   r = run("train --help");
   CHECK(r.exit_code == 0);
-  for (const char* opt : {"--device", "--run-dir", "--set", "--fresh", "--stop-after-epochs"})
+  for (const char* opt : {"--device", "--run-dir", "--set", "--fresh", "--stop-after-epochs", "--time-limit", "SIGUSR1"})
     CHECK(r.output.find(opt) != std::string::npos);
   CHECK(run("resume --help").output.find("--non-strict") != std::string::npos);
   CHECK(run("eval --help").output.find("--dump-logits") != std::string::npos);
@@ -149,18 +153,53 @@ TEST_CASE("train, inspect, verify, eval, diff and a corrupted byte, end to end")
   CHECK(r.output.find("resuming") == std::string::npos);
 }
 
-TEST_CASE("resume with a different model config: strict refuses with the key list, non-strict reports") {
+TEST_CASE("resume with another training-set size: accepted at an epoch boundary, refused mid-epoch saying why") {
   if (!dataset_available()) return;
   const std::string dir = fresh_dir("cli_strict");
   REQUIRE(run(small_run(dir) + " --set train.epochs=1").exit_code == 0);
-  // A different train_limit changes the shape of the partial-epoch loss buffer.
-  RunResult r = run("resume " + dir + "/last.h5 --set data.train_limit=512 --run-dir " + dir + "/b");
+  // After epoch 1 the partial-epoch loss buffer holds nothing: 512 images instead of 1024.
+  RunResult r = run("resume " + dir + "/last.h5 --set data.train_limit=512 --set train.epochs=2 --run-dir " + dir + "/b");
   INFO(r.output);
-  CHECK(r.exit_code != 0);
-  CHECK(r.output.find("epoch_sample_loss") != std::string::npos);
-  r = run("resume " + dir + "/last.h5 --non-strict --set data.train_limit=512 --set train.epochs=2 --run-dir " + dir + "/c");
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("resuming from epoch 1") != std::string::npos);
+  CHECK(engine::load_checkpoint(dir + "/b/last.h5").groups.at("trainer").get_int("global_step") == 16 + 8);
+  // Mid-epoch (the fixture stopped at step 4 of epoch 2, 1024 images): refused, with the reason.
+  const std::string mid = source_dir() + "/tests/data/checkpoint_v2_cpu_mid_epoch.h5";
+  const std::string data = " --set data.dir=\"" + data_dir() + "\"";
+  r = run("resume \"" + mid + "\" --set data.train_limit=512 --run-dir " + dir + "/c" + data);
+  expect_one_line_error(r, {"epoch_sample_loss", "mid-epoch", "training set's size", "epoch boundary"});
+  r = run("resume \"" + mid + "\" --non-strict --set data.train_limit=512 --stop-after-epochs 2 --run-dir " + dir + "/d" + data);
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("non-strict load") != std::string::npos);
   CHECK(r.output.find("mismatched") != std::string::npos);
+}
+
+TEST_CASE("one writer per run directory: a second train or resume is refused at once; a killed holder's lock is taken over") {
+  if (!dataset_available()) return;
+  const std::string dir = fresh_dir("cli_lock");
+  Background holder(small_run(dir));
+  REQUIRE(holder.pid() > 0);
+  REQUIRE(holder.wait_for("epoch 1/4"));  // last.h5 and best.h5 exist
+  const std::string pid = "pid " + std::to_string(holder.pid());
+  for (const std::string& cmd : {small_run(dir), "resume " + dir + "/last.h5"}) {
+    CAPTURE(cmd);
+    const auto t0 = std::chrono::steady_clock::now();
+    const RunResult r = run(cmd);
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 1.0);
+    expect_one_line_error(r, {dir, "in use", pid, "host", "since"});
+  }
+  // Readers take no lock.
+  CHECK(run("verify " + dir + "/last.h5").exit_code == 0);
+  CHECK(run("inspect " + dir + "/best.h5").exit_code == 0);
+  CHECK(run("diff " + dir + "/best.h5 " + dir + "/best.h5").exit_code == 0);
+  // SIGKILL leaves a lock file naming a dead process; it does not block.
+  ::kill(holder.pid(), SIGKILL);
+  CHECK(holder.finish().signal == SIGKILL);
+  CHECK(read_lines(dir + "/.lock").at(0).find(pid + " ") == 0);
+  const RunResult r = run(small_run(dir) + " --stop-after-epochs 1");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("resuming from epoch") != std::string::npos);
+  CHECK(fs::file_size(dir + "/.lock") == 0);  // released cleanly
 }

@@ -1,9 +1,13 @@
 // Every released checkpoint format_version has a fixture in tests/data/ that this
 // engine must keep reading (docs/checkpoint-format.md, "Versions and compatibility").
-// Both fixtures are the same kind of run: CPU, 1024 training images in batches of 64,
-// killed mid-epoch after the step-20 save (epoch 1 complete, 4 steps into epoch 2).
+// The two CPU fixtures are the same kind of run: CPU, 1024 training images in batches
+// of 64, killed mid-epoch after the step-20 save (epoch 1 complete, 4 steps into epoch
+// 2). The two CUDA fixtures were written on an H200 (saved_on cuda:0): fp16 at the end
+// of epoch 1, and fp32 at step 5 of epoch 2 by a per-step save just before a SIGKILL.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "cli_util.h"
@@ -59,4 +63,75 @@ TEST_CASE("format_version 2 fixture (metadata first) loads, evaluates and resume
                           {0.03764328360557556f, 0.011920550838112831f, -0.04224953055381775f, 0.006099761929363012f,
                            0.014852643944323063f, 0.04219064116477966f, 0.005939582362771034f, 0.016634324565529823f,
                            0.07136920839548111f, -0.05509006977081299f});
+}
+
+namespace {
+
+// A checkpoint written on the GPU verifies, loads, evaluates and resumes to the end of
+// its run on the CPU. What to expect is read from the config stored in it.
+void check_cuda_fixture(const char* name, const std::string& precision, int64_t epoch, int64_t step_in_epoch) {
+  const std::string path = fixture(name);
+  CHECK(run("verify \"" + path + "\"").exit_code == 0);
+  const engine::Checkpoint ck = engine::load_checkpoint(path);
+  CHECK(ck.meta.format_version == 2);
+  CHECK(ck.meta.saved_on == "cuda:0");
+  const nlohmann::json cfg = nlohmann::json::parse(ck.config_json);
+  CHECK(cfg["precision"]["mode"] == precision);
+  const int64_t images = cfg["data"]["train_limit"].get<int64_t>();
+  const int64_t batch = cfg["data"]["batch_size"].get<int64_t>();
+  const int64_t epochs = cfg["train"]["epochs"].get<int64_t>();
+  const int64_t steps = (images + batch - 1) / batch;
+  const engine::StateDict& trainer = ck.groups.at("trainer");
+  CHECK(trainer.get_int("epoch") == epoch);
+  CHECK(trainer.get_int("step_in_epoch") == step_in_epoch);
+  CHECK(trainer.get_int("global_step") == epoch * steps + step_in_epoch);
+  CHECK(trainer.get_tensor("epoch_sample_loss").numel() == images);
+  RunResult r = run("inspect \"" + path + "\"");
+  CHECK(r.output.find("cuda:0") != std::string::npos);
+
+  if (!dataset_available()) return;
+  r = run("eval \"" + path + "\" --device cpu --data-dir \"" + data_dir() + "\"");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("saved on cuda:0), evaluated on cpu") != std::string::npos);
+
+  const std::string dir = fresh_dir(std::string("fixture_") + precision + "_cuda_resume");
+  r = run("resume \"" + path + "\" --device cpu --run-dir \"" + dir + "\" --set data.dir=\"" + data_dir() + "\"");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("(saved on cuda:0, now on cpu)") != std::string::npos);
+  CHECK(r.output.find("test: loss") != std::string::npos);
+  const engine::Checkpoint after = engine::load_checkpoint(dir + "/last.h5");
+  CHECK(after.meta.saved_on == "cpu");
+  CHECK(after.groups.at("trainer").get_int("epoch") == epochs);
+  CHECK(after.groups.at("trainer").get_int("global_step") == epochs * steps);
+  // The CPU computes in fp32; an fp16 run's scaler state passes through unchanged.
+  const engine::StateDict& scaler = ck.groups.at("scaler");
+  CHECK(after.groups.at("scaler").get_int("enabled") == scaler.get_int("enabled"));
+  CHECK(after.groups.at("scaler").get_real("scale") == scaler.get_real("scale"));
+  CHECK(after.groups.at("scaler").get_int("growth_tracker") == scaler.get_int("growth_tracker"));
+  // Sane metrics: every epoch's losses finite and falling, and a trained model's accuracy.
+  const auto lines = read_lines(dir + "/metrics.jsonl");
+  REQUIRE(lines.size() == static_cast<std::size_t>(epochs + 1));
+  double previous = INFINITY;
+  for (int64_t e = 0; e < epochs; ++e) {
+    const auto j = nlohmann::json::parse(lines[e]);
+    CHECK(j["epoch"] == e + 1);
+    CHECK(std::isfinite(j["val_loss"].get<double>()));
+    CHECK(j["train_loss"].get<double>() < previous);
+    previous = j["train_loss"].get<double>();
+  }
+  const auto test = nlohmann::json::parse(lines.back());
+  CHECK(test["test_acc"].get<double>() > 0.7);  // about 0.78 after 2 epochs of 1024 images
+  CHECK(test["test_loss"].get<double>() < 0.9);
+}
+
+}  // namespace
+
+TEST_CASE("a CUDA fp16 checkpoint (end of epoch 1, H200) verifies, evaluates and resumes to the end on the CPU") {
+  check_cuda_fixture("checkpoint_v2_cuda_fp16_epoch1.h5", "fp16", 1, 0);
+}
+
+TEST_CASE("a CUDA fp32 checkpoint (step 5 of epoch 2, SIGKILL after a per-step save) resumes to the end on the CPU") {
+  check_cuda_fixture("checkpoint_v2_cuda_fp32_mid_epoch.h5", "fp32", 1, 5);
 }

@@ -1,53 +1,14 @@
 // The acceptance tests of the project: same seed => same bits, and a run stopped at
 // any point (between epochs, mid-epoch, SIGKILL right after a save or between saves)
-// and resumed ends bit-identical to an uninterrupted run.
+// and resumed ends bit-identical to an uninterrupted run. test_preemption.cpp does the
+// same for the signals and limits of batch schedulers.
 #include <doctest/doctest.h>
-
-#include <map>
-#include <nlohmann/json.hpp>
 
 #include "cli_util.h"
 #include "engine/checkpoint.h"
+#include "run_compare.h"
 
 using namespace test_util;
-
-namespace {
-
-std::vector<double> column(const std::string& run_dir, const char* key) {
-  std::vector<double> v;
-  for (const std::string& l : read_lines(run_dir + "/metrics.jsonl")) {
-    auto j = nlohmann::json::parse(l);
-    if (j.contains(key)) v.push_back(j[key].get<double>());
-  }
-  return v;
-}
-
-void expect_same_run(const std::string& a, const std::string& b) {
-  const RunResult d = run("diff \"" + a + "/last.h5\" \"" + b + "/last.h5\"");
-  INFO(d.output);
-  CHECK(d.exit_code == 0);
-  for (const char* key : {"train_loss", "val_loss", "val_acc", "lr", "test_acc"}) {
-    CAPTURE(key);
-    const auto ca = column(a, key), cb = column(b, key);
-    CHECK(!ca.empty());
-    CHECK(ca == cb);  // exact: the same bits
-  }
-}
-
-// An uninterrupted run with the same flags (the stored config must match too).
-std::string reference_run(const std::string& extra = "") {
-  static std::map<std::string, std::string> dirs;
-  auto it = dirs.find(extra);
-  if (it != dirs.end()) return it->second;
-  const std::string dir = fresh_dir("resume_reference_" + std::to_string(dirs.size()));
-  const RunResult r = run(small_run(dir) + extra);
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
-  dirs[extra] = dir;
-  return dir;
-}
-
-}  // namespace
 
 TEST_CASE("two runs with the same seed give bit-identical checkpoints") {
   if (!dataset_available()) return;

@@ -3,6 +3,8 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +23,8 @@
 #include "engine/config.h"
 #include "engine/idx.h"
 #include "engine/report.h"
+#include "engine/run_control.h"
+#include "engine/run_lock.h"
 
 namespace fs = std::filesystem;
 using namespace engine;
@@ -48,9 +52,13 @@ const char* kTrainHelp = R"(usage: engine train CONFIG.json [options]
 
 Trains the model described by CONFIG.json (see docs/config.md). If the run directory
 already holds last.h5, training resumes from it ("resuming from epoch N"); --fresh
-starts over. Ctrl-C or SIGTERM stops after the current step and writes last.h5 first.
-Exit status: 0 done, 130 stopped by a signal, 3 a save failed (disk full, I/O error;
-checkpoint.on_error = stop) with the previous checkpoint intact, 1 error, 2 usage.
+starts over. Ctrl-C or SIGTERM stops after the current step (or evaluation batch) and
+writes last.h5 first (exit 130); a second Ctrl-C exits at once. SIGUSR1 writes last.h5
+and training goes on (Slurm: --signal=USR1@90). One run at a time per run directory: a
+second `train` or `resume` on it is refused, naming the process that holds it.
+Exit status: 0 done, 130 stopped by a signal, 75 stopped by --time-limit, 3 a save
+failed (disk full, I/O error; checkpoint.on_error = stop) with the previous checkpoint
+intact, 1 error, 2 usage.
 
 options:
   --device cpu|cuda|cuda:N|auto   where to train (overrides the config's `device`)
@@ -59,6 +67,9 @@ options:
                                   --set train.epochs=3 --set data.train_limit=2000
   --fresh                         ignore an existing last.h5 and start from scratch
   --stop-after-epochs K           stop cleanly once K epochs are complete (resume later)
+  --time-limit T                  stop cleanly, last.h5 saved, before T of wall-clock time
+                                  has passed since start (exit 75; run again to go on):
+                                  5400, 5400s, 90m, 1.5h, MM:SS, HH:MM:SS or D-HH:MM:SS
   --kill-after-steps N            testing aid: SIGKILL itself right after global step N
   -h, --help                      this help
 )";
@@ -74,7 +85,8 @@ options:
   --run-dir DIR                   where to write from now on
   --set KEY=VALUE                 override config keys (e.g. train.epochs=30)
   --non-strict                    apply what matches; print missing/unexpected keys
-  --stop-after-epochs K, --kill-after-steps N   as for train
+  --stop-after-epochs K, --time-limit T, --kill-after-steps N   as for train
+  (signals, the run-directory lock and exit statuses as for train)
   -h, --help                      this help
 )";
 
@@ -111,10 +123,17 @@ struct Args {
   std::string device, run_dir, dump_logits, data_dir, output;
   bool fresh = false, non_strict = false, help = false;
   std::optional<int64_t> stop_after_epochs, kill_after_steps, limit;
+  std::optional<double> time_limit;  // seconds
 };
 
 // Exit status of train/resume when the disk refused a save (docs/cli.md).
 constexpr int kExitSaveFailed = 3;
+// When the process started: --time-limit counts from here, as a scheduler does.
+const auto g_process_start = std::chrono::steady_clock::now();
+
+// Exit statuses of a training run that stopped before its end.
+constexpr int kExitInterrupted = 130;  // Ctrl-C / SIGTERM, last.h5 saved
+constexpr int kExitTimeLimit = 75;     // --time-limit reached, last.h5 saved (EX_TEMPFAIL)
 
 [[noreturn]] void fail(const std::string& msg, int code = 1) {
   std::cerr << "engine: " << msg << "\n";
@@ -153,6 +172,12 @@ Args parse_args(int argc, char** argv, int first) {
     else if (s == "--limit") a.limit = parse_int(s, value(s));
     else if (s == "--stop-after-epochs") a.stop_after_epochs = parse_int(s, value(s));
     else if (s == "--kill-after-steps") a.kill_after_steps = parse_int(s, value(s));
+    else if (s == "--time-limit") {
+      const std::string v = value(s);
+      a.time_limit = parse_duration_seconds(v);
+      if (!a.time_limit)
+        fail("--time-limit expects a positive duration (5400, 90m, 1.5h, HH:MM:SS), got '" + v + "'", 2);
+    }
     else if (s.size() > 1 && s[0] == '-') fail("unknown option '" + s + "' (see --help)", 2);
     else a.positional.push_back(s);
   }
@@ -208,14 +233,46 @@ class ConsoleObserver : public TrainerObserver {
   int64_t epoch_ = 0, epochs_ = 0;
 };
 
-void on_signal(int) { request_stop(); }
+// The run the signal handlers talk to (null until the trainer exists, and after fit()).
+std::atomic<RunControl*> g_run{nullptr};
 
-void install_stop_handlers() {
+void on_stop_signal(int) {
+  RunControl* run = g_run.load();
+  // A second Ctrl-C (or nothing to save yet): out at once. Saves are atomic (temporary
+  // file, fsync, rename), so last.h5 is still the last complete checkpoint.
+  if (!run || run->request_stop()) {
+    static const char msg[] = "\nengine: interrupted again, exiting now (last.h5 holds the last complete checkpoint)\n";
+    if (run) (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+    ::_exit(kExitInterrupted);
+  }
+}
+
+void on_checkpoint_signal(int) {
+  if (RunControl* run = g_run.load()) run->request_checkpoint();
+}
+
+// Installed before anything is loaded, so an early SIGUSR1 is not fatal (its default).
+void install_signal_handlers() {
   struct sigaction sa {};
-  sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
+  sa.sa_handler = on_stop_signal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sa.sa_handler = on_checkpoint_signal;
+  sigaction(SIGUSR1, &sa, nullptr);
+}
+
+// The run directory's lock, taken before the data is loaded so that a second writer is
+// refused at once.
+RunDirLock lock_run_dir(const std::string& dir) {
+  try {
+    fs::create_directories(dir);
+    return RunDirLock::acquire(dir);
+  } catch (const std::filesystem::filesystem_error& e) {
+    fail(dir + ": cannot create the run directory: " + e.code().message());
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
 }
 
 void print_report(const StateReport& r) {
@@ -229,24 +286,32 @@ void print_test(const EvalResult& t) {
 }
 
 int run_training(Trainer& trainer, const Args& a, ConsoleObserver&) {
-  install_stop_handlers();
   StopPlan stop;
   stop.after_epochs = a.stop_after_epochs;
   stop.kill_after_steps = a.kill_after_steps;
+  stop.time_limit_seconds = a.time_limit;
+  stop.time_limit_from = g_process_start;
+  g_run.store(&trainer.control());
   FitResult r;
   try {
     r = trainer.fit(stop);
   } catch (const CheckpointWriteError& e) {
     // checkpoint.on_error = stop: the previous checkpoint is intact, so the same command
     // resumes from it once the disk is fixed.
+    g_run.store(nullptr);
     fail(std::string(e.what()) + "; training stopped (checkpoint.on_error = stop), the previous checkpoint is intact",
          kExitSaveFailed);
   }
+  g_run.store(nullptr);
   if (r.ending == FitResult::Ending::Stopped) {
     std::cout << "stopped after " << trainer.epochs_done() << " epoch(s), step "
               << trainer.global_step() << "; checkpoint in " << trainer.config().checkpoint.dir
               << "/last.h5\n";
-    return stop_requested() ? 130 : 0;
+    switch (r.stop_cause) {
+      case FitResult::StopCause::Requested: return kExitInterrupted;
+      case FitResult::StopCause::TimeLimit: return kExitTimeLimit;
+      default: return 0;
+    }
   }
   if (r.test) print_test(*r.test);
   return 0;
@@ -276,10 +341,13 @@ int cmd_train(const Args& a) {
   if (!a.run_dir.empty()) j["checkpoint"]["dir"] = a.run_dir;
   Config cfg = config_from_json(j, path);
   const Device device = resolve_device(cfg.device);
+  install_signal_handlers();
+  RunDirLock lock = lock_run_dir(cfg.checkpoint.dir);
   ConsoleObserver obs;
   const std::string last = (fs::path(cfg.checkpoint.dir) / "last.h5").string();
   const bool resume = !a.fresh && fs::exists(last);
   Trainer trainer(cfg, device, &obs);
+  trainer.use_run_lock(std::move(lock));
   std::cout << "training " << cfg.model.name << " (" << trainer.model().parameter_count()
             << " parameters) on " << device.str() << ", run dir " << cfg.checkpoint.dir << "\n";
   if (resume) {
@@ -315,8 +383,11 @@ int cmd_resume(const Args& a) {
   if (!a.run_dir.empty()) j["checkpoint"]["dir"] = a.run_dir;
   Config cfg = config_from_json(j, path + " (stored config)");
   const Device device = resolve_device(cfg.device);
+  install_signal_handlers();
+  RunDirLock lock = lock_run_dir(cfg.checkpoint.dir);
   ConsoleObserver obs;
   Trainer trainer(cfg, device, &obs);
+  trainer.use_run_lock(std::move(lock));
   StateReport r;
   try {
     r = trainer.restore(ckpt, a.non_strict ? LoadMode::NonStrict : LoadMode::Strict);

@@ -39,7 +39,7 @@ class LossScaler : public Stateful {
  private:
   bool enabled_;
   bool active_ = false;
-  double scale_, growth_factor_, backoff_factor_;
+  double scale_, init_scale_, growth_factor_, backoff_factor_;
   int64_t growth_interval_;
   int64_t growth_tracker_ = 0;
   Tensor found_inf_;  // one int32 on the parameters' device

@@ -4,6 +4,7 @@
 // interface, and writes/reads checkpoints of all of it.
 #pragma once
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -18,6 +19,8 @@
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/models/fashion_cnn.h"
+#include "engine/run_control.h"
+#include "engine/run_lock.h"
 
 namespace engine {
 
@@ -61,18 +64,23 @@ enum class LoadMode { Strict, NonStrict };
 struct StopPlan {
   std::optional<int64_t> after_epochs;  // stop cleanly after this many epochs in total
   std::optional<int64_t> kill_after_steps;  // SIGKILL itself after this global step (tests)
+  // Stop cleanly, last.h5 saved, before this much wall-clock time has passed since
+  // time_limit_from (default: when fit() starts); the next step, evaluation and save
+  // are estimated from those measured so far, and a margin is kept.
+  std::optional<double> time_limit_seconds;
+  std::optional<std::chrono::steady_clock::time_point> time_limit_from;
 };
 
 struct FitResult {
   enum class Ending { Completed, EarlyStopped, Stopped } ending = Ending::Completed;
+  // Why a Stopped run stopped: a stop request (RunControl), StopPlan::after_epochs, or
+  // StopPlan::time_limit_seconds.
+  enum class StopCause { None, Requested, EpochLimit, TimeLimit } stop_cause = StopCause::None;
   int64_t epochs_done = 0;
   std::optional<EvalResult> test;  // evaluated on the test set when training completed
 };
 
-// Asks a running fit() to stop after the current step, writing last.h5 first
-// (async-signal-safe: the CLI calls it from its SIGINT/SIGTERM handler).
-void request_stop();
-bool stop_requested();
+class TimeBudget;
 
 class Trainer {
  public:
@@ -84,9 +92,16 @@ class Trainer {
   const Config& config() const { return cfg_; }
   Device device() const { return device_; }
   FashionCnn& model() { return *model_; }
+  // Stop and checkpoint requests for this trainer's runs (async-signal-safe; the CLI's
+  // SIGINT/SIGTERM/SIGUSR1 handlers reach it through an atomic pointer).
+  RunControl& control() { return control_; }
+  // Hands over a lock already taken on cfg.checkpoint.dir (the CLI takes it before
+  // loading data, so a second writer is refused at once); without one, fit() takes it.
+  void use_run_lock(RunDirLock lock);
 
   // Runs the remaining epochs from the current state, writing checkpoints and
-  // metrics.jsonl into cfg.checkpoint.dir.
+  // metrics.jsonl into cfg.checkpoint.dir, which it holds locked (RunDirLock) meanwhile;
+  // throws RunDirBusy when another writer holds it.
   FitResult fit(const StopPlan& stop = {});
   EvalResult evaluate(Split split);
   // Logits of the first `n` images of a split in eval mode (for interop and verification).
@@ -95,6 +110,11 @@ class Trainer {
   // The whole training state as a checkpoint, and back. restore() checks every group
   // first and changes nothing unless it can apply all of it (Strict) or everything
   // that matches (NonStrict); the report lists what was missing/unexpected/mismatched.
+  // Should a component still fail while loading, every component touched, the failing
+  // one included, is rolled back. The config decides whether loss scaling is on (the
+  // saved scale continues when the checkpoint was scaling too). The data set may change
+  // size at an epoch boundary, not mid-epoch (the position in the shuffled epoch
+  // depends on it).
   Checkpoint snapshot() const;
   StateReport restore(const Checkpoint& ckpt, LoadMode mode);
   // load_checkpoint + restore; throws CheckpointError naming the file on failure.
@@ -110,7 +130,13 @@ class Trainer {
   class CounterState;
   class MetricsState;
   void train_epoch(const StopPlan& stop, bool& interrupted);
-  void end_epoch(double seconds, bool& stop_early);
+  void end_epoch(double seconds, bool& stop_early, bool& interrupted);
+  // evaluate(), but gives up (nothing) between batches once a stop is requested.
+  std::optional<EvalResult> evaluate_unless_stopped(Split split);
+  std::optional<EvalResult> evaluate_impl(Split split, const RunControl* stop);
+  // Time-limit check (run_control): true when the work ahead would overrun.
+  bool out_of_time(bool last_step_of_epoch);
+  std::string time_limit_message() const;
   void save(CheckpointKind kind);
   void verify_saved(const std::string& path);
   void write_metrics_jsonl(const std::optional<EvalResult>& test);
@@ -133,6 +159,12 @@ class Trainer {
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<CounterState> counter_state_;
   std::unique_ptr<MetricsState> metrics_state_;
+
+  // Run control: requests from outside, the run directory's lock, the deadline.
+  RunControl control_;
+  std::optional<RunDirLock> run_lock_;
+  std::unique_ptr<TimeBudget> time_budget_;  // set while a fit() with a time limit runs
+  FitResult::StopCause stop_cause_ = FitResult::StopCause::None;
 
   // Counters and early-stopping state (saved in the "trainer" group).
   int64_t epoch_ = 0, global_step_ = 0, step_in_epoch_ = 0;

@@ -651,7 +651,18 @@ TEST_CASE("unscale_check scales, flags inf/NaN, never resets the flag") {
     DeviceArray<int32_t> flag(std::vector<int32_t>{flag_before});
     gpu::unscale_check(n, g.get(), inv_scale, flag.get());
     INFO(what);
-    check_bits(g.download(), want, std::string(what) + " grads");
+    // Finite and infinite values bit for bit; a NaN only has to stay a NaN (its sign
+    // and payload after the multiply are the hardware's choice, not the maths').
+    const std::vector<float> got = g.download();
+    REQUIRE(got.size() == want.size());
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const bool same = std::isnan(want[i]) ? std::isnan(got[i])
+                                            : std::memcmp(&got[i], &want[i], sizeof(float)) == 0;
+      bad += same ? 0 : 1;
+    }
+    INFO(what << " grads: " << bad << " of " << got.size() << " differ (NaN matches any NaN)");
+    CHECK(bad == 0);
     CHECK(flag.download()[0] == flag_ref);
     return flag_ref;
   };

@@ -5,7 +5,7 @@
 //   checkpoint_bench [--reps N] [--dir DIR] [--config PATH] [--set KEY=VALUE]... [--json]
 //
 // The state: a CPU Trainer of configs/mnist.json (needs the Fashion-MNIST files) after
-// one AdamW step, taken the way a Ctrl-C takes it (request_stop, then fit runs one step
+// one AdamW step, taken the way a Ctrl-C takes it (control().request_stop(), then fit runs one step
 // and stops): model, optimizer moments (step 1), scheduler, scaler, RNG, counters with
 // the per-sample loss buffer of the epoch (55000 floats with the full split), metrics.
 // Trainer::snapshot() is taken once; then save_checkpoint (temporary file, fsync,
@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
 
     const auto t_setup = Clock::now();
     engine::Trainer trainer(cfg, engine::Device::cpu());
-    engine::request_stop();  // fit() runs one step, writes a mid-epoch last.h5, and stops
+    trainer.control().request_stop();  // fit() runs one step, writes a mid-epoch last.h5, and stops
     trainer.fit();
     if (trainer.global_step() != 1) die("expected one training step, got " + std::to_string(trainer.global_step()));
     const double setup_ms = ms_since(t_setup);

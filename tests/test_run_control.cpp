@@ -1,0 +1,370 @@
+// Run control in the library: per-run stop and checkpoint requests, stops during
+// evaluation, the run directory's lock across processes, durations for --time-limit,
+// restore's all-or-nothing rollback, the loss scaler's enabled rule and the
+// epoch-boundary rule for the partial-epoch loss buffer.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include "cli_util.h"
+#include "engine/checkpoint.h"
+#include "engine/restore_testing.h"
+#include "engine/run_control.h"
+#include "engine/run_lock.h"
+#include "engine/scaler.h"
+#include "engine/trainer.h"
+
+using namespace engine;
+using namespace test_util;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// A tiny CPU run: 512 training images in batches of 64 (8 steps per epoch), 2 epochs.
+Config tiny_config(const std::string& run_dir, int64_t train_limit = 512) {
+  Config c;
+  c.device = "cpu";
+  c.data.dir = data_dir();
+  c.data.train_limit = train_limit;
+  c.data.val_split = 256;
+  c.data.test_limit = 256;
+  c.data.batch_size = 64;
+  c.train.epochs = 2;
+  c.checkpoint.dir = run_dir;
+  c.checkpoint.every_n_epochs = std::nullopt;
+  return c;
+}
+
+// snapshot() aliases the live tensors: a copy that later changes cannot reach.
+Checkpoint deep_snapshot(Trainer& t) {
+  Checkpoint c = t.snapshot();
+  for (auto& [name, g] : c.groups)
+    for (auto& [k, tensor] : g.tensors) tensor = tensor.clone();
+  return c;
+}
+
+// Every tensor and scalar of every group, bit for bit (the config text aside).
+void expect_same_state(const Checkpoint& a, const Checkpoint& b, const std::string& what) {
+  INFO(what);
+  REQUIRE(a.groups.size() == b.groups.size());
+  for (const auto& [name, ga] : a.groups) {
+    CAPTURE(name);
+    const StateDict& gb = b.groups.at(name);
+    CHECK(compare_state(ga, gb).clean());
+    for (const auto& [k, t] : ga.tensors) {
+      CAPTURE(k);
+      const std::vector<float> va = t.to_vector(), vb = gb.tensors.at(k).to_vector();
+      CHECK((va.size() == vb.size() && std::memcmp(va.data(), vb.data(), va.size() * sizeof(float)) == 0));
+    }
+    for (const auto& [k, s] : ga.scalars) {
+      CAPTURE(k);
+      if (name == "metrics" && k == "epoch_seconds") continue;  // wall-clock times
+      // Derived: fit() sets it from the scheduler at the start of each epoch.
+      if (name == "optimizer" && k == "lr") continue;
+      CHECK(s == gb.scalars.at(k));
+    }
+  }
+}
+
+// Asks its trainer to stop at a chosen moment.
+class StopAt : public TrainerObserver {
+ public:
+  enum class When { EndOfEpochSteps, EndOfLastEpoch };
+  StopAt(When when, int64_t epoch) : when_(when), epoch_(epoch) {}
+  Trainer* trainer = nullptr;
+  void on_progress(const Progress& p) override {
+    // The last step of the epoch is done: the next thing fit() does is validation.
+    if (when_ == When::EndOfEpochSteps && p.epoch == epoch_ && p.step == p.steps) trainer->control().request_stop();
+  }
+  void on_epoch_end(const EpochMetrics& m) override {
+    // The last epoch is done: the next thing fit() does is the test evaluation.
+    if (when_ == When::EndOfLastEpoch && m.epoch == epoch_) trainer->control().request_stop();
+  }
+  void on_message(const std::string& m) override { messages += m + "\n"; }
+  std::string messages;
+
+ private:
+  When when_;
+  int64_t epoch_;
+};
+
+}  // namespace
+
+TEST_CASE("durations for --time-limit") {
+  CHECK(parse_duration_seconds("5400") == 5400.0);
+  CHECK(parse_duration_seconds("90s") == 90.0);
+  CHECK(parse_duration_seconds("90m") == 5400.0);
+  CHECK(parse_duration_seconds("1.5h") == 5400.0);
+  CHECK(parse_duration_seconds("2d") == 172800.0);
+  CHECK(parse_duration_seconds("01:30:00") == 5400.0);
+  CHECK(parse_duration_seconds("90:00") == 5400.0);  // MM:SS
+  CHECK(parse_duration_seconds("1-00:00:10") == 86410.0);
+  for (const char* bad : {"", "0", "-5", "abc", "5x", "1:2:3:4", "1:60", "m", "1-", "::", "1e3"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(parse_duration_seconds(bad).has_value());
+  }
+}
+
+TEST_CASE("run directory lock: a second writer is refused at once, naming the holder; a dead holder never blocks") {
+  const std::string dir = fresh_dir("run_lock");
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::close(ready[0]);
+    try {
+      RunDirLock held = RunDirLock::acquire(dir);
+      (void)!::write(ready[1], "1", 1);
+      for (;;) ::pause();  // until SIGKILL
+    } catch (...) {
+      ::_exit(3);
+    }
+  }
+  ::close(ready[1]);
+  char c = 0;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  ::close(ready[0]);
+
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const auto t0 = Clock::now();
+  std::string message;
+  try {
+    RunDirLock second = RunDirLock::acquire(dir);
+    FAIL("a second writer got the lock");
+  } catch (const RunDirBusy& e) {
+    message = e.what();
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  INFO(message);
+  CHECK(seconds < 1.0);
+  CHECK(message.find("pid " + std::to_string(child)) != std::string::npos);
+  CHECK(message.find(std::string("host ") + host) != std::string::npos);
+  CHECK(message.find("since ") != std::string::npos);
+  CHECK(message.find(dir) != std::string::npos);
+  CHECK(message.find('\n') == std::string::npos);
+
+  // SIGKILL: no destructor runs, the file still names the dead process, the lock is free.
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(WIFSIGNALED(status));
+  CHECK(read_lines(RunDirLock::lock_path(dir)).at(0).find("pid " + std::to_string(child)) == 0);
+  {
+    RunDirLock taken = RunDirLock::acquire(dir);
+    const auto lines = read_lines(RunDirLock::lock_path(dir));
+    REQUIRE(lines.size() == 1);
+    CHECK(lines[0].find("pid " + std::to_string(::getpid()) + " ") == 0);
+    // Within one process too, one writer: a second lock is refused.
+    try {
+      RunDirLock again = RunDirLock::acquire(dir);
+      FAIL("a second lock in the same process");
+    } catch (const RunDirBusy& e) {
+      CHECK(std::string(e.what()).find("(this process)") != std::string::npos);
+    }
+    RunDirLock moved = std::move(taken);  // moving keeps the lock
+    CHECK_THROWS_AS(RunDirLock::acquire(dir), RunDirBusy);
+  }
+  // A clean release empties the file, so it never names a process that is not holding it.
+  CHECK(fs::file_size(RunDirLock::lock_path(dir)) == 0);
+  CHECK_NOTHROW(RunDirLock::acquire(dir));
+}
+
+TEST_CASE("the loss scaler: the config decides enabled, the saved scale continues when there is one") {
+  LossScaler fp32(false, 65536.0, 2.0, 0.5, 2000);
+  LossScaler fp16(true, 65536.0, 2.0, 0.5, 2000);
+  fp16.set_active(true);
+  fp16.update(false);  // tracker 1
+  fp16.update(true);   // overflow: scale halves, tracker 0
+  fp16.update(false);
+  fp16.update(false);  // tracker 2
+  REQUIRE(fp16.scale() == 32768.0);
+  REQUIRE(fp16.growth_tracker() == 2);
+
+  SUBCASE("an fp32 checkpoint resumed in fp16 scales, from the configured initial scale") {
+    LossScaler resumed(true, 1024.0, 2.0, 0.5, 2000);
+    resumed.load_state(fp32.state());
+    CHECK(resumed.enabled());
+    CHECK(resumed.scale() == 1024.0);
+    CHECK(resumed.growth_tracker() == 0);
+    resumed.set_active(true);  // on CUDA
+    CHECK(resumed.active());
+    CHECK(resumed.loss_scale() == 1024.0f);
+  }
+  SUBCASE("an fp16 checkpoint resumed in fp16 continues its scale and tracker") {
+    LossScaler resumed(true, 1024.0, 2.0, 0.5, 2000);
+    resumed.load_state(fp16.state());
+    CHECK(resumed.enabled());
+    CHECK(resumed.scale() == 32768.0);
+    CHECK(resumed.growth_tracker() == 2);
+  }
+  SUBCASE("an fp16 checkpoint resumed in fp32 does not scale") {
+    LossScaler resumed(false, 65536.0, 2.0, 0.5, 2000);
+    resumed.load_state(fp16.state());
+    resumed.set_active(true);
+    CHECK_FALSE(resumed.enabled());
+    CHECK_FALSE(resumed.active());
+    CHECK(resumed.scale() == 1.0);
+    CHECK(resumed.loss_scale() == 1.0f);
+  }
+}
+
+TEST_CASE("Trainer::restore: scaler state follows the config; the loss buffer may change size only at an epoch boundary") {
+  if (!dataset_available()) return;
+  const std::string dir = fresh_dir("run_control_restore");
+  Trainer fp32(tiny_config(dir + "/a"), Device::cpu());
+  Config fp16_cfg = tiny_config(dir + "/b");
+  fp16_cfg.precision.mode = "fp16";
+  Trainer fp16(fp16_cfg, Device::cpu());
+  CHECK(fp16.restore(fp32.snapshot(), LoadMode::Strict).clean());
+  const StateDict scaler = fp16.snapshot().groups.at("scaler");
+  CHECK(scaler.get_int("enabled") == 1);
+  CHECK(scaler.get_real("scale") == fp16_cfg.precision.loss_scale.init);
+
+  // Epoch boundary (step_in_epoch 0): another training-set size is accepted.
+  Trainer smaller(tiny_config(dir + "/c", 384), Device::cpu());
+  Checkpoint at_boundary = fp32.snapshot();
+  REQUIRE(at_boundary.groups.at("trainer").get_int("step_in_epoch") == 0);
+  at_boundary.groups.at("trainer").scalars["epoch"] = int64_t{1};
+  at_boundary.groups.at("trainer").scalars["global_step"] = int64_t{8};
+  CHECK(smaller.restore(at_boundary, LoadMode::Strict).clean());
+  CHECK(smaller.epochs_done() == 1);
+  CHECK(smaller.snapshot().groups.at("trainer").get_tensor("epoch_sample_loss").numel() == 384);
+
+  // Mid-epoch: refused, saying why; nothing changes.
+  Checkpoint mid = at_boundary;
+  mid.groups.at("trainer").scalars["step_in_epoch"] = int64_t{3};
+  mid.groups.at("trainer").scalars["global_step"] = int64_t{11};
+  Trainer smaller2(tiny_config(dir + "/d", 384), Device::cpu());
+  const Checkpoint before = deep_snapshot(smaller2);
+  try {
+    smaller2.restore(mid, LoadMode::Strict);
+    FAIL("a mid-epoch checkpoint of another training-set size was accepted");
+  } catch (const std::exception& e) {
+    const std::string m = e.what();
+    INFO(m);
+    CHECK(m.find("epoch_sample_loss") != std::string::npos);
+    CHECK(m.find("mid-epoch") != std::string::npos);
+    CHECK(m.find("training set's size") != std::string::npos);
+  }
+  expect_same_state(before, smaller2.snapshot(), "after a refused restore");
+}
+
+TEST_CASE("Trainer::restore rolls back every component it touched, the failing one included") {
+  if (!dataset_available()) return;
+  const std::string dir = fresh_dir("run_control_rollback");
+  // fp16 (on the CPU: scaler enabled but inactive), so the scaler's state can differ too.
+  Config cfg = tiny_config(dir + "/a");
+  cfg.precision.mode = "fp16";
+  Trainer target(cfg, Device::cpu());
+  Config other_cfg = cfg;
+  other_cfg.seed = 7;  // other weights, other RNG
+  Trainer source(other_cfg, Device::cpu());
+  Checkpoint given = source.snapshot();
+  // Make every group differ from the target's, so a half-applied load would show.
+  given.groups.at("trainer").scalars["epoch"] = int64_t{1};
+  given.groups.at("trainer").scalars["global_step"] = int64_t{8};
+  given.groups.at("trainer").scalars["best_metric"] = 0.5;
+  given.groups.at("scheduler").scalars["last_epoch"] = int64_t{1};
+  given.groups.at("scaler").scalars["growth_tracker"] = int64_t{5};
+  given.groups.at("scaler").scalars["scale"] = 1024.0;
+  given.groups.at("metrics").scalars["epoch"] = std::vector<double>{1};
+  for (const char* k : {"train_loss", "val_loss", "val_acc", "lr", "loss_scale", "epoch_seconds"})
+    given.groups.at("metrics").scalars[k] = std::vector<double>{0.25};
+  given.groups.at("optimizer").scalars["step/fc1.weight"] = int64_t{8};
+  const Checkpoint before = deep_snapshot(target);
+
+  for (const auto& [group, _] : before.groups) {
+    CAPTURE(group);
+    static std::string failing;
+    failing = group;
+    testing::after_component_load = [](const std::string& g) {
+      if (g == failing) throw std::runtime_error("injected failure after loading " + g);
+    };
+    CHECK_THROWS_WITH_AS(target.restore(given, LoadMode::Strict), ("injected failure after loading " + group).c_str(),
+                         std::runtime_error);
+    testing::after_component_load = nullptr;
+    expect_same_state(before, target.snapshot(), "after a failure in " + group);
+  }
+  // A real failure halfway: the counters group names another early-stopping monitor.
+  Checkpoint wrong_monitor = given;
+  wrong_monitor.groups.at("trainer").scalars["monitor"] = std::string("val_acc");
+  CHECK_THROWS_WITH(target.restore(wrong_monitor, LoadMode::Strict), doctest::Contains("monitors 'val_acc'"));
+  expect_same_state(before, target.snapshot(), "after a monitor mismatch");
+  // And the same checkpoint without a fault applies in full.
+  target.restore(given, LoadMode::Strict);
+  expect_same_state(given, target.snapshot(), "after a clean restore");
+}
+
+TEST_CASE("a stop request belongs to its run: a second fit() in the same process trains on") {
+  if (!dataset_available()) return;
+  const std::string dir = fresh_dir("run_control_two_fits");
+  Trainer first(tiny_config(dir + "/a"), Device::cpu());
+  first.control().request_stop();  // before fit(): honoured by this run
+  FitResult r = first.fit();
+  CHECK(r.ending == FitResult::Ending::Stopped);
+  CHECK(r.stop_cause == FitResult::StopCause::Requested);
+  CHECK(first.global_step() == 1);
+  CHECK_FALSE(first.control().stop_requested());  // consumed by the run it stopped
+  // The same trainer goes on, and another trainer in this process trains in full.
+  StopPlan one_epoch;
+  one_epoch.after_epochs = 1;
+  r = first.fit(one_epoch);
+  CHECK(r.stop_cause == FitResult::StopCause::EpochLimit);
+  CHECK(first.global_step() == 8);
+  Trainer second(tiny_config(dir + "/b"), Device::cpu());
+  r = second.fit();
+  CHECK(r.ending == FitResult::Ending::Completed);
+  CHECK(second.global_step() == 16);
+  REQUIRE(r.test.has_value());
+  // fit() takes the run directory's lock: a writer holding it in this process blocks it.
+  RunDirLock held = RunDirLock::acquire(dir + "/a");
+  CHECK_THROWS_AS(first.fit(), RunDirBusy);
+}
+
+TEST_CASE("Ctrl-C during validation or the test evaluation stops there; the run resumes bit-exactly") {
+  if (!dataset_available()) return;
+  const std::string dir = fresh_dir("run_control_eval_stop");
+  Trainer reference(tiny_config(dir + "/ref"), Device::cpu());
+  const FitResult ref = reference.fit();
+  REQUIRE(ref.test.has_value());
+
+  for (auto when : {StopAt::When::EndOfEpochSteps, StopAt::When::EndOfLastEpoch}) {
+    const bool in_validation = when == StopAt::When::EndOfEpochSteps;
+    CAPTURE(in_validation);
+    const std::string run = dir + (in_validation ? "/val" : "/test");
+    StopAt observer(when, in_validation ? 1 : 2);
+    {
+      Trainer t(tiny_config(run), Device::cpu(), &observer);
+      observer.trainer = &t;
+      const FitResult r = t.fit();
+      INFO(observer.messages);
+      CHECK(r.ending == FitResult::Ending::Stopped);
+      CHECK(r.stop_cause == FitResult::StopCause::Requested);
+      CHECK_FALSE(r.test.has_value());
+      CHECK(observer.messages.find(in_validation ? "stopped during the validation of epoch 1"
+                                                 : "stopped during the test evaluation") != std::string::npos);
+      CHECK(t.history().size() == (in_validation ? 0u : 2u));
+    }
+    verify_checkpoint_file(run + "/last.h5");
+    const Checkpoint saved = load_checkpoint(run + "/last.h5");
+    CHECK(saved.groups.at("trainer").get_int("step_in_epoch") == (in_validation ? 8 : 0));
+    Trainer resumed(tiny_config(run), Device::cpu());
+    resumed.resume_from(run + "/last.h5", LoadMode::Strict);
+    const FitResult r = resumed.fit();
+    CHECK(r.ending == FitResult::Ending::Completed);
+    REQUIRE(r.test.has_value());
+    CHECK(r.test->loss == ref.test->loss);
+    CHECK(r.test->accuracy == ref.test->accuracy);
+    expect_same_state(reference.snapshot(), resumed.snapshot(), "resumed vs uninterrupted");
+  }
+}
