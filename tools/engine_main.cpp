@@ -19,6 +19,7 @@
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/idx.h"
+#include "engine/models/registry.h"
 
 namespace fs = std::filesystem;
 using namespace engine;
@@ -53,7 +54,6 @@ options:
                                   --set train.epochs=3 --set data.train_limit=2000
   --fresh                         ignore an existing last.h5 and start from scratch
   --stop-after-epochs K           stop cleanly once K epochs are complete (resume later)
-  --kill-after-steps N            testing aid: SIGKILL itself right after global step N
   -h, --help                      this help
 )";
 
@@ -68,7 +68,7 @@ options:
   --run-dir DIR                   where to write from now on
   --set KEY=VALUE                 override config keys (e.g. train.epochs=30)
   --non-strict                    apply what matches; print missing/unexpected keys
-  --stop-after-epochs K, --kill-after-steps N   as for train
+  --stop-after-epochs K           as for train
   -h, --help                      this help
 )";
 
@@ -79,7 +79,7 @@ Evaluates the model of a checkpoint on the test set: loss, accuracy, confusion m
 options:
   --device cpu|cuda|cuda:N|auto   where to evaluate (default auto)
   --data-dir DIR                  dataset directory (default: the checkpoint's data.dir)
-  --dump-logits FILE              write the test logits as float32 little-endian [N,10]
+  --dump-logits FILE              write the test logits as float32 little-endian [N, classes]
   --limit N                       evaluate only the first N test images
   -h, --help                      this help
 )";
@@ -89,7 +89,7 @@ struct Args {
   std::vector<std::string> sets;
   std::string device, run_dir, dump_logits, data_dir;
   bool fresh = false, non_strict = false, help = false;
-  std::optional<int64_t> stop_after_epochs, kill_after_steps, limit;
+  std::optional<int64_t> stop_after_epochs, limit;
 };
 
 [[noreturn]] void fail(const std::string& msg, int code = 1) {
@@ -127,7 +127,6 @@ Args parse_args(int argc, char** argv, int first) {
     else if (s == "--data-dir") a.data_dir = value(s);
     else if (s == "--limit") a.limit = parse_int(s, value(s));
     else if (s == "--stop-after-epochs") a.stop_after_epochs = parse_int(s, value(s));
-    else if (s == "--kill-after-steps") a.kill_after_steps = parse_int(s, value(s));
     else if (s.size() > 1 && s[0] == '-') fail("unknown option '" + s + "' (see --help)", 2);
     else a.positional.push_back(s);
   }
@@ -207,7 +206,6 @@ int run_training(Trainer& trainer, const Args& a, ConsoleObserver&) {
   install_stop_handlers();
   StopPlan stop;
   stop.after_epochs = a.stop_after_epochs;
-  stop.kill_after_steps = a.kill_after_steps;
   const FitResult r = trainer.fit(stop);
   if (r.ending == FitResult::Ending::Stopped) {
     std::cout << "stopped after " << trainer.epochs_done() << " epoch(s), step "
@@ -246,7 +244,7 @@ int cmd_train(const Args& a) {
   ConsoleObserver obs;
   const std::string last = (fs::path(cfg.checkpoint.dir) / "last.h5").string();
   const bool resume = !a.fresh && fs::exists(last);
-  Trainer trainer(cfg, device, &obs);
+  Trainer trainer(cfg, device, make_model(cfg), &obs);
   std::cout << "training " << cfg.model.name << " (" << trainer.model().parameter_count()
             << " parameters) on " << device.str() << ", run dir " << cfg.checkpoint.dir << "\n";
   if (resume) {
@@ -283,7 +281,7 @@ int cmd_resume(const Args& a) {
   Config cfg = config_from_json(j, path + " (stored config)");
   const Device device = resolve_device(cfg.device);
   ConsoleObserver obs;
-  Trainer trainer(cfg, device, &obs);
+  Trainer trainer(cfg, device, make_model(cfg), &obs);
   StateReport r;
   try {
     r = trainer.restore(ckpt, a.non_strict ? LoadMode::NonStrict : LoadMode::Strict);
@@ -308,8 +306,8 @@ int cmd_eval(const Args& a) {
   if (a.limit) j["data"]["test_limit"] = *a.limit;
   Config cfg = config_from_json(j, path + " (stored config)");
   const Device device = resolve_device(cfg.device);
-  Trainer trainer(cfg, device, nullptr, SplitsNeeded::TestOnly);
-  FashionCnn& model = trainer.model();
+  Trainer trainer(cfg, device, make_model(cfg), nullptr, SplitsNeeded::TestOnly);
+  Model& model = trainer.model();
   const StateReport r = compare_state(model.state(), ckpt.groups.at("model"));
   if (!r.clean()) fail(path + ": model state does not match: " + r.summary());
   model.load_state(ckpt.groups.at("model"));
@@ -318,8 +316,8 @@ int cmd_eval(const Args& a) {
             << ", saved on " << ckpt.meta.saved_on << "), evaluated on " << device.str() << "\n";
   print_test(t);
   std::cout << "confusion matrix (rows: true class, columns: predicted):\n";
-  for (int i = 0; i < 10; ++i) {
-    for (int k = 0; k < 10; ++k) std::cout << std::setw(6) << t.confusion[i][k];
+  for (const std::vector<int64_t>& row : t.confusion) {
+    for (const int64_t count : row) std::cout << std::setw(6) << count;
     std::cout << "\n";
   }
   if (!a.dump_logits.empty()) {
