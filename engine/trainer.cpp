@@ -464,8 +464,8 @@ EvalResult Trainer::evaluate(Split split) {
       x = Tensor::empty(batch_shape(b), DType::F32, device_);
       labels = Tensor::empty({b}, DType::I32, device_);
     }
-    ENGINE_DISPATCH(device_, gather_batch, b, static_cast<int>(data_->sample_shape().numel()), d.images.u8(), d.labels.u8(),
-                    idx.i32() + start, static_cast<float>(cfg_.data.mean),
+    ENGINE_DISPATCH(device_, gather_batch, b, static_cast<int>(data_->sample_shape().numel()), d.images.u8(),
+                    d.labels.u8(), idx.i32() + start, static_cast<float>(cfg_.data.mean),
                     static_cast<float>(cfg_.data.std), x.f32(), labels.i32());
     Tensor logits = model_->forward(x, Mode::Eval, rng_);
     ENGINE_DISPATCH(device_, cross_entropy, b, classes, logits.f32(), labels.i32(), 1.0f, nullptr,
@@ -493,8 +493,8 @@ Tensor Trainer::first_images(Split split, int64_t n) {
   Tensor idx = device_.is_cpu() ? idx_host : idx_host.to(device_);
   Tensor x = Tensor::empty(batch_shape(n), DType::F32, device_);
   Tensor labels = Tensor::empty({n}, DType::I32, device_);
-  ENGINE_DISPATCH(device_, gather_batch, static_cast<int>(n), static_cast<int>(data_->sample_shape().numel()), d.images.u8(),
-                  d.labels.u8(), idx.i32(), static_cast<float>(cfg_.data.mean),
+  ENGINE_DISPATCH(device_, gather_batch, static_cast<int>(n), static_cast<int>(data_->sample_shape().numel()),
+                  d.images.u8(), d.labels.u8(), idx.i32(), static_cast<float>(cfg_.data.mean),
                   static_cast<float>(cfg_.data.std), x.f32(), labels.i32());
   return x;
 }
