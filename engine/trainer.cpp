@@ -252,6 +252,8 @@ int64_t Trainer::steps_per_epoch() {
 
 void Trainer::prepare_epoch() {
   const int64_t n = data_->get(Split::Train).count;
+  if (epoch_sample_loss_.numel() != n)
+    throw std::logic_error("this Trainer was built to evaluate only (SplitsNeeded::TestOnly): it cannot train");
   if (step_in_epoch_ == 0) {
     epoch_shuffle_offset_ = rng_.take(RngStream::Shuffle, Rng::permutation_draws(static_cast<int32_t>(n)));
     epoch_sample_loss_.zero();

@@ -168,6 +168,13 @@ TEST_CASE("own loop: train_step and train_epoch report each step and write no fi
   CHECK_FALSE(t->early_stop_reached());
   CHECK_FALSE(std::filesystem::exists(dir));  // no checkpoint, no metrics.jsonl
   CHECK_THROWS_AS(t->train_epoch(), std::logic_error);
+
+  // A trainer built to evaluate only refuses to train instead of writing out of bounds.
+  const Config c = synthetic_config(dir);
+  Trainer eval_only(c, Device::cpu(), make_model_for(c.model, SyntheticDataset::kShape, SyntheticDataset::kClasses),
+                    nullptr, SplitsNeeded::TestOnly, std::make_unique<SyntheticDataset>());
+  CHECK(eval_only.evaluate(Split::Test).count == 48);
+  CHECK_THROWS_AS(eval_only.train_step(), std::logic_error);
 }
 
 TEST_CASE("host state: add_state_group is saved, restored and reported like the built-in groups") {
