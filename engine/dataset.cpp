@@ -29,16 +29,17 @@ SplitData make_split(const IdxPair& raw, int64_t first, int64_t count, Device de
   return s;
 }
 
-void expect_28x28(const IdxPair& raw, const std::string& dir) {
-  if (raw.images.rows != 28 || raw.images.cols != 28)
-    throw DataError(dir + ": expected 28x28 images, found " + std::to_string(raw.images.rows) +
-                    "x" + std::to_string(raw.images.cols) + " (key data.dir)");
+void expect_shape(const IdxPair& raw, const std::string& dir, const ImageShape& shape) {
+  if (raw.images.rows != shape.height || raw.images.cols != shape.width)
+    throw DataError(dir + ": expected " + std::to_string(shape.height) + "x" + std::to_string(shape.width) +
+                    " images, found " + std::to_string(raw.images.rows) + "x" +
+                    std::to_string(raw.images.cols) + " (key data.dir)");
 }
 }  // namespace
 
-void Datasets::load_training_file() {
+void FashionMnistDataset::load_training_file() {
   const IdxPair raw = load_fashion_mnist_part(cfg_.dir, FashionPart::Train);
-  expect_28x28(raw, cfg_.dir);
+  expect_shape(raw, cfg_.dir, kSampleShape);
   const int64_t total = raw.images.count;
   if (cfg_.val_split >= total)
     throw DataError("data.val_split (" + std::to_string(cfg_.val_split) +
@@ -49,7 +50,7 @@ void Datasets::load_training_file() {
   if (!val_) val_ = make_split(raw, train_total, cfg_.val_split, device_);
 }
 
-const SplitData& Datasets::get(Split s) {
+const SplitData& FashionMnistDataset::get(Split s) {
   switch (s) {
     case Split::Train:
       if (!train_) load_training_file();
@@ -61,7 +62,7 @@ const SplitData& Datasets::get(Split s) {
     default:
       if (!test_) {
         const IdxPair raw = load_fashion_mnist_part(cfg_.dir, FashionPart::Test);
-        expect_28x28(raw, cfg_.dir);
+        expect_shape(raw, cfg_.dir, kSampleShape);
         const int64_t n = cfg_.test_limit ? std::min(*cfg_.test_limit, raw.images.count) : raw.images.count;
         test_ = make_split(raw, 0, n, device_);
       }
@@ -69,12 +70,16 @@ const SplitData& Datasets::get(Split s) {
   }
 }
 
-void Datasets::release(Split s) {
+void FashionMnistDataset::release(Split s) {
   switch (s) {
     case Split::Train: train_.reset(); break;
     case Split::Val: val_.reset(); break;
     case Split::Test: test_.reset(); break;
   }
+}
+
+std::unique_ptr<Dataset> make_dataset(const DataConfig& cfg, Device device) {
+  return std::make_unique<FashionMnistDataset>(cfg, device);
 }
 
 }  // namespace engine

@@ -215,7 +215,8 @@ std::optional<EvalResult> evaluate_best(const fs::path& dir, const ReportOptions
     if (!opt.data_dir.empty()) j["data"]["dir"] = opt.data_dir;
     const Config cfg = config_from_json(j, best.string() + " (stored config)");
     const Device device = resolve_device(cfg.device);
-    Trainer trainer(cfg, device, nullptr, SplitsNeeded::TestOnly);
+    if (!opt.make_model) throw std::runtime_error("no model factory given (ReportOptions::make_model)");
+    Trainer trainer(cfg, device, opt.make_model(cfg), nullptr, SplitsNeeded::TestOnly);
     // Only the model's state matters here; the trainer's other groups were sized for
     // a training set this evaluation does not load.
     const StateDict& model_state = ckpt.groups.at("model");
@@ -377,14 +378,17 @@ std::string confusion_table(const EvalResult& t) {
   o << "<p>best.h5 on " << t.count << " test images: accuracy " << fmt("%.2f%%", 100.0 * t.accuracy)
     << ", mean loss " << fmt("%.4f", t.loss) << ". Rows: true class; columns: predicted class.</p>\n";
   o << "<table id=\"confusion\"><thead><tr><th class=\"corner\">true \\ predicted</th>";
-  for (int k = 0; k < 10; ++k) o << "<th>" << k << "<br>" << escape_html(kClassNames[k]) << "</th>";
+  const int classes = static_cast<int>(t.confusion.size());
+  // Fashion-MNIST's class names when the matrix is that size; indices otherwise.
+  auto class_name = [&](int k) { return classes == 10 ? std::string(kClassNames[k]) : std::string(); };
+  for (int k = 0; k < classes; ++k) o << "<th>" << k << "<br>" << escape_html(class_name(k)) << "</th>";
   o << "<th>recall</th></tr></thead><tbody>\n";
-  for (int i = 0; i < 10; ++i) {
+  for (int i = 0; i < classes; ++i) {
     int64_t row = 0;
-    for (int k = 0; k < 10; ++k) row += t.confusion[i][k];
+    for (int k = 0; k < classes; ++k) row += t.confusion[i][k];
     total += row;
-    o << "<tr><th class=\"left\">" << i << " " << escape_html(kClassNames[i]) << "</th>";
-    for (int k = 0; k < 10; ++k) {
+    o << "<tr><th class=\"left\">" << i << " " << escape_html(class_name(i)) << "</th>";
+    for (int k = 0; k < classes; ++k) {
       const int64_t n = t.confusion[i][k];
       const double a = row > 0 ? static_cast<double>(n) / row : 0.0;
       const char* rgb = i == k ? "49,130,189" : "203,24,29";  // not a curve colour

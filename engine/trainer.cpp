@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,7 +12,6 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <stdexcept>
-#include <unistd.h>
 
 #include "engine/dispatch.h"
 #include "io/atomic_file.h"
@@ -195,15 +193,24 @@ class Trainer::MetricsState : public Stateful {
 
 // ---- construction ------------------------------------------------------------------
 
-Trainer::Trainer(Config cfg, Device device, TrainerObserver* observer, SplitsNeeded splits)
+Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, TrainerObserver* observer,
+                 SplitsNeeded splits, std::unique_ptr<Dataset> data)
     : cfg_(std::move(cfg)), device_(device), observer_(observer ? observer : &silent_),
-      rng_(cfg_.seed) {
+      data_(std::move(data)), rng_(cfg_.seed), model_(std::move(model)) {
   kernels::cuda::set_deterministic(cfg_.cuda.deterministic);
-  data_ = Datasets(cfg_.data, device_);
+  if (!model_) throw std::invalid_argument("Trainer: no model given");
+  if (!data_) data_ = make_dataset(cfg_.data, device_);
+  if (data_->device() != device_)
+    throw std::invalid_argument("Trainer: the dataset holds its splits on " + data_->device().str() +
+                                ", the trainer runs on " + device_.str());
+  if (model_->input_shape() != data_->sample_shape() || model_->num_classes() != data_->num_classes())
+    throw std::invalid_argument("model " + model_->name() + " takes " + model_->input_shape().str() +
+                                " images in " + std::to_string(model_->num_classes()) +
+                                " classes, the dataset has " + data_->sample_shape().str() + " in " +
+                                std::to_string(data_->num_classes()) + " (key model.name)");
   // Fail fast on missing or corrupt data, before any training.
-  if (splits == SplitsNeeded::All) data_.get(Split::Train);
-  else data_.get(Split::Test);
-  model_ = make_model(cfg_.model.name, static_cast<float>(cfg_.model.dropout));
+  if (splits == SplitsNeeded::All) data_->get(Split::Train);
+  else data_->get(Split::Test);
   model_->reset_parameters(rng_);
   model_->to(device_);
   // fp16: conv and linear math on fp16 inputs with fp32 accumulation (CUDA only; the
@@ -227,21 +234,45 @@ Trainer::Trainer(Config cfg, Device device, TrainerObserver* observer, SplitsNee
   best_metric_ = lower_is_better(cfg_.train.early_stopping.monitor)
                      ? std::numeric_limits<double>::infinity()
                      : -std::numeric_limits<double>::infinity();
-  epoch_sample_loss_ = Tensor::zeros({splits == SplitsNeeded::All ? data_.get(Split::Train).count : 0},
+  epoch_sample_loss_ = Tensor::zeros({splits == SplitsNeeded::All ? data_->get(Split::Train).count : 0},
                                      DType::F32, device_);
 }
 
 Trainer::~Trainer() = default;
 
-std::vector<std::pair<std::string, Stateful*>> Trainer::components() {
+std::vector<std::pair<std::string, Stateful*>> Trainer::builtin_components() {
   return {{"model", model_.get()},         {"optimizer", optimizer_.get()},
           {"scheduler", scheduler_.get()}, {"scaler", scaler_.get()},
           {"rng", &rng_},                  {"trainer", counter_state_.get()},
           {"metrics", metrics_state_.get()}};
 }
 
+std::vector<std::pair<std::string, Stateful*>> Trainer::components() {
+  std::vector<std::pair<std::string, Stateful*>> all = builtin_components();
+  all.insert(all.end(), host_groups_.begin(), host_groups_.end());
+  return all;
+}
+
+void Trainer::add_state_group(const std::string& name, Stateful* component) {
+  if (!component) throw std::invalid_argument("state group '" + name + "': no component given");
+  const bool valid_name =
+      !name.empty() && name != "." && name != ".." &&
+      name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") ==
+          std::string::npos;
+  if (!valid_name)
+    throw std::invalid_argument("state group name '" + name + "' is not valid (letters, digits, '_', '-', '.')");
+  for (const auto& [existing, c] : components())
+    if (existing == name) throw std::invalid_argument("state group '" + name + "' is already registered");
+  host_groups_.emplace_back(name, component);
+}
+
 Precision Trainer::compute_precision() const {
   return device_.is_cuda() && cfg_.precision.mode == "fp16" ? Precision::Fp16 : Precision::Fp32;
+}
+
+Shape Trainer::batch_shape(int64_t n) const {
+  const ImageShape s = data_->sample_shape();
+  return {n, s.channels, s.height, s.width};
 }
 
 // ---- training ------------------------------------------------------------------------
@@ -273,15 +304,14 @@ FitResult Trainer::fit(const StopPlan& stop) {
     result.epochs_done = epoch_;
     return result;
   };
-  const auto& es = cfg_.train.early_stopping;
-  bool stop_early = es.patience > 0 && epochs_without_improvement_ >= es.patience;
+  bool stop_early = early_stop_reached();
   while (!stop_early && epoch_ < cfg_.train.epochs) {
     if (stop.after_epochs && epoch_ >= *stop.after_epochs) {
       result.ending = FitResult::Ending::Stopped;
       result.stop_cause = FitResult::StopCause::EpochLimit;
       break;
     }
-    const int64_t steps = (data_.get(Split::Train).count + cfg_.data.batch_size - 1) / cfg_.data.batch_size;
+    const int64_t steps = steps_per_epoch();
     if (time_budget_ && out_of_time(step_in_epoch_ + 1 >= steps)) {
       // Between epochs (or before the first step of a resumed run): the state here is
       // exactly what a checkpoint of it resumes from.
@@ -291,7 +321,7 @@ FitResult Trainer::fit(const StopPlan& stop) {
     }
     const auto t0 = Clock::now();
     bool interrupted = false;
-    train_epoch(stop, interrupted);
+    train_epoch(interrupted);
     if (interrupted) return stopped(stop_cause_);
     end_epoch(seconds_since(t0), stop_early, interrupted);
     if (interrupted) return stopped(stop_cause_);
@@ -299,7 +329,7 @@ FitResult Trainer::fit(const StopPlan& stop) {
   result.epochs_done = epoch_;
   if (result.ending != FitResult::Ending::Stopped) {
     if (stop_early) result.ending = FitResult::Ending::EarlyStopped;
-    if (time_budget_ && !time_budget_->fits(time_budget_->eval_estimate(data_.get(Split::Test).count,
+    if (time_budget_ && !time_budget_->fits(time_budget_->eval_estimate(data_->get(Split::Test).count,
                                                                         cfg_.data.batch_size))) {
       observer_->on_message("time limit: training is complete and saved in last.h5, but the test "
                             "evaluation would overrun; run the same command again to evaluate");
@@ -307,7 +337,7 @@ FitResult Trainer::fit(const StopPlan& stop) {
     }
     // Training is over: hold the test images instead of the training images.
     model_->release_workspaces();
-    data_.release(Split::Train);
+    data_->release(Split::Train);
     result.test = evaluate_unless_stopped(Split::Test);
     if (!result.test) {
       observer_->on_message("stopped during the test evaluation; training is complete and saved in "
@@ -326,7 +356,7 @@ bool Trainer::out_of_time(bool last_step_of_epoch) {
   // The last step of an epoch brings validation and the end-of-epoch saves with it
   // (last.h5, and best.h5 or a milestone; the stop's own save is counted by fits()).
   if (last_step_of_epoch)
-    need += time_budget_->eval_estimate(data_.get(Split::Val).count, cfg_.data.batch_size) +
+    need += time_budget_->eval_estimate(data_->get(Split::Val).count, cfg_.data.batch_size) +
             2 * time_budget_->save_estimate();
   return !time_budget_->fits(need);
 }
@@ -340,15 +370,22 @@ std::string Trainer::time_limit_message() const {
          " (the next step and a checkpoint would not fit); last.h5 saved, resume with the same command";
 }
 
-void Trainer::train_epoch(const StopPlan& stop, bool& interrupted) {
-  const SplitData& train = data_.get(Split::Train);
-  const int64_t n = train.count;
+int64_t Trainer::steps_per_epoch() {
+  const int64_t n = data_->get(Split::Train).count;
   const int batch = cfg_.data.batch_size;
-  const int64_t steps = (n + batch - 1) / batch;
+  return (n + batch - 1) / batch;
+}
+
+void Trainer::prepare_epoch() {
+  const int64_t n = data_->get(Split::Train).count;
+  if (epoch_sample_loss_.numel() != n)
+    throw std::logic_error("this Trainer was built to evaluate only (SplitsNeeded::TestOnly): it cannot train");
   if (step_in_epoch_ == 0) {
     epoch_shuffle_offset_ = rng_.take(RngStream::Shuffle, Rng::permutation_draws(static_cast<int32_t>(n)));
     epoch_sample_loss_.zero();
   }
+  optimizer_->set_lr(scheduler_->lr());
+  if (permutation_offset_ == epoch_shuffle_offset_) return;
   // The permutation is re-derived from its saved offset, so a mid-epoch resume sees
   // the same order.
   const std::vector<int32_t> perm = rng_.permutation(RngStream::Shuffle, epoch_shuffle_offset_,
@@ -356,14 +393,48 @@ void Trainer::train_epoch(const StopPlan& stop, bool& interrupted) {
   Tensor perm_host = Tensor::empty({n}, DType::I32);
   std::copy(perm.begin(), perm.end(), perm_host.i32());
   permutation_ = device_.is_cpu() ? perm_host : perm_host.to(device_);
+  permutation_offset_ = epoch_shuffle_offset_;
+  epoch_clock_ = Clock::now();
+}
 
-  optimizer_->set_lr(scheduler_->lr());
+void Trainer::run_step() {
+  const SplitData& train = data_->get(Split::Train);
+  const int64_t n = train.count;
+  const int batch = cfg_.data.batch_size;
+  const int classes = model_->num_classes();
+  const int64_t start = step_in_epoch_ * batch;
+  const int b = static_cast<int>(std::min<int64_t>(batch, n - start));
+  if (!batch_x_.defined() || batch_x_.dim(0) != b) {
+    batch_x_ = Tensor::empty(batch_shape(b), DType::F32, device_);
+    batch_labels_ = Tensor::empty({b}, DType::I32, device_);
+    dlogits_ = Tensor::empty({b, classes}, DType::F32, device_);
+    sample_correct_ = Tensor::empty({b}, DType::F32, device_);
+  }
+  ENGINE_DISPATCH(device_, gather_batch, b, static_cast<int>(data_->sample_shape().numel()),
+                  train.images.u8(), train.labels.u8(), permutation_.i32() + start,
+                  static_cast<float>(cfg_.data.mean), static_cast<float>(cfg_.data.std), batch_x_.f32(),
+                  batch_labels_.i32());
+  Tensor logits = model_->forward(batch_x_, Mode::Train, rng_);
+  ENGINE_DISPATCH(device_, cross_entropy, b, classes, logits.f32(), batch_labels_.i32(),
+                  scaler_->loss_scale(), dlogits_.f32(), epoch_sample_loss_.f32() + start,
+                  sample_correct_.f32());
+  model_->backward(dlogits_);
+  const bool found_inf = scaler_->unscale(model_->parameters());
+  scaler_->update(found_inf);
+  if (!found_inf) optimizer_->step();
+  ++step_in_epoch_;
+  ++global_step_;
+}
+
+void Trainer::train_epoch(bool& interrupted) {
+  prepare_epoch();
+  const int64_t n = data_->get(Split::Train).count;
+  const int batch = cfg_.data.batch_size;
+  const int64_t steps = steps_per_epoch();
   observer_->on_epoch_begin(epoch_ + 1, cfg_.train.epochs, steps);
   const auto t0 = Clock::now();
   auto last_report = t0;
   const int64_t first_step = step_in_epoch_;
-  const auto params = model_->parameters();
-  const int classes = FashionCnn::kClasses;
 
   while (step_in_epoch_ < steps) {
     // The time limit between steps (fit() checks before the epoch's first one: at step 0
@@ -376,27 +447,7 @@ void Trainer::train_epoch(const StopPlan& stop, bool& interrupted) {
       return;
     }
     const auto step_t0 = Clock::now();
-    const int64_t start = step_in_epoch_ * batch;
-    const int b = static_cast<int>(std::min<int64_t>(batch, n - start));
-    if (!batch_x_.defined() || batch_x_.dim(0) != b) {
-      batch_x_ = Tensor::empty({b, 1, 28, 28}, DType::F32, device_);
-      batch_labels_ = Tensor::empty({b}, DType::I32, device_);
-      dlogits_ = Tensor::empty({b, classes}, DType::F32, device_);
-      sample_correct_ = Tensor::empty({b}, DType::F32, device_);
-    }
-    ENGINE_DISPATCH(device_, gather_batch, b, data_.pixels(), train.images.u8(), train.labels.u8(),
-                    permutation_.i32() + start, static_cast<float>(cfg_.data.mean),
-                    static_cast<float>(cfg_.data.std), batch_x_.f32(), batch_labels_.i32());
-    Tensor logits = model_->forward(batch_x_, Mode::Train, rng_);
-    ENGINE_DISPATCH(device_, cross_entropy, b, classes, logits.f32(), batch_labels_.i32(),
-                    scaler_->loss_scale(), dlogits_.f32(), epoch_sample_loss_.f32() + start,
-                    sample_correct_.f32());
-    model_->backward(dlogits_);
-    const bool found_inf = scaler_->unscale(params);
-    scaler_->update(found_inf);
-    if (!found_inf) optimizer_->step();
-    ++step_in_epoch_;
-    ++global_step_;
+    run_step();
     if (time_budget_) time_budget_->record_step(seconds_since(step_t0));
 
     const bool epoch_done = step_in_epoch_ == steps;
@@ -413,11 +464,7 @@ void Trainer::train_epoch(const StopPlan& stop, bool& interrupted) {
                                        : "checkpoint requested: last.h5 saved at epoch " +
                                              std::to_string(epoch_ + 1) + " step " +
                                              std::to_string(step_in_epoch_) + "; training goes on");
-    if (stop.kill_after_steps && global_step_ == *stop.kill_after_steps) {
-      // Simulates a power cut right after this step (tests): no cleanup, no flush.
-      std::fflush(nullptr);
-      ::kill(::getpid(), SIGKILL);
-    }
+    observer_->on_step_end(global_step_);
     if (halt && !epoch_done) {
       observer_->on_message("stopped at epoch " + std::to_string(epoch_ + 1) + " step " +
                             std::to_string(step_in_epoch_) + "; resume with the same command");
@@ -445,21 +492,13 @@ void Trainer::train_epoch(const StopPlan& stop, bool& interrupted) {
   }
 }
 
-void Trainer::end_epoch(double seconds, bool& stop_early, bool& interrupted) {
-  const int64_t n = data_.get(Split::Train).count;
-  EpochMetrics m;
+std::optional<bool> Trainer::finish_epoch(double seconds, EpochMetrics& m, Interruptible when) {
+  const int64_t n = data_->get(Split::Train).count;
   m.train_loss = ENGINE_DISPATCH(device_, reduce_sum, n, epoch_sample_loss_.f32()) / static_cast<double>(n);
-  const std::optional<EvalResult> val_done = evaluate_unless_stopped(Split::Val);
-  if (!val_done) {
-    // Stopped during validation: the epoch's steps are all done (step_in_epoch ==
-    // steps) and saved so; a resume runs this validation again and ends the epoch.
-    save(CheckpointKind::MidEpoch);
-    observer_->on_message("stopped during the validation of epoch " + std::to_string(epoch_ + 1) +
-                          "; resume with the same command");
-    stop_cause_ = FitResult::StopCause::Requested;
-    interrupted = true;
-    return;
-  }
+  const std::optional<EvalResult> val_done =
+      when == Interruptible::Yes ? evaluate_unless_stopped(Split::Val) : std::optional<EvalResult>(evaluate(Split::Val));
+  // Stopped during validation: nothing has changed yet.
+  if (!val_done) return std::nullopt;
   const EvalResult& val = *val_done;
   m.val_loss = val.loss;
   m.val_acc = val.accuracy;
@@ -483,14 +522,36 @@ void Trainer::end_epoch(double seconds, bool& stop_early, bool& interrupted) {
   } else {
     ++epochs_without_improvement_;
   }
-  stop_early = es.patience > 0 && epochs_without_improvement_ >= es.patience;
+  return improved;
+}
+
+bool Trainer::early_stop_reached() const {
+  const auto& es = cfg_.train.early_stopping;
+  return es.patience > 0 && epochs_without_improvement_ >= es.patience;
+}
+
+void Trainer::end_epoch(double seconds, bool& stop_early, bool& interrupted) {
+  EpochMetrics m;
+  const std::optional<bool> improved = finish_epoch(seconds, m, Interruptible::Yes);
+  if (!improved) {
+    // Stopped during validation: the epoch's steps are all done (step_in_epoch ==
+    // steps) and saved so; a resume runs this validation again and ends the epoch.
+    save(CheckpointKind::MidEpoch);
+    observer_->on_message("stopped during the validation of epoch " + std::to_string(epoch_ + 1) +
+                          "; resume with the same command");
+    stop_cause_ = FitResult::StopCause::Requested;
+    interrupted = true;
+    return;
+  }
+  const auto& es = cfg_.train.early_stopping;
+  stop_early = early_stop_reached();
 
   // The activation buffers are rebuilt by the next forward; without them the
   // checkpoint image and its verification do not add to the training peak.
   model_->release_workspaces();
   batch_x_ = batch_labels_ = dlogits_ = sample_correct_ = Tensor();
   save(CheckpointKind::Last);
-  if (improved) save(CheckpointKind::Best);
+  if (*improved) save(CheckpointKind::Best);
   const auto& every = cfg_.checkpoint.every_n_epochs;
   if ((every && epoch_ % *every == 0) ||
       std::count(cfg_.checkpoint.keep_epochs.begin(), cfg_.checkpoint.keep_epochs.end(), epoch_))
@@ -502,6 +563,45 @@ void Trainer::end_epoch(double seconds, bool& stop_early, bool& interrupted) {
                           std::to_string(epochs_without_improvement_) + " epochs (best " +
                           std::to_string(best_metric_) + " at epoch " +
                           std::to_string(best_epoch_) + ")");
+}
+
+void Trainer::require_epochs_left() const {
+  if (epoch_ >= cfg_.train.epochs)
+    throw std::logic_error("all " + std::to_string(cfg_.train.epochs) +
+                           " epochs (train.epochs) are done");
+}
+
+StepResult Trainer::train_step() {
+  require_epochs_left();
+  const bool begins = step_in_epoch_ == 0;
+  prepare_epoch();
+  const int64_t steps = steps_per_epoch();
+  if (begins) observer_->on_epoch_begin(epoch_ + 1, cfg_.train.epochs, steps);
+  const int64_t n = data_->get(Split::Train).count;
+  const int64_t start = step_in_epoch_ * cfg_.data.batch_size;
+  run_step();
+  observer_->on_step_end(global_step_);
+  StepResult r;
+  r.epoch = epoch_ + 1;
+  r.step_in_epoch = step_in_epoch_;
+  r.global_step = global_step_;
+  const int64_t b = std::min<int64_t>(cfg_.data.batch_size, n - start);
+  r.loss = ENGINE_DISPATCH(device_, reduce_sum, b, epoch_sample_loss_.f32() + start) / static_cast<double>(b);
+  if (step_in_epoch_ == steps) {
+    EpochMetrics m;
+    finish_epoch(seconds_since(epoch_clock_), m, Interruptible::No);
+    observer_->on_epoch_end(m);
+    r.epoch_end = m;
+  }
+  return r;
+}
+
+EpochMetrics Trainer::train_epoch() {
+  require_epochs_left();
+  for (;;) {
+    StepResult r = train_step();
+    if (r.epoch_end) return *r.epoch_end;
+  }
 }
 
 // ---- evaluation ----------------------------------------------------------------------
@@ -516,12 +616,13 @@ std::optional<EvalResult> Trainer::evaluate_unless_stopped(Split split) {
 }
 
 std::optional<EvalResult> Trainer::evaluate_impl(Split split, const RunControl* stop) {
-  const SplitData& d = data_.get(split);
+  const SplitData& d = data_->get(split);
+  const int classes = model_->num_classes();
   EvalResult r;
   r.count = d.count;
+  r.confusion.assign(classes, std::vector<int64_t>(classes, 0));
   if (d.count == 0) return r;
   const int batch = cfg_.data.batch_size;
-  const int classes = FashionCnn::kClasses;
   Tensor idx_host = Tensor::empty({d.count}, DType::I32);
   std::iota(idx_host.i32(), idx_host.i32() + d.count, 0);
   Tensor idx = device_.is_cpu() ? idx_host : idx_host.to(device_);
@@ -533,11 +634,11 @@ std::optional<EvalResult> Trainer::evaluate_impl(Split split, const RunControl* 
     if (stop && stop->stop_requested()) return std::nullopt;
     const int b = static_cast<int>(std::min<int64_t>(batch, d.count - start));
     if (!x.defined() || x.dim(0) != b) {
-      x = Tensor::empty({b, 1, 28, 28}, DType::F32, device_);
+      x = Tensor::empty(batch_shape(b), DType::F32, device_);
       labels = Tensor::empty({b}, DType::I32, device_);
     }
-    ENGINE_DISPATCH(device_, gather_batch, b, data_.pixels(), d.images.u8(), d.labels.u8(),
-                    idx.i32() + start, static_cast<float>(cfg_.data.mean),
+    ENGINE_DISPATCH(device_, gather_batch, b, static_cast<int>(data_->sample_shape().numel()), d.images.u8(),
+                    d.labels.u8(), idx.i32() + start, static_cast<float>(cfg_.data.mean),
                     static_cast<float>(cfg_.data.std), x.f32(), labels.i32());
     Tensor logits = model_->forward(x, Mode::Eval, rng_);
     ENGINE_DISPATCH(device_, cross_entropy, b, classes, logits.f32(), labels.i32(), 1.0f, nullptr,
@@ -558,15 +659,15 @@ std::optional<EvalResult> Trainer::evaluate_impl(Split split, const RunControl* 
 }
 
 Tensor Trainer::first_images(Split split, int64_t n) {
-  const SplitData& d = data_.get(split);
+  const SplitData& d = data_->get(split);
   n = std::min(n, d.count);
   Tensor idx_host = Tensor::empty({n}, DType::I32);
   std::iota(idx_host.i32(), idx_host.i32() + n, 0);
   Tensor idx = device_.is_cpu() ? idx_host : idx_host.to(device_);
-  Tensor x = Tensor::empty({n, 1, 28, 28}, DType::F32, device_);
+  Tensor x = Tensor::empty(batch_shape(n), DType::F32, device_);
   Tensor labels = Tensor::empty({n}, DType::I32, device_);
-  ENGINE_DISPATCH(device_, gather_batch, static_cast<int>(n), data_.pixels(), d.images.u8(),
-                  d.labels.u8(), idx.i32(), static_cast<float>(cfg_.data.mean),
+  ENGINE_DISPATCH(device_, gather_batch, static_cast<int>(n), static_cast<int>(data_->sample_shape().numel()),
+                  d.images.u8(), d.labels.u8(), idx.i32(), static_cast<float>(cfg_.data.mean),
                   static_cast<float>(cfg_.data.std), x.f32(), labels.i32());
   return x;
 }
@@ -598,6 +699,7 @@ StateReport Trainer::restore(const Checkpoint& ckpt, LoadMode mode) {
   for (auto& [name, comp] : comps) {
     expected.push_back(comp->state());
     auto it = groups.find(name);
+    if (it == groups.end() && expected.back().empty()) report.missing.push_back(name + "/");
     report.merge(compare_state(expected.back(), it == groups.end() ? StateDict{} : it->second), name);
   }
   explain_resized_buffer_mid_epoch(report, groups);
@@ -631,6 +733,7 @@ StateReport Trainer::restore(const Checkpoint& ckpt, LoadMode mode) {
     throw;
   }
   scaler_->set_active(device_.is_cuda());
+  permutation_offset_.reset();  // the rng may have changed: derive the permutation again
   return report;
 }
 
@@ -661,12 +764,11 @@ void Trainer::save(CheckpointKind kind) {
   const SaveTimer timed(time_budget_.get());
   const std::string path = run_path(file);
   try {
-    save_checkpoint(path, snapshot());
+    save_checkpoint(path);
   } catch (const CheckpointWriteError& e) {
     if (!survive_write_failure(cfg_, *observer_, e)) throw;
     return;
   }
-  if (cfg_.checkpoint.verify) verify_saved(path);
   observer_->on_checkpoint(path, kind);
   if (kind != CheckpointKind::Milestone) return;
   // Rotation: keep the newest keep_last milestones, plus those named in keep_epochs.
@@ -689,9 +791,15 @@ void Trainer::save(CheckpointKind kind) {
   }
 }
 
+void Trainer::save_checkpoint(const std::string& path) {
+  engine::save_checkpoint(path, snapshot());
+  if (cfg_.checkpoint.verify) verify_saved(path);
+}
+
 void Trainer::verify_saved(const std::string& path) {
   const Checkpoint reloaded = load_checkpoint(path);
-  FashionCnn fresh(static_cast<float>(cfg_.model.dropout));
+  const std::unique_ptr<Model> fresh_model = model_->new_instance();
+  Model& fresh = *fresh_model;
   fresh.to(device_);
   fresh.set_precision(compute_precision());  // the same math as the live model, or the bits differ
   const StateDict& model_state = reloaded.groups.at("model");
@@ -699,7 +807,7 @@ void Trainer::verify_saved(const std::string& path) {
   if (!r.clean())
     throw CheckpointError(path + ": verification failed: model state differs (" + r.summary() + ")");
   fresh.load_state(model_state);
-  const Split split = data_.get(Split::Val).count > 0 ? Split::Val : Split::Test;
+  const Split split = data_->get(Split::Val).count > 0 ? Split::Val : Split::Test;
   const Tensor x = first_images(split, 64);
   if (x.dim(0) == 0) return;
   Rng unused(0);  // eval mode draws nothing

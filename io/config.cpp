@@ -384,7 +384,7 @@ Config config_from_json(const json& j, const std::string& origin) {
   r.real("data.std", d.std);
   r.require("data.std", d.std > 0, "must be > 0");
 
-  r.choice("model.name", c.model.name, {"fashion_cnn"});
+  r.choice("model.name", c.model.name, {"fashion_cnn", "mlp"});
   r.real("model.dropout", c.model.dropout);
   r.require("model.dropout", c.model.dropout >= 0 && c.model.dropout < 1, "must be in [0, 1)");
 

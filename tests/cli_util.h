@@ -2,6 +2,7 @@
 #pragma once
 #include <sys/wait.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -44,10 +45,10 @@ inline std::string fresh_dir(const std::string& name) {
   return p.string();
 }
 
-// Runs the engine with extra environment assignments ("A=1 B=2") before the command.
-inline RunResult run_with_env(const std::string& env, const std::string& args) {
+// Runs `program args` with extra environment assignments ("A=1 B=2") before it.
+inline RunResult run_program(const std::string& env, const std::string& program, const std::string& args) {
   RunResult r;
-  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + engine_bin() + " " + args + " 2>&1";
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + program + " " + args + " 2>&1";
   FILE* f = popen(cmd.c_str(), "r");
   if (!f) return r;
   char buf[4096];
@@ -59,6 +60,11 @@ inline RunResult run_with_env(const std::string& env, const std::string& args) {
   // popen runs through /bin/sh, which reports a child killed by signal N as 128+N.
   if (r.exit_code > 128 && r.signal == 0) r.signal = r.exit_code - 128, r.exit_code = -1;
   return r;
+}
+
+// Runs the engine with extra environment assignments ("A=1 B=2") before the command.
+inline RunResult run_with_env(const std::string& env, const std::string& args) {
+  return run_program(env, engine_bin(), args);
 }
 
 inline RunResult run(const std::string& args) { return run_with_env("", args); }
@@ -108,6 +114,12 @@ class Background {
   int pid_ = -1;
   std::string output_;
 };
+// `args` is an `engine train ...` command line; the run SIGKILLs itself right after
+// global step `step` (tests/tools/engine_kill_after.cpp, path from $ENGINE_KILL_AFTER_BIN).
+inline RunResult run_killed_after_step(int64_t step, const std::string& args) {
+  const char* b = std::getenv("ENGINE_KILL_AFTER_BIN");
+  return run_program("", b ? b : "./engine_kill_after", std::to_string(step) + " " + args);
+}
 
 inline std::vector<std::string> read_lines(const std::string& path) {
   std::ifstream in(path);

@@ -56,7 +56,7 @@ TEST_CASE("SIGKILL mid-epoch (between and right after mid-epoch saves) resumes b
     const std::string b = fresh_dir("resume_kill_" + std::to_string(kill_step));
     const std::string extra = " --set checkpoint.every_n_steps=5";
     const std::string cmd = small_run(b) + extra;
-    RunResult r = run(cmd + " --kill-after-steps " + std::to_string(kill_step));
+    RunResult r = run_killed_after_step(kill_step, cmd);
     INFO(r.output);
     REQUIRE(r.signal == 9);
     const engine::Checkpoint ck = engine::load_checkpoint(b + "/last.h5");

@@ -19,6 +19,7 @@
 #include "engine/run_control.h"
 #include "engine/run_lock.h"
 #include "engine/scaler.h"
+#include "engine/models/registry.h"
 #include "engine/trainer.h"
 
 using namespace engine;
@@ -221,17 +222,19 @@ TEST_CASE("the loss scaler: the config decides enabled, the saved scale continue
 TEST_CASE("Trainer::restore: scaler state follows the config; the loss buffer may change size only at an epoch boundary") {
   if (!dataset_available()) return;
   const std::string dir = fresh_dir("run_control_restore");
-  Trainer fp32(tiny_config(dir + "/a"), Device::cpu());
+  const Config fp32_cfg = tiny_config(dir + "/a");
+  Trainer fp32(fp32_cfg, Device::cpu(), make_model(fp32_cfg));
   Config fp16_cfg = tiny_config(dir + "/b");
   fp16_cfg.precision.mode = "fp16";
-  Trainer fp16(fp16_cfg, Device::cpu());
+  Trainer fp16(fp16_cfg, Device::cpu(), make_model(fp16_cfg));
   CHECK(fp16.restore(fp32.snapshot(), LoadMode::Strict).clean());
   const StateDict scaler = fp16.snapshot().groups.at("scaler");
   CHECK(scaler.get_int("enabled") == 1);
   CHECK(scaler.get_real("scale") == fp16_cfg.precision.loss_scale.init);
 
   // Epoch boundary (step_in_epoch 0): another training-set size is accepted.
-  Trainer smaller(tiny_config(dir + "/c", 384), Device::cpu());
+  const Config smaller_cfg = tiny_config(dir + "/c", 384);
+  Trainer smaller(smaller_cfg, Device::cpu(), make_model(smaller_cfg));
   Checkpoint at_boundary = fp32.snapshot();
   REQUIRE(at_boundary.groups.at("trainer").get_int("step_in_epoch") == 0);
   at_boundary.groups.at("trainer").scalars["epoch"] = int64_t{1};
@@ -244,7 +247,8 @@ TEST_CASE("Trainer::restore: scaler state follows the config; the loss buffer ma
   Checkpoint mid = at_boundary;
   mid.groups.at("trainer").scalars["step_in_epoch"] = int64_t{3};
   mid.groups.at("trainer").scalars["global_step"] = int64_t{11};
-  Trainer smaller2(tiny_config(dir + "/d", 384), Device::cpu());
+  const Config smaller2_cfg = tiny_config(dir + "/d", 384);
+  Trainer smaller2(smaller2_cfg, Device::cpu(), make_model(smaller2_cfg));
   const Checkpoint before = deep_snapshot(smaller2);
   try {
     smaller2.restore(mid, LoadMode::Strict);
@@ -265,10 +269,10 @@ TEST_CASE("Trainer::restore rolls back every component it touched, the failing o
   // fp16 (on the CPU: scaler enabled but inactive), so the scaler's state can differ too.
   Config cfg = tiny_config(dir + "/a");
   cfg.precision.mode = "fp16";
-  Trainer target(cfg, Device::cpu());
+  Trainer target(cfg, Device::cpu(), make_model(cfg));
   Config other_cfg = cfg;
   other_cfg.seed = 7;  // other weights, other RNG
-  Trainer source(other_cfg, Device::cpu());
+  Trainer source(other_cfg, Device::cpu(), make_model(other_cfg));
   Checkpoint given = source.snapshot();
   // Make every group differ from the target's, so a half-applied load would show.
   given.groups.at("trainer").scalars["epoch"] = int64_t{1};
@@ -308,7 +312,8 @@ TEST_CASE("Trainer::restore rolls back every component it touched, the failing o
 TEST_CASE("a stop request belongs to its run: a second fit() in the same process trains on") {
   if (!dataset_available()) return;
   const std::string dir = fresh_dir("run_control_two_fits");
-  Trainer first(tiny_config(dir + "/a"), Device::cpu());
+  const Config first_cfg = tiny_config(dir + "/a");
+  Trainer first(first_cfg, Device::cpu(), make_model(first_cfg));
   first.control().request_stop();  // before fit(): honoured by this run
   FitResult r = first.fit();
   CHECK(r.ending == FitResult::Ending::Stopped);
@@ -321,7 +326,8 @@ TEST_CASE("a stop request belongs to its run: a second fit() in the same process
   r = first.fit(one_epoch);
   CHECK(r.stop_cause == FitResult::StopCause::EpochLimit);
   CHECK(first.global_step() == 8);
-  Trainer second(tiny_config(dir + "/b"), Device::cpu());
+  const Config second_cfg = tiny_config(dir + "/b");
+  Trainer second(second_cfg, Device::cpu(), make_model(second_cfg));
   r = second.fit();
   CHECK(r.ending == FitResult::Ending::Completed);
   CHECK(second.global_step() == 16);
@@ -334,7 +340,8 @@ TEST_CASE("a stop request belongs to its run: a second fit() in the same process
 TEST_CASE("Ctrl-C during validation or the test evaluation stops there; the run resumes bit-exactly") {
   if (!dataset_available()) return;
   const std::string dir = fresh_dir("run_control_eval_stop");
-  Trainer reference(tiny_config(dir + "/ref"), Device::cpu());
+  const Config reference_cfg = tiny_config(dir + "/ref");
+  Trainer reference(reference_cfg, Device::cpu(), make_model(reference_cfg));
   const FitResult ref = reference.fit();
   REQUIRE(ref.test.has_value());
 
@@ -344,7 +351,8 @@ TEST_CASE("Ctrl-C during validation or the test evaluation stops there; the run 
     const std::string run = dir + (in_validation ? "/val" : "/test");
     StopAt observer(when, in_validation ? 1 : 2);
     {
-      Trainer t(tiny_config(run), Device::cpu(), &observer);
+      const Config t_cfg = tiny_config(run);
+      Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &observer);
       observer.trainer = &t;
       const FitResult r = t.fit();
       INFO(observer.messages);
@@ -358,7 +366,8 @@ TEST_CASE("Ctrl-C during validation or the test evaluation stops there; the run 
     verify_checkpoint_file(run + "/last.h5");
     const Checkpoint saved = load_checkpoint(run + "/last.h5");
     CHECK(saved.groups.at("trainer").get_int("step_in_epoch") == (in_validation ? 8 : 0));
-    Trainer resumed(tiny_config(run), Device::cpu());
+    const Config resumed_cfg = tiny_config(run);
+    Trainer resumed(resumed_cfg, Device::cpu(), make_model(resumed_cfg));
     resumed.resume_from(run + "/last.h5", LoadMode::Strict);
     const FitResult r = resumed.fit();
     CHECK(r.ending == FitResult::Ending::Completed);

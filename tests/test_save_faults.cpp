@@ -22,6 +22,7 @@
 #include "cli_util.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "engine/models/registry.h"
 #include "engine/trainer.h"
 #include "io/atomic_file.h"
 #include "io/deferred_remove.h"
@@ -254,7 +255,8 @@ class FailingEpoch : public TrainerObserver {
 const std::string& reference_run() {
   static const std::string dir = [] {
     const std::string d = test_util::fresh_dir("save_faults_reference");
-    Trainer t(small_config(d, "stop"), Device::cpu());
+    const Config t_cfg = small_config(d, "stop");
+    Trainer t(t_cfg, Device::cpu(), make_model(t_cfg));
     if (t.fit().ending != FitResult::Ending::Completed) throw std::runtime_error("the reference run did not complete");
     return d;
   }();
@@ -274,7 +276,8 @@ TEST_CASE("checkpoint.on_error = stop: a failed save stops the run; it resumes b
   const std::string dir = test_util::fresh_dir("save_faults_stop");
   {
     FailingEpoch obs(dir, 2, ENOSPC);
-    Trainer t(small_config(dir, "stop"), Device::cpu(), &obs);
+    const Config t_cfg = small_config(dir, "stop");
+    Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &obs);
     bool write_error = false;
     const std::string msg = error_of([&] { t.fit(); }, &write_error);
     obs.stop_failing();
@@ -287,7 +290,8 @@ TEST_CASE("checkpoint.on_error = stop: a failed save stops the run; it resumes b
     CHECK(read_bytes(dir + "/last.h5") == obs.last_before);  // epoch 1's file, untouched
   }
   CHECK(hidden_in(dir).empty());
-  Trainer resumed(small_config(dir, "stop"), Device::cpu());
+  const Config resumed_cfg = small_config(dir, "stop");
+  Trainer resumed(resumed_cfg, Device::cpu(), make_model(resumed_cfg));
   resumed.resume_from(dir + "/last.h5", LoadMode::Strict);
   CHECK(resumed.epochs_done() == 1);
   REQUIRE(resumed.fit().ending == FitResult::Ending::Completed);
@@ -299,7 +303,8 @@ TEST_CASE("checkpoint.on_error = continue: a failed save warns, training goes on
   if (!test_util::dataset_available()) return;
   const std::string dir = test_util::fresh_dir("save_faults_continue");
   FailingEpoch obs(dir, 2, EIO);
-  Trainer t(small_config(dir, "continue"), Device::cpu(), &obs);
+  const Config t_cfg = small_config(dir, "continue");
+  Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &obs);
   REQUIRE(t.fit().ending == FitResult::Ending::Completed);
   int warnings = 0;
   for (const std::string& m : obs.messages)

@@ -25,13 +25,14 @@
 #include "engine/report.h"
 #include "engine/run_control.h"
 #include "engine/run_lock.h"
+#include "engine/models/registry.h"
 
 namespace fs = std::filesystem;
 using namespace engine;
 
 namespace {
 
-const char* kMainHelp = R"(engine: trains the Fashion-MNIST CNN and never loses a run.
+const char* kMainHelp = R"(engine: trains Fashion-MNIST classifiers (model.name: fashion_cnn, mlp) and never loses a run.
 
 usage: engine <command> [options]
 
@@ -70,7 +71,6 @@ options:
   --time-limit T                  stop cleanly, last.h5 saved, before T of wall-clock time
                                   has passed since start (exit 75; run again to go on):
                                   5400, 5400s, 90m, 1.5h, MM:SS, HH:MM:SS or D-HH:MM:SS
-  --kill-after-steps N            testing aid: SIGKILL itself right after global step N
   -h, --help                      this help
 )";
 
@@ -85,7 +85,7 @@ options:
   --run-dir DIR                   where to write from now on
   --set KEY=VALUE                 override config keys (e.g. train.epochs=30)
   --non-strict                    apply what matches; print missing/unexpected keys
-  --stop-after-epochs K, --time-limit T, --kill-after-steps N   as for train
+  --stop-after-epochs K, --time-limit T   as for train
   (signals, the run-directory lock and exit statuses as for train)
   -h, --help                      this help
 )";
@@ -97,7 +97,7 @@ Evaluates the model of a checkpoint on the test set: loss, accuracy, confusion m
 options:
   --device cpu|cuda|cuda:N|auto   where to evaluate (default auto)
   --data-dir DIR                  dataset directory (default: the checkpoint's data.dir)
-  --dump-logits FILE              write the test logits as float32 little-endian [N,10]
+  --dump-logits FILE              write the test logits as float32 little-endian [N, classes]
   --limit N                       evaluate only the first N test images
   -h, --help                      this help
 )";
@@ -122,7 +122,7 @@ struct Args {
   std::vector<std::string> sets;
   std::string device, run_dir, dump_logits, data_dir, output;
   bool fresh = false, non_strict = false, help = false;
-  std::optional<int64_t> stop_after_epochs, kill_after_steps, limit;
+  std::optional<int64_t> stop_after_epochs, limit;
   std::optional<double> time_limit;  // seconds
 };
 
@@ -171,7 +171,6 @@ Args parse_args(int argc, char** argv, int first) {
     else if (s == "-o" || s == "--output") a.output = value(s);
     else if (s == "--limit") a.limit = parse_int(s, value(s));
     else if (s == "--stop-after-epochs") a.stop_after_epochs = parse_int(s, value(s));
-    else if (s == "--kill-after-steps") a.kill_after_steps = parse_int(s, value(s));
     else if (s == "--time-limit") {
       const std::string v = value(s);
       a.time_limit = parse_duration_seconds(v);
@@ -288,7 +287,6 @@ void print_test(const EvalResult& t) {
 int run_training(Trainer& trainer, const Args& a, ConsoleObserver&) {
   StopPlan stop;
   stop.after_epochs = a.stop_after_epochs;
-  stop.kill_after_steps = a.kill_after_steps;
   stop.time_limit_seconds = a.time_limit;
   stop.time_limit_from = g_process_start;
   g_run.store(&trainer.control());
@@ -346,7 +344,7 @@ int cmd_train(const Args& a) {
   ConsoleObserver obs;
   const std::string last = (fs::path(cfg.checkpoint.dir) / "last.h5").string();
   const bool resume = !a.fresh && fs::exists(last);
-  Trainer trainer(cfg, device, &obs);
+  Trainer trainer(cfg, device, make_model(cfg), &obs);
   trainer.use_run_lock(std::move(lock));
   std::cout << "training " << cfg.model.name << " (" << trainer.model().parameter_count()
             << " parameters) on " << device.str() << ", run dir " << cfg.checkpoint.dir << "\n";
@@ -386,7 +384,7 @@ int cmd_resume(const Args& a) {
   install_signal_handlers();
   RunDirLock lock = lock_run_dir(cfg.checkpoint.dir);
   ConsoleObserver obs;
-  Trainer trainer(cfg, device, &obs);
+  Trainer trainer(cfg, device, make_model(cfg), &obs);
   trainer.use_run_lock(std::move(lock));
   StateReport r;
   try {
@@ -412,8 +410,8 @@ int cmd_eval(const Args& a) {
   if (a.limit) j["data"]["test_limit"] = *a.limit;
   Config cfg = config_from_json(j, path + " (stored config)");
   const Device device = resolve_device(cfg.device);
-  Trainer trainer(cfg, device, nullptr, SplitsNeeded::TestOnly);
-  FashionCnn& model = trainer.model();
+  Trainer trainer(cfg, device, make_model(cfg), nullptr, SplitsNeeded::TestOnly);
+  Model& model = trainer.model();
   const StateReport r = compare_state(model.state(), ckpt.groups.at("model"));
   if (!r.clean()) fail(path + ": model state does not match: " + r.summary());
   model.load_state(ckpt.groups.at("model"));
@@ -422,8 +420,8 @@ int cmd_eval(const Args& a) {
             << ", saved on " << ckpt.meta.saved_on << "), evaluated on " << device.str() << "\n";
   print_test(t);
   std::cout << "confusion matrix (rows: true class, columns: predicted):\n";
-  for (int i = 0; i < 10; ++i) {
-    for (int k = 0; k < 10; ++k) std::cout << std::setw(6) << t.confusion[i][k];
+  for (const std::vector<int64_t>& row : t.confusion) {
+    for (const int64_t count : row) std::cout << std::setw(6) << count;
     std::cout << "\n";
   }
   if (!a.dump_logits.empty()) {
@@ -471,6 +469,7 @@ int cmd_report(const Args& a) {
   if (a.help) { std::cout << kReportHelp; return 0; }
   if (a.positional.size() != 1) fail("report needs exactly one RUN_DIR (see engine report --help)", 2);
   ReportOptions opt;
+  opt.make_model = [](const Config& c) { return make_model(c); };
   opt.output = a.output;
   if (!a.device.empty()) opt.device = a.device;
   opt.data_dir = a.data_dir;

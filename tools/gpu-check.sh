@@ -55,6 +55,7 @@ fi
 [ -n "$cudnn_dir" ] && export LD_LIBRARY_PATH="$cudnn_dir:$LD_LIBRARY_PATH"
 export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:/usr/local/cuda/lib64"
 export ENGINE_BIN="$BUILD/engine" ENGINE_SOURCE_DIR="$ROOT" ENGINE_TEST_TMP=/tmp/engine-gpu-tests
+export ENGINE_KILL_AFTER_BIN="$BUILD/tests/engine_kill_after"
 DATA=${ENGINE_DATA_DIR:-/usr/share/datasets/fashion-mnist}
 mkdir -p "$ENGINE_TEST_TMP"
 if ! ldd "$ENGINE_BIN" | grep -q "not found"; then :; else

@@ -19,6 +19,7 @@ cp "$BUILD/engine" "$BUILD/kernel_bench" "$PACK/build/"
 for b in "$BUILD"/checkpoint_bench; do [ -x "$b" ] && cp "$b" "$PACK/build/"; done
 find "$BUILD/tests" -maxdepth 1 -type f -perm -u+x -name 'test_*' -exec cp {} "$PACK/build/tests/" \;
 find "$BUILD/tests" -maxdepth 1 -type f -perm -u+x -name 'gpu_test_*' -exec cp {} "$PACK/build/tests/" \;
+cp "$BUILD/tests/engine_kill_after" "$PACK/build/tests/"  # the tests' stand-in for a power cut
 strip --strip-unneeded "$PACK"/build/engine "$PACK"/build/kernel_bench "$PACK"/build/tests/* 2>/dev/null || true
 
 # Shared libraries: everything ldd lists except the C runtime and what the GPU

@@ -44,8 +44,16 @@ struct Checkpoint {
   CheckpointMeta meta;
   std::string config_json;  // the resolved config as JSON text
   // "model", "optimizer", "scheduler", "scaler", "rng", "trainer", "metrics" (all
-  // required); further groups are stored and loaded the same way.
+  // required); further groups (any name without '/' or NUL) are stored and loaded the
+  // same way.
   std::map<std::string, StateDict> groups;
+
+  // The group `name`; throws CheckpointError listing the groups present when absent.
+  // Tensors and scalars by name: group("model").get_tensor("fc1.weight"),
+  // group("trainer").get_int("epoch") (engine/state.h).
+  const StateDict& group(const std::string& name) const;
+  // A copy whose tensors all live on `device` (scalars, config and metadata as they are).
+  Checkpoint to(Device device) const;
 };
 
 // The groups every checkpoint must have.
@@ -61,6 +69,10 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt);
 // Verifies header, length and checksum, then structure, then reads. Tensors come back
 // on the CPU. Model and optimizer keys come back without wrapper prefixes.
 Checkpoint load_checkpoint(const std::string& path);
+
+// load_checkpoint, then every tensor copied to `device` (a checkpoint saved on a GPU
+// read onto the CPU, or the reverse).
+Checkpoint load_checkpoint(const std::string& path, Device device);
 
 // Everything load_checkpoint checks, without keeping the result.
 void verify_checkpoint_file(const std::string& path);

@@ -4,6 +4,8 @@
 // run's config and the checkpoints present with their epoch, size and integrity.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +18,10 @@ struct ReportOptions {
   std::string output;            // empty: RUN_DIR/report.html
   std::string device = "auto";   // where best.h5 is evaluated
   std::string data_dir;          // empty: the data.dir stored in best.h5
+  // Builds the model a checkpoint's config names (the CLI passes engine::make_model from
+  // engine/models/registry.h; the library's engine/ layer knows no concrete model).
+  // Without it the confusion matrix is left out with a note.
+  std::function<std::unique_ptr<Model>(const Config&)> make_model;
 };
 
 struct ReportSummary {

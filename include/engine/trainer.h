@@ -1,7 +1,8 @@
 // The public training API: everything the `engine` CLI does is a call here, so the
-// library can be embedded. A Trainer owns the model, optimizer, scheduler, loss
-// scaler, RNG, counters and metrics history, all exposed through the uniform state
-// interface, and writes/reads checkpoints of all of it.
+// library can be embedded (docs/embedding.md). A Trainer owns the model it is given,
+// the dataset, optimizer, scheduler, loss scaler, RNG, counters and metrics history,
+// all exposed through the uniform state interface, and writes/reads checkpoints of all
+// of it plus any state groups the host registers.
 #pragma once
 #include <array>
 #include <chrono>
@@ -18,7 +19,7 @@
 #include "engine/scheduler.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
-#include "engine/models/fashion_cnn.h"
+#include "engine/model.h"
 #include "engine/run_control.h"
 #include "engine/run_lock.h"
 
@@ -33,7 +34,18 @@ struct EvalResult {
   double loss = 0;      // mean cross-entropy
   double accuracy = 0;  // in [0, 1]
   int64_t count = 0;
-  std::array<std::array<int64_t, 10>, 10> confusion{};  // [true][predicted]
+  std::vector<std::vector<int64_t>> confusion;  // [true][predicted], classes x classes
+};
+
+// What one train_step() did.
+struct StepResult {
+  int64_t epoch = 0;          // 1-based epoch the step belonged to
+  int64_t step_in_epoch = 0;  // steps done in that epoch, this one included
+  int64_t global_step = 0;
+  double loss = 0;            // mean train loss of the step's batch
+  // Set when the step completed its epoch: validation ran, the scheduler stepped, and
+  // the epoch is in history() (what fit() does at an epoch end, without checkpoints).
+  std::optional<EpochMetrics> epoch_end;
 };
 
 struct Progress {
@@ -54,16 +66,17 @@ class TrainerObserver {
   virtual void on_message(const std::string&) {}
   virtual void on_epoch_begin(int64_t /*epoch*/, int64_t /*epochs*/, int64_t /*steps*/) {}
   virtual void on_progress(const Progress&) {}  // throttled to a few per second
+  // After every optimizer step (and after the mid-epoch checkpoint fit() writes at it).
+  virtual void on_step_end(int64_t /*global_step*/) {}
   virtual void on_epoch_end(const EpochMetrics&) {}
   virtual void on_checkpoint(const std::string& /*path*/, CheckpointKind) {}
 };
 
 enum class LoadMode { Strict, NonStrict };
 
-// Deliberate interruptions, for tests and for time-limited jobs.
+// Deliberate interruptions, for time-limited jobs.
 struct StopPlan {
   std::optional<int64_t> after_epochs;  // stop cleanly after this many epochs in total
-  std::optional<int64_t> kill_after_steps;  // SIGKILL itself after this global step (tests)
   // Stop cleanly, last.h5 saved, before this much wall-clock time has passed since
   // time_limit_from (default: when fit() starts); the next step, evaluation and save
   // are estimated from those measured so far, and a margin is kept.
@@ -84,14 +97,19 @@ class TimeBudget;
 
 class Trainer {
  public:
-  // Loads the data (all splits, or only the test set) onto `device`.
-  Trainer(Config cfg, Device device, TrainerObserver* observer = nullptr,
-          SplitsNeeded splits = SplitsNeeded::All);
+  // Trains `model` (e.g. make_model(cfg) from engine/models/registry.h, or a host's
+  // own) on `data`, or on make_dataset(cfg.data, device) when `data` is null. The
+  // trainer moves the model to `device` and initialises its parameters from the seed;
+  // the model's input shape and classes must match the dataset's. Loads the data (all
+  // splits, or only the test set) onto `device` at once, so missing files fail here.
+  Trainer(Config cfg, Device device, std::unique_ptr<Model> model, TrainerObserver* observer = nullptr,
+          SplitsNeeded splits = SplitsNeeded::All, std::unique_ptr<Dataset> data = nullptr);
   ~Trainer();
 
   const Config& config() const { return cfg_; }
   Device device() const { return device_; }
-  FashionCnn& model() { return *model_; }
+  Model& model() { return *model_; }
+  Dataset& dataset() { return *data_; }
   // Stop and checkpoint requests for this trainer's runs (async-signal-safe; the CLI's
   // SIGINT/SIGTERM/SIGUSR1 handlers reach it through an atomic pointer).
   RunControl& control() { return control_; }
@@ -103,6 +121,29 @@ class Trainer {
   // metrics.jsonl into cfg.checkpoint.dir, which it holds locked (RunDirLock) meanwhile;
   // throws RunDirBusy when another writer holds it.
   FitResult fit(const StopPlan& stop = {});
+
+  // A host's own loop. train_step() runs one optimizer step of the current epoch
+  // (shuffling when the epoch begins; at its last step, the end-of-epoch work of
+  // fit(): validation, scheduler step, metrics history, early-stopping bookkeeping).
+  // train_epoch() runs the steps left in the current epoch the same way. Both give the
+  // same bits as fit() and can be mixed with it, but write no file: no checkpoint, no
+  // metrics.jsonl (call save_checkpoint). Both throw std::logic_error once train.epochs
+  // epochs are done.
+  StepResult train_step();
+  EpochMetrics train_epoch();
+  // True when early stopping's patience has run out (fit() would stop here).
+  bool early_stop_reached() const;
+
+  // The whole state (snapshot()) written atomically to `path`, and reloaded and
+  // compared when checkpoint.verify is on.
+  void save_checkpoint(const std::string& path);
+
+  // Registers a host component's state as the checkpoint group `name` (letters, digits,
+  // '_', '-', '.'; not a built-in group's name). From then on every checkpoint holds it
+  // and restore() checks and loads it like the built-in groups: in a checkpoint without
+  // it, its keys are reported missing (Strict refuses, NonStrict leaves it unchanged).
+  // `component` must outlive the trainer. Throws std::invalid_argument.
+  void add_state_group(const std::string& name, Stateful* component);
   EvalResult evaluate(Split split);
   // Logits of the first `n` images of a split in eval mode (for interop and verification).
   Tensor logits(Split split, int64_t n);
@@ -129,7 +170,17 @@ class Trainer {
  private:
   class CounterState;
   class MetricsState;
-  void train_epoch(const StopPlan& stop, bool& interrupted);
+  enum class Interruptible { No, Yes };  // may a stop request cut validation short?
+  void train_epoch(bool& interrupted);
+  // Shuffles when the epoch begins and derives its permutation (once per epoch).
+  void prepare_epoch();
+  int64_t steps_per_epoch();
+  // One optimizer step on batch step_in_epoch_ of the current epoch.
+  void run_step();
+  // Validation, scheduler, history, early stopping: whether the metric improved, or
+  // nothing (and no change) when a stop request cut the validation short.
+  std::optional<bool> finish_epoch(double seconds, EpochMetrics& m, Interruptible when);
+  void require_epochs_left() const;
   void end_epoch(double seconds, bool& stop_early, bool& interrupted);
   // evaluate(), but gives up (nothing) between batches once a stop is requested.
   std::optional<EvalResult> evaluate_unless_stopped(Split split);
@@ -143,22 +194,26 @@ class Trainer {
   std::string run_path(const std::string& file) const;
   // fp16 conv/GEMM math on CUDA when precision.mode is fp16; fp32 otherwise.
   Precision compute_precision() const;
-  // The first n images of a split, normalised, on the training device: [n, 1, 28, 28].
+  // The first n images of a split, normalised, on the training device: [n, C, H, W].
   Tensor first_images(Split split, int64_t n);
+  Shape batch_shape(int64_t n) const;
+  // The groups of every checkpoint: the built-in ones, then the host's.
+  std::vector<std::pair<std::string, Stateful*>> builtin_components();
   std::vector<std::pair<std::string, Stateful*>> components();
 
   Config cfg_;
   Device device_;
   TrainerObserver* observer_;
   TrainerObserver silent_;
-  Datasets data_;
+  std::unique_ptr<Dataset> data_;
   Rng rng_;
-  std::unique_ptr<FashionCnn> model_;
+  std::unique_ptr<Model> model_;
   std::unique_ptr<AdamOptimizer> optimizer_;
   std::unique_ptr<LrScheduler> scheduler_;
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<CounterState> counter_state_;
   std::unique_ptr<MetricsState> metrics_state_;
+  std::vector<std::pair<std::string, Stateful*>> host_groups_;
 
   // Run control: requests from outside, the run directory's lock, the deadline.
   RunControl control_;
@@ -173,6 +228,10 @@ class Trainer {
   int64_t best_epoch_ = 0, epochs_without_improvement_ = 0;
   Tensor epoch_sample_loss_;  // per-sample train losses of the current epoch
   std::vector<EpochMetrics> history_;
+
+  // The epoch whose permutation_ is derived (its shuffle offset), and when it began.
+  std::optional<uint64_t> permutation_offset_;
+  std::chrono::steady_clock::time_point epoch_clock_;
 
   // Workspaces.
   Tensor batch_x_, batch_labels_, permutation_, sample_correct_, eval_loss_, eval_correct_;

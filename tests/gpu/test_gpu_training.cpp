@@ -53,7 +53,7 @@ TEST_CASE("GPU: stop after 2 epochs and mid-epoch SIGKILL resume bit-exactly") {
   const std::string extra = " --set checkpoint.every_n_steps=5";
   REQUIRE(run(gpu_run(ref, extra)).exit_code == 0);
   REQUIRE(run(gpu_run(b, extra) + " --stop-after-epochs 2").exit_code == 0);
-  RunResult r = run(gpu_run(b, extra) + " --kill-after-steps 43");
+  RunResult r = run_killed_after_step(43, gpu_run(b, extra));
   CHECK(r.signal == 9);
   r = run(gpu_run(b, extra));
   INFO(r.output);

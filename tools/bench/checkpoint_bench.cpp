@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include "engine/models/registry.h"
 #include "engine/trainer.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
@@ -118,7 +119,7 @@ int main(int argc, char** argv) {
     const engine::Config cfg = engine::config_from_json(j, origin);
 
     const auto t_setup = Clock::now();
-    engine::Trainer trainer(cfg, engine::Device::cpu());
+    engine::Trainer trainer(cfg, engine::Device::cpu(), engine::make_model(cfg));
     trainer.control().request_stop();  // fit() runs one step, writes a mid-epoch last.h5, and stops
     trainer.fit();
     if (trainer.global_step() != 1) die("expected one training step, got " + std::to_string(trainer.global_step()));

@@ -6,43 +6,30 @@
 #pragma once
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "engine/layers.h"
-#include "engine/state.h"
+#include "engine/model.h"
 
 namespace engine {
 
-class FashionCnn : public Stateful {
+class FashionCnn : public SequentialModel {
  public:
   static constexpr int kClasses = 10;
   static constexpr int kImageSide = 28;
 
   explicit FashionCnn(float dropout = 0.25f);
 
+  std::string name() const override { return "fashion_cnn"; }
+  ImageShape input_shape() const override { return {1, kImageSide, kImageSide}; }
+  int num_classes() const override { return kClasses; }
   // PyTorch's default initialisation, drawn from the RNG's init stream.
-  void reset_parameters(Rng& rng);
-  void to(Device device);
-  Device device() const { return device_; }
-  // Frees every layer's activation and gradient buffers (see Layer::release_workspaces).
-  void release_workspaces();
-  // Fp16: mixed-precision convolutions and linear layers on CUDA (fp32 on the CPU);
-  // parameters, BatchNorm and everything else stay fp32. Default Fp32.
-  void set_precision(Precision p);
-
-  // x: [N, 1, 28, 28] on the model's device -> logits [N, 10].
-  Tensor forward(const Tensor& x, Mode mode, Rng& rng);
-  // dlogits: gradient of the loss w.r.t. the logits of the last Train forward.
-  void backward(const Tensor& dlogits);
-
-  std::vector<Parameter*> parameters();
-  int64_t parameter_count();
-
-  StateDict state() const override;
-  void load_state(const StateDict& in) override;
+  void reset_parameters(Rng& rng) override;
+  // Only convolutions and linear layers have an fp16 path (see engine/layers.h).
+  void set_precision(Precision p) override;
+  std::unique_ptr<Model> new_instance() const override;
 
  private:
-  Device device_ = Device::cpu();
+  float dropout_p_;
   Conv2d conv1_;
   BatchNorm2d bn1_;
   ReLU relu1_{"relu1", InPlace::Yes};
@@ -56,11 +43,6 @@ class FashionCnn : public Stateful {
   ReLU relu3_{"relu3", InPlace::Yes};
   Dropout dropout_;
   Linear fc2_;
-  std::vector<Layer*> layers_;  // in forward order
 };
-
-// Names of the models the factory knows ("fashion_cnn").
-std::vector<std::string> model_names();
-std::unique_ptr<FashionCnn> make_model(const std::string& name, float dropout);
 
 }  // namespace engine

@@ -1,0 +1,42 @@
+#include "engine/models/registry.h"
+
+#include <stdexcept>
+
+#include "engine/dataset.h"
+#include "engine/models/fashion_cnn.h"
+#include "engine/models/mlp.h"
+
+namespace engine {
+
+namespace {
+constexpr int kMlpHidden = 128;
+
+std::string known_names() {
+  std::string s;
+  for (const std::string& n : model_names()) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+}  // namespace
+
+std::vector<std::string> model_names() { return {"fashion_cnn", "mlp"}; }
+
+std::unique_ptr<Model> make_model_for(const ModelConfig& cfg, const ImageShape& input, int classes) {
+  const float dropout = static_cast<float>(cfg.dropout);
+  if (cfg.name == "fashion_cnn") {
+    auto m = std::make_unique<FashionCnn>(dropout);
+    if (m->input_shape() != input || m->num_classes() != classes)
+      throw std::invalid_argument("model fashion_cnn takes " + m->input_shape().str() + " images in " +
+                                  std::to_string(m->num_classes()) + " classes, the data has " +
+                                  input.str() + " in " + std::to_string(classes));
+    return m;
+  }
+  if (cfg.name == "mlp") return std::make_unique<Mlp>(input, kMlpHidden, classes, dropout);
+  throw std::invalid_argument("unknown model '" + cfg.name + "' (known: " + known_names() + ")");
+}
+
+std::unique_ptr<Model> make_model(const Config& cfg) {
+  const std::unique_ptr<Dataset> data = make_dataset(cfg.data, Device::cpu());  // reads nothing
+  return make_model_for(cfg.model, data->sample_shape(), data->num_classes());
+}
+
+}  // namespace engine

@@ -1,0 +1,205 @@
+// The trainer trains models, not one model: the registry builds fashion_cnn and mlp,
+// shapes are checked against the dataset, and a second model (the MLP) trains,
+// checkpoints, resumes bit-exactly and evaluates through the same trainer and file
+// format, on Fashion-MNIST and on a dataset of another shape.
+#include <doctest/doctest.h>
+
+#include <functional>
+#include <memory>
+#include <set>
+
+#include "cli_util.h"
+#include "engine/checkpoint.h"
+#include "engine/models/fashion_cnn.h"
+#include "engine/models/mlp.h"
+#include "engine/models/registry.h"
+#include "engine/trainer.h"
+#include "synthetic_data.h"
+
+using namespace engine;
+using namespace test_util;
+
+namespace {
+
+// 512 Fashion-MNIST training images in batches of 64: 8 steps per epoch.
+Config fashion_config(const std::string& model) {
+  Config c;
+  c.device = "cpu";
+  c.model.name = model;
+  c.data.dir = data_dir();
+  c.data.train_limit = 512;
+  c.data.val_split = 256;
+  c.data.test_limit = 256;
+  c.data.batch_size = 64;
+  c.checkpoint.every_n_epochs = std::nullopt;
+  return c;
+}
+
+// The synthetic 2x4x4 dataset in batches of 16: 6 steps per epoch.
+Config synthetic_config() {
+  Config c;
+  c.device = "cpu";
+  c.model.name = "mlp";
+  c.data.batch_size = 16;
+  c.data.mean = 0.35;
+  c.data.std = 0.25;
+  c.optimizer.lr = 1e-2;
+  c.checkpoint.every_n_epochs = std::nullopt;
+  return c;
+}
+
+std::unique_ptr<Trainer> fashion_trainer(const Config& c) {
+  return std::make_unique<Trainer>(c, Device::cpu(), make_model(c));
+}
+
+std::unique_ptr<Trainer> synthetic_trainer(const Config& c) {
+  return std::make_unique<Trainer>(
+      c, Device::cpu(), make_model_for(c.model, SyntheticDataset::kShape, SyntheticDataset::kClasses), nullptr,
+      SplitsNeeded::All, std::make_unique<SyntheticDataset>());
+}
+
+void expect_identical(const std::string& a, const std::string& b) {
+  const CheckpointDiff d = diff_checkpoints(a, b);
+  INFO(d.report);
+  CHECK(d.identical);
+}
+
+// Two epochs straight (fit) against: one epoch, save, a new Trainer, resume, fit; and
+// against: three steps, save, a new Trainer, resume, the rest by train_epoch().
+// Returns the straight run's test result.
+EvalResult check_resume_bit_exact(Config base, const std::function<std::unique_ptr<Trainer>(const Config&)>& make,
+                                  const std::string& name) {
+  base.train.epochs = 2;
+  Config ca = base;
+  ca.checkpoint.dir = fresh_dir(name + "_straight");
+  const FitResult ra = make(ca)->fit();
+  REQUIRE(ra.epochs_done == 2);
+  REQUIRE(ra.test);
+
+  Config cb = base;
+  cb.checkpoint.dir = fresh_dir(name + "_by_epoch");
+  const std::string after_one = cb.checkpoint.dir + "/after_epoch_1.h5";
+  {
+    auto b = make(cb);
+    const EpochMetrics m = b->train_epoch();
+    CHECK(m.epoch == 1);
+    b->save_checkpoint(after_one);
+  }
+  auto b = make(cb);
+  CHECK(b->resume_from(after_one, LoadMode::Strict).clean());
+  CHECK(b->epochs_done() == 1);
+  const FitResult rb = b->fit();
+  expect_identical(ca.checkpoint.dir + "/last.h5", cb.checkpoint.dir + "/last.h5");
+  REQUIRE(rb.test);
+  CHECK(rb.test->loss == ra.test->loss);
+  CHECK(rb.test->confusion == ra.test->confusion);
+
+  Config cc = base;
+  cc.checkpoint.dir = fresh_dir(name + "_by_step");
+  const std::string mid = cc.checkpoint.dir + "/mid.h5";
+  {
+    auto c = make(cc);
+    for (int i = 1; i <= 3; ++i) {
+      const StepResult s = c->train_step();
+      CHECK(s.global_step == i);
+      CHECK(s.epoch == 1);
+      CHECK_FALSE(s.epoch_end);
+    }
+    c->save_checkpoint(mid);
+  }
+  auto c = make(cc);
+  CHECK(c->resume_from(mid, LoadMode::Strict).clean());
+  CHECK(c->step_in_epoch() == 3);
+  CHECK(c->train_epoch().epoch == 1);
+  CHECK(c->train_epoch().epoch == 2);
+  CHECK_THROWS_AS(c->train_step(), std::logic_error);
+  c->save_checkpoint(cc.checkpoint.dir + "/end.h5");
+  expect_identical(ca.checkpoint.dir + "/last.h5", cc.checkpoint.dir + "/end.h5");
+  const EvalResult e = c->evaluate(Split::Test);
+  CHECK(e.loss == ra.test->loss);
+  CHECK(e.confusion == ra.test->confusion);
+  return *ra.test;
+}
+
+}  // namespace
+
+TEST_CASE("registry: fashion_cnn and mlp by name, each checked against the data's shape") {
+  const std::vector<std::string> names = model_names();
+  CHECK(std::set<std::string>(names.begin(), names.end()) == std::set<std::string>{"fashion_cnn", "mlp"});
+  Config c;
+  std::unique_ptr<Model> cnn = make_model(c);
+  CHECK(cnn->name() == "fashion_cnn");
+  CHECK(cnn->parameter_count() == 421834);
+  CHECK(cnn->input_shape() == ImageShape{1, 28, 28});
+  c.model.name = "mlp";
+  std::unique_ptr<Model> mlp = make_model(c);
+  CHECK(mlp->name() == "mlp");
+  CHECK(mlp->num_classes() == 10);
+  CHECK(mlp->parameter_count() == 784 * 128 + 128 + 128 * 10 + 10);
+  const StateDict s = mlp->state();
+  CHECK(s.tensors.size() == 4);
+  CHECK(s.get_tensor("fc1.weight").shape() == Shape{128, 784});
+  CHECK(s.get_tensor("fc2.weight").shape() == Shape{10, 128});
+  CHECK(mlp->new_instance()->state().get_tensor("fc1.bias").shape() == Shape{128});
+
+  ModelConfig other;
+  other.name = "fashion_cnn";
+  CHECK_THROWS_AS(make_model_for(other, ImageShape{3, 32, 32}, 10), std::invalid_argument);
+  other.name = "resnet";
+  CHECK_THROWS_WITH_AS(make_model_for(other, ImageShape{1, 28, 28}, 10), doctest::Contains("unknown model 'resnet'"),
+                       std::invalid_argument);
+  // A model that does not fit the dataset is refused before anything is loaded.
+  CHECK_THROWS_WITH_AS(Trainer(synthetic_config(), Device::cpu(), std::make_unique<Mlp>(ImageShape{1, 28, 28}, 8, 10, 0.0f),
+                               nullptr, SplitsNeeded::All, std::make_unique<SyntheticDataset>()),
+                       doctest::Contains("the dataset has 2x4x4 in 3"), std::invalid_argument);
+}
+
+TEST_CASE("an MLP of another shape learns a dataset of its own through the same trainer") {
+  Config c = synthetic_config();
+  c.train.epochs = 4;
+  c.checkpoint.dir = fresh_dir("models_synthetic_fit");
+  auto t = synthetic_trainer(c);
+  CHECK(t->model().input_shape() == ImageShape{2, 4, 4});
+  const FitResult r = t->fit();
+  REQUIRE(r.test);
+  CHECK(r.test->count == 48);
+  CHECK(r.test->confusion.size() == 3);
+  CHECK(r.test->accuracy > 0.9);
+  CHECK(t->history().back().val_acc > 0.9);
+  // The checkpoint is the ordinary format: verify passes, the model group is the MLP's.
+  CHECK(run("verify \"" + c.checkpoint.dir + "/last.h5\"").exit_code == 0);
+  const Checkpoint ck = load_checkpoint(c.checkpoint.dir + "/best.h5");
+  CHECK(ck.group("model").get_tensor("fc1.weight").shape() == Shape{128, 32});
+}
+
+TEST_CASE("MLP on a dataset of another shape: resume after an epoch or mid-epoch is bit-exact") {
+  const EvalResult test = check_resume_bit_exact(synthetic_config(), synthetic_trainer, "models_synthetic");
+  CHECK(test.accuracy > 0.6);
+}
+
+TEST_CASE("MLP on Fashion-MNIST: resume after an epoch or mid-epoch is bit-exact, and it evaluates") {
+  if (!dataset_available()) return;
+  const EvalResult test = check_resume_bit_exact(fashion_config("mlp"), fashion_trainer, "models_fashion_mlp");
+  CHECK(test.count == 256);
+  CHECK(test.accuracy > 0.5);
+}
+
+TEST_CASE("CLI: engine train/eval/inspect take the MLP by model.name with no special case") {
+  if (!dataset_available()) return;
+  const std::string dir = fresh_dir("models_cli_mlp");
+  RunResult r = run(small_run(dir) + " --set model.name=mlp --set train.epochs=2");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("training mlp (101770 parameters)") != std::string::npos);
+  r = run("eval \"" + dir + "/best.h5\" --device cpu --limit 256 --data-dir \"" + data_dir() + "\"");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("test: loss") != std::string::npos);
+  r = run("inspect \"" + dir + "/last.h5\"");
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("fc1.weight") != std::string::npos);
+  // A CNN run cannot resume an MLP checkpoint: strict refusal names the keys.
+  r = run(small_run(dir) + " --set train.epochs=3");
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("conv1.weight") != std::string::npos);
+}
