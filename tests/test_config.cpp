@@ -298,7 +298,7 @@ TEST_CASE("range errors name the key and the offending value") {
       {"data.test_limit", "-5", "must be >= 1, got -5"},
       {"data.std", "0", "must be > 0, got 0"},
       {"data.std", "-0.5", "must be > 0, got -0.5"},
-      {"model.name", "\"resnet\"", "must be one of fashion_cnn, got \"resnet\""},
+      {"model.name", "\"resnet\"", "must be one of fashion_cnn, mlp, got \"resnet\""},
       {"model.dropout", "1", "must be in [0, 1), got 1"},
       {"model.dropout", "-0.1", "must be in [0, 1), got -0.1"},
       {"optimizer.name", "\"sgd\"", "must be one of adamw, adam, got \"sgd\""},
