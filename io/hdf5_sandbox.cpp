@@ -209,9 +209,13 @@ std::atomic<double> g_wall_limit{0};
 
 // The pending parse between start() and finish().
 struct Pending {
+  const unsigned char* image = nullptr;
+  uint64_t sent = 0, image_size = 0;
+  uint32_t content = 0, fault = 0;
   std::chrono::steady_clock::time_point deadline;
   double wall_seconds = 0;
-  uint64_t sent = 0;
+  bool reused = false;  // sent to a parser that had parsed before
+  bool died = false;    // the parser's end of the socket closed (crash or kill)
   bool failed = false;
   std::string failure;
 };
@@ -331,6 +335,7 @@ void fail_pending(Io io) {
     how = std::string("parser killed after ") + secs + " s without an answer";
   }
   g_pending.failed = true;
+  g_pending.died = io == Io::Closed;
   g_pending.failure = unsafe(how.empty() ? "parser ended" : how);
 }
 
@@ -343,42 +348,34 @@ std::string one_line(const std::string& s) {
   return out;
 }
 
-}  // namespace
-
-void start(const unsigned char* image, std::size_t sent, std::size_t image_size, ImageContent content) {
-  g_mutex.lock();
-  g_pending = Pending{};
-  const double wall = g_wall_limit.load() > 0 ? g_wall_limit.load() : kDefaultWallSeconds + 4 * cpu_limit_seconds(sent);
-  g_pending.wall_seconds = wall;
-  g_pending.sent = sent;
+// Sends the pending request, to a new parser if none runs or the last one has gone.
+void send_request() {
+  g_pending.failed = g_pending.died = false;
   g_pending.deadline = std::chrono::steady_clock::now() +
-                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(wall));
-  Request rq{kRequestMagic, image_size, sent, content == ImageContent::Complete ? 1u : 0u,
-             static_cast<uint32_t>(g_fault.exchange(0))};
-  // A parser that died since the last parse (killed from outside) is noticed when the
-  // request cannot be sent: one new parser is tried.
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    if (g_parser.pid < 0) {
-      std::string why;
-      if (!spawn(why)) {
-        g_pending.failed = true;
-        g_pending.failure = unsafe(why);
-        return;
-      }
-    }
-    Io io = send_all(&rq, sizeof rq);
-    if (io == Io::Closed && attempt == 0) {
-      retire(true);
-      continue;
-    }
-    if (io == Io::Done) io = send_all(image, sent);
-    if (io != Io::Done) fail_pending(io);
-    return;
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(g_pending.wall_seconds));
+  if (g_parser.pid >= 0) {
+    // Nothing is due from an idle parser: a readable or hung-up socket means it is gone.
+    pollfd p{g_parser.sock, POLLIN, 0};
+    if (::poll(&p, 1, 0) != 0) retire(true);
   }
+  g_pending.reused = g_parser.pid >= 0;
+  if (g_parser.pid < 0) {
+    std::string why;
+    if (!spawn(why)) {
+      g_pending.failed = true;
+      g_pending.failure = unsafe(why);
+      return;
+    }
+  }
+  const Request rq{kRequestMagic, g_pending.image_size, g_pending.sent, g_pending.content, g_pending.fault};
+  Io io = send_all(&rq, sizeof rq);
+  if (io == Io::Done) io = send_all(g_pending.image, g_pending.sent);
+  if (io != Io::Done) fail_pending(io);
 }
 
-Reply finish() {
-  std::lock_guard<std::mutex> unlock_at_end(g_mutex, std::adopt_lock);
+// The reply to the pending request.
+Reply receive_reply() {
   Reply out;
   out.outcome = Outcome::Failed;
   if (g_pending.failed) {
@@ -442,6 +439,35 @@ Reply finish() {
       out.message = unsafe("parser sent a malformed reply");
       return out;
   }
+}
+
+
+}  // namespace
+
+void start(const unsigned char* image, std::size_t sent, std::size_t image_size, ImageContent content) {
+  g_mutex.lock();
+  g_pending = Pending{};
+  g_pending.image = image;
+  g_pending.sent = sent;
+  g_pending.image_size = image_size;
+  g_pending.content = content == ImageContent::Complete ? 1u : 0u;
+  g_pending.fault = static_cast<uint32_t>(g_fault.exchange(0));
+  g_pending.wall_seconds =
+      g_wall_limit.load() > 0 ? g_wall_limit.load() : kDefaultWallSeconds + 4 * cpu_limit_seconds(sent);
+  send_request();
+}
+
+Reply finish() {
+  std::lock_guard<std::mutex> unlock_at_end(g_mutex, std::adopt_lock);
+  Reply reply = receive_reply();
+  // A parser that had served earlier loads and dies on this one may have been killed
+  // from outside (the OOM killer, a signal) rather than by this file: one new parser
+  // gets the same request. A file that crashes the parser crashes the new one too.
+  if (reply.outcome == Outcome::Failed && g_pending.died && g_pending.reused) {
+    send_request();
+    reply = receive_reply();
+  }
+  return reply;
 }
 
 Reply parse(const unsigned char* image, std::size_t sent, std::size_t image_size, ImageContent content) {

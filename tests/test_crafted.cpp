@@ -264,3 +264,23 @@ TEST_CASE("partly stored and filtered datasets are refused; fully stored chunked
   REQUIRE(compact.dtype() == DType::U8);
   for (int i = 0; i < 10; ++i) CHECK(compact.u8()[i] == i);
 }
+
+// What the sandbox costs: the first load of a process forks the parser, later loads
+// reuse it. Reported, not asserted (the machine's load decides the numbers).
+TEST_CASE("the first load pays for starting the parser, later loads do not") {
+  (void)load_checkpoint(fixture());
+  const int pid = sandbox_testing::parser_pid();
+  REQUIRE(pid > 0);
+  ::kill(pid, SIGKILL);
+  (void)load_checkpoint(fixture());  // notices the dead parser, starts a new one
+  const auto t0 = std::chrono::steady_clock::now();
+  (void)load_checkpoint(fixture());
+  const double warm = seconds_since(t0);
+  ::kill(sandbox_testing::parser_pid(), SIGKILL);
+  ::usleep(20000);
+  const auto t1 = std::chrono::steady_clock::now();
+  (void)load_checkpoint(fixture());
+  const double cold = seconds_since(t1);
+  MESSAGE("fixture load with a running parser " << warm * 1e3 << " ms, starting one " << cold * 1e3 << " ms");
+  CHECK(sandbox_testing::parser_pid() > 0);
+}
