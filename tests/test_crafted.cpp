@@ -89,6 +89,18 @@ TEST_CASE("the fixture loads through the sandboxed parser, which is reused") {
   CHECK(sandbox_testing::parser_pid() == pid);
 }
 
+// The parser may open nothing, start nothing and signal nothing but itself.
+TEST_CASE("the parser runs under a seccomp filter") {
+  (void)load_checkpoint(fixture());
+  const int pid = sandbox_testing::parser_pid();
+  REQUIRE(pid > 0);
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line, seccomp;
+  while (std::getline(status, line))
+    if (line.rfind("Seccomp:", 0) == 0) seccomp = line;
+  CHECK(seccomp == "Seccomp:\t2");
+}
+
 TEST_CASE("a parser that crashes is a one-line refusal, and the next load gets a new parser") {
   const std::string path = fixture();
   sandbox_testing::inject_next(sandbox_testing::Fault::Crash);
