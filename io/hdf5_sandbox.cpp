@@ -254,6 +254,7 @@ void reply(int sock, Status status, const std::string& body) {
 struct Parser {
   pid_t pid = -1;
   int sock = -1;
+  pid_t owner = -1;  // the process that started it
 };
 
 constexpr char kCpuLimitExceeded[] = "parser exceeded its CPU time limit";
@@ -327,7 +328,7 @@ bool spawn(std::string& why) {
   }
   ::close(sv[1]);
   ::fcntl(sv[0], F_SETFL, ::fcntl(sv[0], F_GETFL) | O_NONBLOCK);
-  g_parser = Parser{pid, sv[0]};
+  g_parser = Parser{pid, sv[0], ::getpid()};
   return true;
 }
 
@@ -408,6 +409,12 @@ std::string one_line(const std::string& s) {
 // Sends the pending request, to a new parser if none runs or the last one has gone.
 void send_request() {
   g_pending.failed = g_pending.died = false;
+  if (g_parser.pid >= 0 && g_parser.owner != ::getpid()) {
+    // This is a fork of the process that started the parser: the parser is not ours
+    // to talk to, wait for or kill. Let go of the inherited socket and start our own.
+    ::close(g_parser.sock);
+    g_parser = Parser{};
+  }
   g_pending.deadline = std::chrono::steady_clock::now() +
                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                            std::chrono::duration<double>(g_pending.wall_seconds));
@@ -511,7 +518,12 @@ void start(const unsigned char* image, std::size_t sent, std::size_t image_size,
   g_pending.fault = static_cast<uint32_t>(g_fault.exchange(0));
   g_pending.wall_seconds =
       g_wall_limit.load() > 0 ? g_wall_limit.load() : kDefaultWallSeconds + 4 * cpu_limit_seconds(sent);
-  send_request();
+  try {
+    send_request();
+  } catch (...) {  // only allocation failures; finish() reports them
+    g_pending.failed = true;
+    g_pending.failure = unsafe("out of memory while starting the parse");
+  }
 }
 
 Reply finish() {
@@ -525,6 +537,16 @@ Reply finish() {
     reply = receive_reply();
   }
   return reply;
+}
+
+void prepare() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::string ignored;
+  if (g_parser.pid < 0 || g_parser.owner != ::getpid()) {
+    if (g_parser.pid >= 0) ::close(g_parser.sock);
+    g_parser = Parser{};
+    spawn(ignored);
+  }
 }
 
 Reply parse(const unsigned char* image, std::size_t sent, std::size_t image_size, ImageContent content) {

@@ -6,6 +6,7 @@
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -81,10 +82,13 @@ void check_one_line_naming(const std::string& path, const std::string& msg) {
 }  // namespace
 
 TEST_CASE("the fixture loads through the sandboxed parser, which is reused") {
+  start_checkpoint_parser();
+  const int started = sandbox_testing::parser_pid();
+  CHECK(started > 0);
   const Checkpoint c = load_checkpoint(fixture());
   CHECK(c.groups.count("model"));
   const int pid = sandbox_testing::parser_pid();
-  CHECK(pid > 0);
+  CHECK(pid == started);
   (void)load_checkpoint(fixture());
   CHECK(sandbox_testing::parser_pid() == pid);
 }
@@ -155,6 +159,32 @@ TEST_CASE("a parser killed from outside between loads is replaced") {
   REQUIRE(::kill(pid, SIGKILL) == 0);
   CHECK(outcome_of(fixture()).empty());
   CHECK(sandbox_testing::parser_pid() != pid);
+}
+
+// A fork of a process that has a parser must not talk to that parser (the two would
+// interleave their requests): it starts its own.
+TEST_CASE("a forked process loads through its own parser") {
+  (void)load_checkpoint(fixture());
+  const int parent_parser = sandbox_testing::parser_pid();
+  REQUIRE(parent_parser > 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    int code = 1;
+    try {
+      (void)load_checkpoint(fixture());
+      code = sandbox_testing::parser_pid() != parent_parser && sandbox_testing::parser_pid() > 0 ? 0 : 2;
+    } catch (...) {
+      code = 3;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(sandbox_testing::parser_pid() == parent_parser);
+  CHECK(outcome_of(fixture()).empty());
 }
 
 // The experiment, as a test: random changes to the HDF5 metadata bytes of a real
