@@ -271,6 +271,8 @@ struct Pending {
   uint32_t content = 0, fault = 0;
   std::chrono::steady_clock::time_point deadline;
   double wall_seconds = 0;
+  long long cpu_ticks = -1;  // the parser's CPU time at the last deadline (-1: not sampled)
+  int extensions = 0;
   bool reused = false;  // sent to a parser that had parsed before
   bool died = false;    // the parser's end of the socket closed (crash or kill)
   bool failed = false;
@@ -334,11 +336,46 @@ bool spawn(std::string& why) {
 
 enum class Io { Done, Closed, TimedOut };
 
+// CPU time the parser has used, in clock ticks (-1 if unknown).
+long long parser_cpu_ticks() {
+  char buf[1024] = {};
+  const int fd = ::open(("/proc/" + std::to_string(g_parser.pid) + "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  const char* p = n > 0 ? std::strrchr(buf, ')') : nullptr;
+  if (!p) return -1;
+  // After the command name: state, then fields 4..13, then utime (14) and stime (15).
+  long long utime = 0, stime = 0;
+  if (std::sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lld %lld", &utime, &stime) != 2) return -1;
+  return utime + stime;
+}
+
+// At the wall-clock deadline: a parser still using CPU is making progress on a busy
+// machine and has its CPU limit to stop it, so it gets more time (up to ten times);
+// one that is blocked does not.
+// The first time, the parser's CPU time is sampled and a second's probe granted.
+bool extend_deadline() {
+  const long long ticks = parser_cpu_ticks();
+  if (ticks < 0) return false;
+  double more = g_pending.wall_seconds;
+  if (g_pending.cpu_ticks < 0) {
+    more = 1.0;
+  } else if (ticks <= g_pending.cpu_ticks || ++g_pending.extensions > 10) {
+    return false;
+  }
+  g_pending.cpu_ticks = ticks;
+  g_pending.deadline = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(more));
+  return true;
+}
+
 Io wait_for(int fd, short events) {
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(g_pending.deadline -
                                                                             std::chrono::steady_clock::now());
-    if (left.count() <= 0) return Io::TimedOut;
+    if (left.count() <= 0 && !extend_deadline()) return Io::TimedOut;
+    if (left.count() <= 0) continue;
     pollfd p{fd, events, 0};
     const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count() + 1, 1 << 30)));
     if (r < 0 && errno == EINTR) continue;
@@ -409,6 +446,8 @@ std::string one_line(const std::string& s) {
 // Sends the pending request, to a new parser if none runs or the last one has gone.
 void send_request() {
   g_pending.failed = g_pending.died = false;
+  g_pending.cpu_ticks = -1;
+  g_pending.extensions = 0;
   if (g_parser.pid >= 0 && g_parser.owner != ::getpid()) {
     // This is a fork of the process that started the parser: the parser is not ours
     // to talk to, wait for or kill. Let go of the inherited socket and start our own.
