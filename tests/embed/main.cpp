@@ -11,6 +11,7 @@
 #include <engine/device.h>
 #include <engine/state.h>
 #include <engine/trainer.h>
+#include <nlohmann/json.hpp>  // config_to_json returns a json by value
 
 #include <cmath>
 #include <cstdio>
@@ -80,6 +81,10 @@ class HostState : public Stateful {
     class_weights.copy_from(in.get_tensor("class_weights"));
   }
 };
+
+std::string clean_or_summary(const StateReport& r) {
+  return r.clean() ? "(clean)" : "(" + r.summary() + ")";
+}
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
@@ -186,12 +191,12 @@ int run(const std::string& run_dir, const std::string& device_name, const std::s
   check(it != loaded.groups.end(), "the file holds the group \"host\"");
   if (it == loaded.groups.end()) return 1;
   const StateReport host_report = compare_state(host_back.state(), it->second);
-  check(host_report.clean(), "strict report for the host state is clean " + host_report.summary());
+  check(host_report.clean(), "strict report for the host state is clean " + clean_or_summary(host_report));
   if (!host_report.clean()) return 1;
   host_back.load_state(it->second);
   loaded.groups.erase(it);
   const StateReport report = restored.restore(loaded, LoadMode::Strict);
-  check(report.clean(), "strict report for the trainer state is clean " + report.summary());
+  check(report.clean(), "strict report for the trainer state is clean " + clean_or_summary(report));
   check(same_state(host.state(), host_back.state()), "the host state came back bit for bit");
   check(host_back.runs == 1 && host_back.label == "embedded run" &&
             host_back.val_acc_history.size() == 1,
@@ -203,7 +208,7 @@ int run(const std::string& run_dir, const std::string& device_name, const std::s
   // 4. The checkpoint fit() wrote itself, through resume_from.
   Trainer resumed(cfg, device, nullptr);
   const StateReport last_report = resumed.resume_from(obs.checkpoints["last"], LoadMode::Strict);
-  check(last_report.clean(), "resume_from(last.h5, Strict) is clean " + last_report.summary());
+  check(last_report.clean(), "resume_from(last.h5, Strict) is clean " + clean_or_summary(last_report));
   check(same_training_state(trainer, resumed), "last.h5 holds the same state");
 
   // 5. Evaluate the reloaded model: the same numbers as at the end of fit().
