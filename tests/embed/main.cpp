@@ -191,12 +191,12 @@ int run(const std::string& run_dir, const std::string& device_name, const std::s
   check(it != loaded.groups.end(), "the file holds the group \"host\"");
   if (it == loaded.groups.end()) return 1;
   const StateReport host_report = compare_state(host_back.state(), it->second);
-  check(host_report.clean(), "strict report for the host state is clean " + clean_or_summary(host_report));
+  check(host_report.clean(), "strict report for the host state " + clean_or_summary(host_report));
   if (!host_report.clean()) return 1;
   host_back.load_state(it->second);
   loaded.groups.erase(it);
   const StateReport report = restored.restore(loaded, LoadMode::Strict);
-  check(report.clean(), "strict report for the trainer state is clean " + clean_or_summary(report));
+  check(report.clean(), "strict report for the trainer state " + clean_or_summary(report));
   check(same_state(host.state(), host_back.state()), "the host state came back bit for bit");
   check(host_back.runs == 1 && host_back.label == "embedded run" &&
             host_back.val_acc_history.size() == 1,
@@ -208,7 +208,7 @@ int run(const std::string& run_dir, const std::string& device_name, const std::s
   // 4. The checkpoint fit() wrote itself, through resume_from.
   Trainer resumed(cfg, device, nullptr);
   const StateReport last_report = resumed.resume_from(obs.checkpoints["last"], LoadMode::Strict);
-  check(last_report.clean(), "resume_from(last.h5, Strict) is clean " + clean_or_summary(last_report));
+  check(last_report.clean(), "resume_from(last.h5, Strict) report " + clean_or_summary(last_report));
   check(same_training_state(trainer, resumed), "last.h5 holds the same state");
 
   // 5. Evaluate the reloaded model: the same numbers as at the end of fit().
