@@ -86,9 +86,11 @@ run_embed() {  # EXE RUN_DIR CUDA(ON|OFF)
 # pkg-config: flags resolve, and a program built with nothing else links and runs.
 pc_check() {  # PREFIX CUDA(ON|OFF)
   local p=$1 cuda=$2 flags
-  export PKG_CONFIG_PATH="$p/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
-  [ "$(pkg-config --modversion engine)" = "$version" ] || fail "pkg-config --modversion engine"
-  flags=$(pkg-config --cflags --libs engine) || fail "pkg-config --cflags --libs engine"
+  local path="$p/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  [ "$(PKG_CONFIG_PATH=$path pkg-config --modversion engine)" = "$version" ] \
+    || fail "pkg-config --modversion engine"
+  flags=$(PKG_CONFIG_PATH=$path pkg-config --cflags --libs engine) \
+    || fail "pkg-config --cflags --libs engine"
   echo "pkg-config --cflags --libs engine: $flags"
   cat > "$tmp/pc.cpp" <<'EOF'
 #include <engine/config.h>
@@ -109,7 +111,6 @@ EOF
   [ "$cuda" = ON ] && want=1
   "$tmp/pc" | tee "$tmp/pc.log"
   grep -q "cuda_built=$want batch_size=128 sum=-0.5" "$tmp/pc.log" || fail "the pkg-config program"
-  unset PKG_CONFIG_PATH
 }
 
 step "1. install $build (CUDA backend $with_cuda)"
