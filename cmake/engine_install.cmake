@@ -1,0 +1,96 @@
+# Install rules: `cmake --install build --prefix P` puts
+#   P/lib/libengine.a, P/bin/engine, P/include/engine/... (public headers only),
+#   P/lib/cmake/engine/{engineConfig,engineConfigVersion,engineTargets*}.cmake
+#     (+ FindCUDNN.cmake when the CUDA backend was built),
+#   P/lib/pkgconfig/engine.pc.
+# Included from the top-level CMakeLists.txt after the engine and engine_cli targets.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(ENGINE_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/engine)
+
+install(TARGETS engine EXPORT engineTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(TARGETS engine_cli
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The whole of include/engine/ is the public API; private headers live beside their
+# sources and are never installed.
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/engine
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+  FILES_MATCHING PATTERN "*.h")
+
+install(EXPORT engineTargets
+  NAMESPACE engine::
+  FILE engineTargets.cmake
+  DESTINATION ${ENGINE_CMAKE_DIR})
+
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/engineConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/engineConfig.cmake
+  INSTALL_DESTINATION ${ENGINE_CMAKE_DIR})
+# 0.x: a minor version may change the API, so only the same major.minor is compatible.
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/engineConfigVersion.cmake
+  VERSION ${PROJECT_VERSION}
+  COMPATIBILITY SameMinorVersion)
+install(FILES
+  ${PROJECT_BINARY_DIR}/engineConfig.cmake
+  ${PROJECT_BINARY_DIR}/engineConfigVersion.cmake
+  DESTINATION ${ENGINE_CMAKE_DIR})
+if(ENGINE_WITH_CUDA)
+  install(FILES ${PROJECT_SOURCE_DIR}/cmake/FindCUDNN.cmake DESTINATION ${ENGINE_CMAKE_DIR})
+endif()
+
+# ---- engine.pc. The library is static, so every dependency goes into Requires/Libs
+# (not the .private fields): `pkg-config --cflags --libs engine` is enough to link.
+# Dependencies with a .pc file of their own are named in Requires; the rest as flags.
+find_package(PkgConfig QUIET)
+set(_pc_requires "")
+set(_pc_libs "")
+set(_pc_cflags "")
+function(_engine_pc_dep module)  # ARGN: link items to use when `module` has no .pc file
+  if(PKG_CONFIG_FOUND)
+    pkg_check_modules(_engine_pc_${module} QUIET ${module})
+  endif()
+  if(_engine_pc_${module}_FOUND)
+    set(_pc_requires "${_pc_requires} ${module}" PARENT_SCOPE)
+  else()
+    # Library paths or flags, as the Find module reported them.
+    list(JOIN ARGN " " flags)
+    set(_pc_libs "${_pc_libs} ${flags}" PARENT_SCOPE)
+  endif()
+endfunction()
+
+_engine_pc_dep(nlohmann_json)
+_engine_pc_dep(hdf5 ${HDF5_C_LIBRARIES})
+if(ENGINE_BLA_VENDOR STREQUAL "OpenBLAS")
+  _engine_pc_dep(openblas ${BLAS_LIBRARIES})
+else()
+  _engine_pc_dep(blas ${BLAS_LIBRARIES})
+endif()
+_engine_pc_dep(zlib ${ZLIB_LIBRARIES})
+if(NOT _pc_requires MATCHES "nlohmann_json")
+  get_target_property(_json_inc nlohmann_json::nlohmann_json INTERFACE_INCLUDE_DIRECTORIES)
+  foreach(dir IN LISTS _json_inc)
+    string(APPEND _pc_cflags " -I${dir}")
+  endforeach()
+endif()
+# OpenMP (libgomp) and threads; the CUDA runtime, cuBLAS and cuDNN have no .pc files.
+foreach(flag IN LISTS OpenMP_CXX_FLAGS)
+  string(APPEND _pc_libs " ${flag}")
+endforeach()
+if(ENGINE_WITH_CUDA)
+  string(APPEND _pc_cflags " -DENGINE_WITH_CUDA=1")
+  get_filename_component(_cudnn_dir "${CUDNN_LIBRARY}" DIRECTORY)
+  string(APPEND _pc_libs " -L${_cudnn_dir} -lcudnn -L${CUDAToolkit_LIBRARY_DIR} -lcublas -lcudart_static -ldl -lrt")
+endif()
+string(APPEND _pc_libs " -pthread")
+string(STRIP "${_pc_requires}" ENGINE_PC_REQUIRES)
+set(ENGINE_PC_LIBS "${_pc_libs}")
+set(ENGINE_PC_CFLAGS "${_pc_cflags}")
+# ${pcfiledir} is P/<libdir>/pkgconfig: the prefix is found relative to it, so the
+# installed tree can be moved.
+file(RELATIVE_PATH ENGINE_PC_PREFIX_FROM_PCDIR
+  /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
+string(REGEX REPLACE "/$" "" ENGINE_PC_PREFIX_FROM_PCDIR "${ENGINE_PC_PREFIX_FROM_PCDIR}")
+configure_file(${PROJECT_SOURCE_DIR}/cmake/engine.pc.in ${PROJECT_BINARY_DIR}/engine.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/engine.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The engine as a package, checked from the outside (CTest test `embed`):
+#   1. installs the just-built engine into a temporary prefix and checks the tree (public
+#      headers only, each compiling on its own; no path of this machine's build in the
+#      CMake package), moves the prefix elsewhere (the package is relocatable), builds
+#      tests/embed against it with find_package(engine CONFIG REQUIRED) and runs it;
+#      pkg-config: a program compiled and linked with `pkg-config --cflags --libs engine`;
+#   2. builds tests/embed with the engine's sources pulled in by FetchContent and the
+#      CUDA backend off, runs it, installs that CPU-only engine into a second prefix and
+#      repeats step 1 against it. With a CUDA build in step 1, the package is thus
+#      proven with the CUDA backend on and off.
+# usage: run.sh BUILD_DIR ON|OFF   (the build to install; whether it has the CUDA backend)
+set -euo pipefail
+
+src=$(cd "$(dirname "$0")/../.." && pwd)
+build=$(cd "${1:?usage: run.sh BUILD_DIR ON|OFF}" && pwd)
+with_cuda=${2:?usage: run.sh BUILD_DIR ON|OFF}
+cmake=${CMAKE_COMMAND:-cmake}
+cxx=${CXX:-c++}
+jobs=${EMBED_JOBS:-2}
+data_args=()
+if [ -n "${ENGINE_DATA_DIR:-}" ]; then data_args=(--data "$ENGINE_DATA_DIR"); fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/engine-embed.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+step() { echo; echo "== $*"; }
+fail() { echo "embed: FAIL: $*" >&2; exit 1; }
+# Runs a command quietly; shows its output only when it fails.
+quiet() {
+  local log=$tmp/last.log
+  if ! "$@" >"$log" 2>&1; then cat "$log" >&2; fail "$*"; fi
+}
+
+version=$(sed -n 's/^project(engine VERSION \([0-9.]*\).*/\1/p' "$src/CMakeLists.txt")
+[ -n "$version" ] || fail "cannot read the project version from $src/CMakeLists.txt"
+
+# The installed tree: exactly the public headers, the library, the CLI, the CMake
+# package and engine.pc, with no path of the source or build tree in them.
+check_tree() {  # PREFIX CUDA(ON|OFF)
+  local p=$1 cuda=$2 f
+  for f in lib/libengine.a bin/engine lib/cmake/engine/engineConfig.cmake \
+           lib/cmake/engine/engineConfigVersion.cmake lib/cmake/engine/engineTargets.cmake \
+           lib/pkgconfig/engine.pc; do
+    [ -f "$p/$f" ] || fail "$p/$f was not installed"
+  done
+  if [ "$cuda" = ON ]; then
+    [ -f "$p/lib/cmake/engine/FindCUDNN.cmake" ] || fail "FindCUDNN.cmake missing from a CUDA build's package"
+  fi
+  diff <(cd "$src/include" && find engine -type f | sort) \
+       <(cd "$p/include" && find . -type f | sed 's|^\./||' | sort) \
+    || fail "$p/include holds other files than include/engine/ (above: < missing, > extra)"
+  if grep -rlF -e "$src" -e "$build" "$p/lib/cmake" "$p/lib/pkgconfig"; then
+    fail "the installed package names a path of the build machine's tree (files above)"
+  fi
+  "$p/bin/engine" --help >/dev/null || fail "$p/bin/engine --help"
+  # Each installed header compiles alone against the installed tree only: none may
+  # include a private header (kernels/, io/, engine/dispatch.h).
+  local h n=0
+  while IFS= read -r h; do
+    echo "#include <$h>" | "$cxx" -std=c++17 -fsyntax-only -Wall -Wextra -I"$p/include" -x c++ - \
+      || fail "installed header <$h> does not compile on its own"
+    n=$((n + 1))
+  done < <(cd "$p/include" && find engine -name '*.h' | sort)
+  echo "installed tree ok: $n public headers, each self-contained"
+}
+
+# tests/embed built against an installed package, then run.
+consumer() {  # PREFIX NAME CUDA(ON|OFF)
+  local p=$1 name=$2 cuda=$3
+  quiet "$cmake" -S "$src/tests/embed" -B "$tmp/$name" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$p"
+  grep -q "engine $version from $p/lib/cmake/engine (CUDA backend: $cuda)" "$tmp/last.log" \
+    || { cat "$tmp/last.log"; fail "find_package(engine) did not find $p with CUDA $cuda"; }
+  quiet "$cmake" --build "$tmp/$name" -j"$jobs"
+  run_embed "$tmp/$name/embed" "$tmp/run-$name" "$cuda"
+}
+
+run_embed() {  # EXE RUN_DIR CUDA(ON|OFF)
+  local want=built
+  [ "$3" = ON ] || want="not built"
+  "$1" "$2" --device cpu "${data_args[@]}" | tee "$tmp/embed.log"
+  grep -q "CUDA backend $want," "$tmp/embed.log" || fail "$1: expected the CUDA backend $want"
+  grep -q "embed: all checks passed" "$tmp/embed.log" || fail "$1"
+}
+
+# pkg-config: flags resolve, and a program built with nothing else links and runs.
+pc_check() {  # PREFIX CUDA(ON|OFF)
+  local p=$1 cuda=$2 flags
+  local path="$p/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  [ "$(PKG_CONFIG_PATH=$path pkg-config --modversion engine)" = "$version" ] \
+    || fail "pkg-config --modversion engine"
+  flags=$(PKG_CONFIG_PATH=$path pkg-config --cflags --libs engine) \
+    || fail "pkg-config --cflags --libs engine"
+  echo "pkg-config --cflags --libs engine: $flags"
+  cat > "$tmp/pc.cpp" <<'EOF'
+#include <engine/config.h>
+#include <engine/device.h>
+#include <engine/tensor.h>
+#include <cstdio>
+int main() {
+  const engine::Config cfg;
+  const engine::Tensor t = engine::Tensor::from_vector({2}, {1.5f, -2.0f});
+  std::printf("cuda_built=%d batch_size=%d sum=%g\n", engine::cuda_built() ? 1 : 0,
+              cfg.data.batch_size, t.to_vector()[0] + t.to_vector()[1]);
+  return 0;
+}
+EOF
+  # shellcheck disable=SC2086  # the flags are words
+  "$cxx" -std=c++17 "$tmp/pc.cpp" -o "$tmp/pc" $flags || fail "compile and link with pkg-config's flags"
+  local want=0
+  [ "$cuda" = ON ] && want=1
+  "$tmp/pc" | tee "$tmp/pc.log"
+  grep -q "cuda_built=$want batch_size=128 sum=-0.5" "$tmp/pc.log" || fail "the pkg-config program"
+}
+
+step "1. install $build (CUDA backend $with_cuda)"
+quiet "$cmake" --install "$build" --prefix "$tmp/prefix"
+mv "$tmp/prefix" "$tmp/prefix-moved"  # relocatable: nothing points back at the first place
+check_tree "$tmp/prefix-moved" "$with_cuda"
+consumer "$tmp/prefix-moved" embed-installed "$with_cuda"
+pc_check "$tmp/prefix-moved" "$with_cuda"
+
+step "2. FetchContent of the sources with -DENGINE_CUDA=OFF, then its install"
+quiet "$cmake" -S "$src/tests/embed" -B "$tmp/embed-fetched" -DCMAKE_BUILD_TYPE=Release \
+  -DENGINE_SOURCE_DIR="$src" -DENGINE_CUDA=OFF
+quiet "$cmake" --build "$tmp/embed-fetched" -j"$jobs"
+run_embed "$tmp/embed-fetched/embed" "$tmp/run-fetched" OFF
+quiet "$cmake" --install "$tmp/embed-fetched/_deps/engine-build" --prefix "$tmp/prefix-cpu"
+check_tree "$tmp/prefix-cpu" OFF
+consumer "$tmp/prefix-cpu" embed-installed-cpu OFF
+pc_check "$tmp/prefix-cpu" OFF
+
+echo
+echo "embed: the package works (CUDA backend $with_cuda, then OFF; find_package, FetchContent, pkg-config)"
