@@ -14,12 +14,21 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
+# TensorBoard is not packaged in Debian 12: the test that reads the run's event files
+# back (tests/test_tensorboard.py) needs it from PyPI, for the system python the tests use.
+install_tensorboard() {
+  if /usr/bin/python3 -c "import tensorboard" 2>/dev/null; then return 0; fi
+  echo "setup-debian: installing tensorboard (pip) for /usr/bin/python3"
+  "${as_root[@]}" /usr/bin/python3 -m pip install --quiet --break-system-packages tensorboard
+}
+as_root=()
+if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then as_root=(sudo); fi
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup-debian: all ${#packages[@]} packages of .ci/packages.txt are installed"
+  install_tensorboard
   exit 0
 fi
 
-as_root=()
 if [ "$(id -u)" != 0 ]; then
   if ! command -v sudo >/dev/null; then
     echo "setup-debian: missing packages (${missing[*]}): run this as root, or install sudo" >&2
@@ -30,3 +39,4 @@ fi
 echo "setup-debian: installing ${missing[*]}"
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "${packages[@]}"
+install_tensorboard
