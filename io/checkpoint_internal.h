@@ -54,7 +54,7 @@ constexpr hsize_t kAlignThreshold = 64;
 static_assert(kUserBlockBytes % kDataAlignment == 0, "the user block must keep data aligned");
 
 inline const char* const kRootAttributes[] = {"format",      "format_version", "engine_version",
-                                       "created_utc", "saved_on",       "config"};
+                                              "created_utc", "saved_on",       "config"};
 
 [[noreturn]] inline void fail(const std::string& path, const std::string& msg) {
   throw CheckpointError(path + ": " + msg);
