@@ -186,6 +186,8 @@ Checkpoint load_checkpoint_from_bytes(const std::string& name, const unsigned ch
 
 using namespace checkpoint_internal;
 
+void start_checkpoint_parser() { hdf5_sandbox::prepare(); }
+
 // Reading a checkpoint: the header, then the HDF5 metadata (metadata_bytes after the
 // header) and its checksum. libhdf5 never parses the file in this process: the parser
 // process (io/hdf5_sandbox.h) walks the metadata into a manifest while this thread

@@ -6,6 +6,9 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -16,6 +19,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -23,6 +27,8 @@
 #include <new>
 #include <string>
 #include <vector>
+
+#include <hdf5.h>
 
 namespace engine::hdf5_sandbox {
 
@@ -121,6 +127,52 @@ int isolate(int sock) {
   return sock;
 }
 
+// After setup the parser needs only memory, its socket and its own limits. A seccomp
+// filter makes every other system call fail with EPERM, so a parser subverted by a
+// file cannot open files or sockets, start programs or signal other processes.
+// Best effort: where the kernel refuses filters the parser runs without one.
+void confine() {
+#if defined(__x86_64__)
+  constexpr uint32_t kArch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+  constexpr uint32_t kArch = AUDIT_ARCH_AARCH64;
+#else
+  return;
+#endif
+  const int allowed[] = {
+    __NR_read, __NR_write, __NR_readv, __NR_writev, __NR_recvfrom, __NR_sendto, __NR_recvmsg, __NR_sendmsg,
+    __NR_close, __NR_fstat, __NR_newfstatat, __NR_lseek,
+    __NR_mmap, __NR_munmap, __NR_mremap, __NR_mprotect, __NR_brk, __NR_madvise,
+    __NR_futex, __NR_sched_yield, __NR_getpid, __NR_gettid, __NR_clock_gettime, __NR_gettimeofday,
+    __NR_getrusage, __NR_prlimit64, __NR_getrlimit, __NR_setrlimit,
+    __NR_rt_sigreturn, __NR_rt_sigprocmask, __NR_restart_syscall, __NR_ppoll,
+#ifdef __NR_pause
+    __NR_pause,
+#endif
+#ifdef __NR_poll
+    __NR_poll,
+#endif
+    __NR_exit, __NR_exit_group,
+  };
+  std::vector<sock_filter> f;
+  f.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)));
+  f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kArch, 1, 0));
+  f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS));
+  f.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)));
+  for (int nr : allowed) {
+    f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), 0, 1));
+    f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+  }
+  // Signals only to itself (raise(), abort() of a failed assertion in libhdf5).
+  f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(__NR_tgkill), 0, 3));
+  f.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args[0])));
+  f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(::getpid()), 0, 1));
+  f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+  f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)));
+  sock_fprog prog{static_cast<unsigned short>(f.size()), f.data()};
+  prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0);
+}
+
 void misbehave(testing::Fault fault) {
   switch (fault) {
     case testing::Fault::None:
@@ -148,6 +200,8 @@ void reply(int sock, Status status, const std::string& body) {
 [[noreturn]] void serve(int sock) {
   sock = isolate(sock);
   const uint64_t inherited = address_space_bytes();
+  H5open();  // before the filter: initialising libhdf5 may read its environment's files
+  confine();
   for (;;) {
     Request rq{};
     if (!read_full(sock, &rq, sizeof rq)) _exit(0);  // the caller closed the socket or exited
@@ -200,7 +254,10 @@ void reply(int sock, Status status, const std::string& body) {
 struct Parser {
   pid_t pid = -1;
   int sock = -1;
+  pid_t owner = -1;  // the process that started it
 };
+
+constexpr char kCpuLimitExceeded[] = "parser exceeded its CPU time limit";
 
 std::mutex g_mutex;
 Parser g_parser;
@@ -209,9 +266,15 @@ std::atomic<double> g_wall_limit{0};
 
 // The pending parse between start() and finish().
 struct Pending {
+  const unsigned char* image = nullptr;
+  uint64_t sent = 0, image_size = 0;
+  uint32_t content = 0, fault = 0;
   std::chrono::steady_clock::time_point deadline;
   double wall_seconds = 0;
-  uint64_t sent = 0;
+  long long cpu_ticks = -1;  // the parser's CPU time at the last deadline (-1: not sampled)
+  int extensions = 0;
+  bool reused = false;  // sent to a parser that had parsed before
+  bool died = false;    // the parser's end of the socket closed (crash or kill)
   bool failed = false;
   std::string failure;
 };
@@ -241,7 +304,7 @@ std::string retire(bool kill_now) {
   }
   if (r != p.pid) return "parser ended, status unknown";
   if (WIFSIGNALED(status)) {
-    if (WTERMSIG(status) == SIGXCPU) return "parser exceeded its CPU time limit";
+    if (WTERMSIG(status) == SIGXCPU) return kCpuLimitExceeded;
     return "parser crashed: " + signal_name(WTERMSIG(status));
   }
   if (WIFEXITED(status)) return "parser exited with status " + std::to_string(WEXITSTATUS(status));
@@ -267,17 +330,52 @@ bool spawn(std::string& why) {
   }
   ::close(sv[1]);
   ::fcntl(sv[0], F_SETFL, ::fcntl(sv[0], F_GETFL) | O_NONBLOCK);
-  g_parser = Parser{pid, sv[0]};
+  g_parser = Parser{pid, sv[0], ::getpid()};
   return true;
 }
 
 enum class Io { Done, Closed, TimedOut };
 
+// CPU time the parser has used, in clock ticks (-1 if unknown).
+long long parser_cpu_ticks() {
+  char buf[1024] = {};
+  const int fd = ::open(("/proc/" + std::to_string(g_parser.pid) + "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  const char* p = n > 0 ? std::strrchr(buf, ')') : nullptr;
+  if (!p) return -1;
+  // After the command name: state, then fields 4..13, then utime (14) and stime (15).
+  long long utime = 0, stime = 0;
+  if (std::sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lld %lld", &utime, &stime) != 2) return -1;
+  return utime + stime;
+}
+
+// At the wall-clock deadline: a parser still using CPU is making progress on a busy
+// machine and has its CPU limit to stop it, so it gets more time (up to ten times);
+// one that is blocked does not.
+// The first time, the parser's CPU time is sampled and a second's probe granted.
+bool extend_deadline() {
+  const long long ticks = parser_cpu_ticks();
+  if (ticks < 0) return false;
+  double more = g_pending.wall_seconds;
+  if (g_pending.cpu_ticks < 0) {
+    more = 1.0;
+  } else if (ticks <= g_pending.cpu_ticks || ++g_pending.extensions > 10) {
+    return false;
+  }
+  g_pending.cpu_ticks = ticks;
+  g_pending.deadline = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(more));
+  return true;
+}
+
 Io wait_for(int fd, short events) {
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(g_pending.deadline -
                                                                             std::chrono::steady_clock::now());
-    if (left.count() <= 0) return Io::TimedOut;
+    if (left.count() <= 0 && !extend_deadline()) return Io::TimedOut;
+    if (left.count() <= 0) continue;
     pollfd p{fd, events, 0};
     const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count() + 1, 1 << 30)));
     if (r < 0 && errno == EINTR) continue;
@@ -331,6 +429,8 @@ void fail_pending(Io io) {
     how = std::string("parser killed after ") + secs + " s without an answer";
   }
   g_pending.failed = true;
+  // A parser stopped by its CPU limit was not killed from outside: no second try.
+  g_pending.died = io == Io::Closed && how != kCpuLimitExceeded;
   g_pending.failure = unsafe(how.empty() ? "parser ended" : how);
 }
 
@@ -343,42 +443,42 @@ std::string one_line(const std::string& s) {
   return out;
 }
 
-}  // namespace
-
-void start(const unsigned char* image, std::size_t sent, std::size_t image_size, ImageContent content) {
-  g_mutex.lock();
-  g_pending = Pending{};
-  const double wall = g_wall_limit.load() > 0 ? g_wall_limit.load() : kDefaultWallSeconds + 4 * cpu_limit_seconds(sent);
-  g_pending.wall_seconds = wall;
-  g_pending.sent = sent;
-  g_pending.deadline = std::chrono::steady_clock::now() +
-                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(wall));
-  Request rq{kRequestMagic, image_size, sent, content == ImageContent::Complete ? 1u : 0u,
-             static_cast<uint32_t>(g_fault.exchange(0))};
-  // A parser that died since the last parse (killed from outside) is noticed when the
-  // request cannot be sent: one new parser is tried.
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    if (g_parser.pid < 0) {
-      std::string why;
-      if (!spawn(why)) {
-        g_pending.failed = true;
-        g_pending.failure = unsafe(why);
-        return;
-      }
-    }
-    Io io = send_all(&rq, sizeof rq);
-    if (io == Io::Closed && attempt == 0) {
-      retire(true);
-      continue;
-    }
-    if (io == Io::Done) io = send_all(image, sent);
-    if (io != Io::Done) fail_pending(io);
-    return;
+// Sends the pending request, to a new parser if none runs or the last one has gone.
+void send_request() {
+  g_pending.failed = g_pending.died = false;
+  g_pending.cpu_ticks = -1;
+  g_pending.extensions = 0;
+  if (g_parser.pid >= 0 && g_parser.owner != ::getpid()) {
+    // This is a fork of the process that started the parser: the parser is not ours
+    // to talk to, wait for or kill. Let go of the inherited socket and start our own.
+    ::close(g_parser.sock);
+    g_parser = Parser{};
   }
+  g_pending.deadline = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(g_pending.wall_seconds));
+  if (g_parser.pid >= 0) {
+    // Nothing is due from an idle parser: a readable or hung-up socket means it is gone.
+    pollfd p{g_parser.sock, POLLIN, 0};
+    if (::poll(&p, 1, 0) != 0) retire(true);
+  }
+  g_pending.reused = g_parser.pid >= 0;
+  if (g_parser.pid < 0) {
+    std::string why;
+    if (!spawn(why)) {
+      g_pending.failed = true;
+      g_pending.failure = unsafe(why);
+      return;
+    }
+  }
+  const Request rq{kRequestMagic, g_pending.image_size, g_pending.sent, g_pending.content, g_pending.fault};
+  Io io = send_all(&rq, sizeof rq);
+  if (io == Io::Done) io = send_all(g_pending.image, g_pending.sent);
+  if (io != Io::Done) fail_pending(io);
 }
 
-Reply finish() {
-  std::lock_guard<std::mutex> unlock_at_end(g_mutex, std::adopt_lock);
+// The reply to the pending request.
+Reply receive_reply() {
   Reply out;
   out.outcome = Outcome::Failed;
   if (g_pending.failed) {
@@ -441,6 +541,50 @@ Reply finish() {
       retire(true);
       out.message = unsafe("parser sent a malformed reply");
       return out;
+  }
+}
+
+
+}  // namespace
+
+void start(const unsigned char* image, std::size_t sent, std::size_t image_size, ImageContent content) {
+  g_mutex.lock();
+  g_pending = Pending{};
+  g_pending.image = image;
+  g_pending.sent = sent;
+  g_pending.image_size = image_size;
+  g_pending.content = content == ImageContent::Complete ? 1u : 0u;
+  g_pending.fault = static_cast<uint32_t>(g_fault.exchange(0));
+  g_pending.wall_seconds =
+      g_wall_limit.load() > 0 ? g_wall_limit.load() : kDefaultWallSeconds + 4 * cpu_limit_seconds(sent);
+  try {
+    send_request();
+  } catch (...) {  // only allocation failures; finish() reports them
+    g_pending.failed = true;
+    g_pending.failure = unsafe("out of memory while starting the parse");
+  }
+}
+
+Reply finish() {
+  std::lock_guard<std::mutex> unlock_at_end(g_mutex, std::adopt_lock);
+  Reply reply = receive_reply();
+  // A parser that had served earlier loads and dies on this one may have been killed
+  // from outside (the OOM killer, a signal) rather than by this file: one new parser
+  // gets the same request. A file that crashes the parser crashes the new one too.
+  if (reply.outcome == Outcome::Failed && g_pending.died && g_pending.reused) {
+    send_request();
+    reply = receive_reply();
+  }
+  return reply;
+}
+
+void prepare() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::string ignored;
+  if (g_parser.pid < 0 || g_parser.owner != ::getpid()) {
+    if (g_parser.pid >= 0) ::close(g_parser.sock);
+    g_parser = Parser{};
+    spawn(ignored);
   }
 }
 

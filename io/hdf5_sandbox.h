@@ -34,6 +34,9 @@ using ImageContent = hdf5_walk::ImageContent;
 // Refused with a message saying so. Thread-safe (one parse at a time).
 Reply parse(const unsigned char* image, std::size_t sent, std::size_t image_size, ImageContent content);
 
+// Starts the parser now if none runs (a failure is reported by the next parse).
+void prepare();
+
 // The first half of parse(): hands the image to the parser and returns at once, so the
 // caller can do other work while it parses; finish() waits for the reply. Every
 // start() must be followed by finish() on the same thread.

@@ -6,6 +6,7 @@
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -81,12 +82,27 @@ void check_one_line_naming(const std::string& path, const std::string& msg) {
 }  // namespace
 
 TEST_CASE("the fixture loads through the sandboxed parser, which is reused") {
+  start_checkpoint_parser();
+  const int started = sandbox_testing::parser_pid();
+  CHECK(started > 0);
   const Checkpoint c = load_checkpoint(fixture());
   CHECK(c.groups.count("model"));
   const int pid = sandbox_testing::parser_pid();
-  CHECK(pid > 0);
+  CHECK(pid == started);
   (void)load_checkpoint(fixture());
   CHECK(sandbox_testing::parser_pid() == pid);
+}
+
+// The parser may open nothing, start nothing and signal nothing but itself.
+TEST_CASE("the parser runs under a seccomp filter") {
+  (void)load_checkpoint(fixture());
+  const int pid = sandbox_testing::parser_pid();
+  REQUIRE(pid > 0);
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line, seccomp;
+  while (std::getline(status, line))
+    if (line.rfind("Seccomp:", 0) == 0) seccomp = line;
+  CHECK(seccomp == "Seccomp:\t2");
 }
 
 TEST_CASE("a parser that crashes is a one-line refusal, and the next load gets a new parser") {
@@ -105,7 +121,7 @@ TEST_CASE("a parser that spins is stopped by its CPU limit") {
   const std::string msg = outcome_of(path);
   check_one_line_naming(path, msg);
   CHECK(msg.find("parser exceeded its CPU time limit") != std::string::npos);
-  CHECK(seconds_since(t0) < 30);  // 2-3 s of CPU; wall time depends on the machine's load
+  CHECK(seconds_since(t0) < 120);  // 2-3 s of CPU; the wall time depends on the machine's load
   CHECK(outcome_of(path).empty());
 }
 
@@ -143,6 +159,58 @@ TEST_CASE("a parser killed from outside between loads is replaced") {
   REQUIRE(::kill(pid, SIGKILL) == 0);
   CHECK(outcome_of(fixture()).empty());
   CHECK(sandbox_testing::parser_pid() != pid);
+}
+
+// A fork of a process that has a parser must not talk to that parser (the two would
+// interleave their requests): it starts its own.
+TEST_CASE("a forked process loads through its own parser") {
+  (void)load_checkpoint(fixture());
+  const int parent_parser = sandbox_testing::parser_pid();
+  REQUIRE(parent_parser > 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    int code = 1;
+    try {
+      (void)load_checkpoint(fixture());
+      code = sandbox_testing::parser_pid() != parent_parser && sandbox_testing::parser_pid() > 0 ? 0 : 2;
+    } catch (...) {
+      code = 3;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(sandbox_testing::parser_pid() == parent_parser);
+  CHECK(outcome_of(fixture()).empty());
+}
+
+// Two of 40 resealed mutations found here that took the old in-process loader down:
+// the first crashed libhdf5 1.10.8 (SIGSEGV), the second ran past 30 s (a series
+// declared with 2^29 elements). {offset, new byte} in tests/data/checkpoint_v2_cpu_mid_epoch.h5.
+TEST_CASE("files that crashed or hung the in-process loader are refused in one line, quickly") {
+  const std::vector<std::vector<std::pair<std::size_t, unsigned char>>> mutations = {
+      {{11414, 0x29}, {26588, 0x7e}, {33051, 0xc8}},
+      {{3106, 0x8b}, {7378, 0x75}, {7907, 0x20}, {17916, 0x2b}, {18235, 0x5c}},
+  };
+  const std::vector<unsigned char> original = read_bytes(fixture());
+  for (std::size_t i = 0; i < mutations.size(); ++i) {
+    std::vector<unsigned char> bytes = original;
+    for (const auto& [at, value] : mutations[i]) bytes.at(at) = value;
+    const std::string path = tmp_path("old_loader_" + std::to_string(i) + ".h5");
+    write_bytes(path, bytes);
+    checkpoint_testing::reseal(path);
+    const long rss_before = peak_rss_kib();
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string msg = outcome_of(path);
+    INFO(msg);
+    check_one_line_naming(path, msg);
+    CHECK(seconds_since(t0) < 30);
+    CHECK(peak_rss_kib() - rss_before < 64 * 1024);
+    if (i == 1) CHECK(msg.find("/metrics/epoch_seconds stores 8 bytes, its shape and type need 4294967304") != std::string::npos);
+  }
 }
 
 // The issue's experiment, as a test: random changes to the HDF5 metadata bytes of a real
@@ -186,7 +254,7 @@ TEST_CASE("300 resealed random metadata mutations: no crash, no hang, one-line r
   MESSAGE("mutations: " << loaded << " loaded, " << refused << " refused (" << parser_failures
                         << " by a parser crash or limit); slowest load " << slowest << " s");
   CHECK(loaded + refused == 300);
-  CHECK(slowest < 60);
+  CHECK(slowest < 120);  // a parser stopped by its CPU limit (2-3 s of CPU) on a busy machine
   CHECK(peak_rss_kib() - rss_before < 256 * 1024);
   CHECK(outcome_of(fixture()).empty());
 }
@@ -263,4 +331,24 @@ TEST_CASE("partly stored and filtered datasets are refused; fully stored chunked
   REQUIRE(compact.shape() == Shape{5, 2});
   REQUIRE(compact.dtype() == DType::U8);
   for (int i = 0; i < 10; ++i) CHECK(compact.u8()[i] == i);
+}
+
+// What the sandbox costs: the first load of a process forks the parser, later loads
+// reuse it. Reported, not asserted (the machine's load decides the numbers).
+TEST_CASE("the first load pays for starting the parser, later loads do not") {
+  (void)load_checkpoint(fixture());
+  const int pid = sandbox_testing::parser_pid();
+  REQUIRE(pid > 0);
+  ::kill(pid, SIGKILL);
+  (void)load_checkpoint(fixture());  // notices the dead parser, starts a new one
+  const auto t0 = std::chrono::steady_clock::now();
+  (void)load_checkpoint(fixture());
+  const double warm = seconds_since(t0);
+  ::kill(sandbox_testing::parser_pid(), SIGKILL);
+  ::usleep(20000);
+  const auto t1 = std::chrono::steady_clock::now();
+  (void)load_checkpoint(fixture());
+  const double cold = seconds_since(t1);
+  MESSAGE("fixture load with a running parser " << warm * 1e3 << " ms, starting one " << cold * 1e3 << " ms");
+  CHECK(sandbox_testing::parser_pid() > 0);
 }

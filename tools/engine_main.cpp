@@ -380,6 +380,9 @@ int main(int argc, char** argv) {
   }
   try {
     const Args a = parse_args(argc, argv, 2);
+    // Forked now, while the process is small: training loads checkpoints later
+    // (resume, verification after a save), and the parser keeps what it shares.
+    if (cmd == "train" || cmd == "resume" || cmd == "eval") start_checkpoint_parser();
     if (cmd == "train") return cmd_train(a);
     if (cmd == "resume") return cmd_resume(a);
     if (cmd == "eval") return cmd_eval(a);

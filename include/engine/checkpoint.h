@@ -52,6 +52,13 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt);
 // on the CPU. Model and optimizer keys come back without wrapper prefixes.
 Checkpoint load_checkpoint(const std::string& path);
 
+// Starts the process in which load_checkpoint has libhdf5 parse files
+// (docs/security.md); the first load starts it otherwise. It is a fork of the calling
+// process and shares its memory as it is at that moment, so a program that loads
+// checkpoints later, after large allocations, calls this early. A failure to start it
+// is reported by the next load.
+void start_checkpoint_parser();
+
 // Everything load_checkpoint checks, without keeping the result.
 void verify_checkpoint_file(const std::string& path);
 
