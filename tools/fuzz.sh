@@ -53,7 +53,7 @@ valid_target() { local t; for t in "${TARGETS[@]}"; do [ "$t" = "$1" ] && return
 # engine or a library it calls (libFuzzer's and the sanitizers' own frames skipped).
 signature() {
   local bin="$1" input="$2" report
-  report="$(timeout 60 "$bin" -rss_limit_mb=2048 -timeout=10 "$input" 2>&1)"
+  report="$(timeout 300 "$bin" -rss_limit_mb=2048 -timeout=120 "$input" 2>&1)"
   local kind
   kind="$(grep -m1 -E 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|rejection is not one line|verify accepted|load_config accepted|resolved config changes|inconsistent sizes|label out of range|deadly signal|Timeout|out-of-memory' <<<"$report" |
     sed -E 's/^.*ERROR: //; s/^.*(runtime error: )/\1/; s/0x[0-9a-f]+/X/g; s/[0-9]{3,}/N/g; s/ \(.*$//' | cut -d: -f1-2 | head -c 90)"
@@ -78,7 +78,7 @@ replay() {
     for f in "${inputs[@]}"; do
       [ -f "$f" ] || continue
       n=$((n + 1))
-      timeout 120 "$bin" -rss_limit_mb=2048 -timeout=30 "$f" >/dev/null 2>&1
+      timeout 300 "$bin" -rss_limit_mb=2048 -timeout=120 "$f" >/dev/null 2>&1
       rc=$?
       if [ $rc -ne 0 ]; then
         bad=$((bad + 1))
@@ -107,7 +107,7 @@ fuzz() {
   # -rss_limit_mb/-malloc_limit_mb: an input that makes one load take > 2 GB is a finding.
   # shellcheck disable=SC2046
   "$bin" -fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1 \
-    -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 \
+    -max_total_time="$seconds" -timeout=30 -rss_limit_mb=2048 -malloc_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$out/" $(options_of "$t") "$@" \
     "$work" $(seeds_of "$t") >"$log" 2>&1
   local rc=$?
