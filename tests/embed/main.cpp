@@ -1,6 +1,6 @@
 // A host program that embeds the engine through its installed package: it builds its
-// Config in code, trains one epoch on a subset with its own observer, keeps state of its
-// own (a Stateful) in the checkpoint next to the trainer's groups, reloads everything
+// Config in code, trains one epoch on a subset with its own observer, registers state of
+// its own (a Stateful) as a checkpoint group next to the trainer's, reloads everything
 // with strict reports, checks that every bit came back, and evaluates.
 //
 //   embed RUN_DIR [--device cpu|cuda|auto] [--data DIR]
@@ -9,6 +9,7 @@
 #include <engine/checkpoint.h>
 #include <engine/config.h>
 #include <engine/device.h>
+#include <engine/models/registry.h>
 #include <engine/state.h>
 #include <engine/trainer.h>
 #include <nlohmann/json.hpp>  // config_to_json returns a json by value
@@ -137,10 +138,23 @@ int run(const std::string& run_dir, const std::string& device_name, const std::s
   std::cout << "engine embedded: CUDA backend " << (cuda_built() ? "built" : "not built")
             << ", training on " << device.str() << ", run dir " << run_dir << "\n";
 
-  // 1. Train one epoch with the host's own observer.
+  // 1. The host's own state, registered as the checkpoint group "host" before training:
+  // every checkpoint the trainer writes holds it from then on.
+  HostState host;
+  host.runs = 1;
+  host.label = "embedded run";
+  {
+    std::vector<float> w(10);
+    for (int c = 0; c < 10; ++c) w[c] = 0.1f * static_cast<float>(c) + 1.0f / 3.0f;
+    host.class_weights = Tensor::from_vector({10}, w);
+  }
+
+  // 2. Train one epoch with the host's own observer.
   HostObserver obs;
-  Trainer trainer(cfg, device, &obs);
+  Trainer trainer(cfg, device, make_model(cfg), &obs);
+  trainer.add_state_group("host", &host);
   const FitResult fit = trainer.fit();
+  for (const EpochMetrics& m : obs.ended) host.val_acc_history.push_back(m.val_acc);
   check(fit.ending == FitResult::Ending::Completed, "fit() completed");
   check(trainer.epochs_done() == 1 && obs.epochs_begun == 1 && obs.ended.size() == 1,
         "one epoch trained, observed once at its start and once at its end");
@@ -156,62 +170,49 @@ int run(const std::string& run_dir, const std::string& device_name, const std::s
   // Chance is 10%; one epoch on 512 images lands far above it.
   check(fit.test->accuracy > 0.3, "test accuracy " + std::to_string(fit.test->accuracy) + " > 0.3");
 
-  // 2. The host's own state, saved in the same file as a group of its own.
-  HostState host;
-  host.runs = 1;
-  host.label = "embedded run";
-  for (const EpochMetrics& m : obs.ended) host.val_acc_history.push_back(m.val_acc);
-  {
-    std::vector<float> w(10);
-    for (int c = 0; c < 10; ++c) w[c] = 0.1f * static_cast<float>(c) + 1.0f / 3.0f;
-    host.class_weights = Tensor::from_vector({10}, w);
-  }
+  // 3. The host saves the whole state itself (written atomically, reloaded and verified).
   const std::string path = (fs::path(run_dir) / "embed.h5").string();
-  Checkpoint ckpt = trainer.snapshot();
-  ckpt.groups["host"] = host.state();
-  save_checkpoint(path, ckpt);
+  trainer.save_checkpoint(path);
   verify_checkpoint_file(path);
-  check(true, "saved and verified " + path);
+  check(load_checkpoint(path).groups.count("host") == 1, "saved and verified " + path + " with the group \"host\"");
 
-  // 3. Reload into a fresh trainer and a fresh host state, strictly.
-  Trainer restored(cfg, device, nullptr);
-  Checkpoint loaded = load_checkpoint(path);
-  bool refused = false;
-  try {
-    restored.restore(loaded, LoadMode::Strict);
-  } catch (const std::exception& e) {
-    refused = std::string(e.what()).find("host/") != std::string::npos;
-    std::cout << "      strict restore with the host group left in: " << e.what() << "\n";
+  // 4. A trainer that does not know the group refuses it strictly, naming it.
+  {
+    Trainer stranger(cfg, device, make_model(cfg), nullptr);
+    bool refused = false;
+    try {
+      stranger.resume_from(path, LoadMode::Strict);
+    } catch (const std::exception& e) {
+      refused = std::string(e.what()).find("host/") != std::string::npos;
+      std::cout << "      strict restore without the host group registered: " << e.what() << "\n";
+    }
+    check(refused && stranger.epochs_done() == 0,
+          "a strict restore that meets a group the trainer does not know refuses, naming it, and changes nothing");
   }
-  check(refused && restored.epochs_done() == 0,
-        "a strict restore that meets a group the trainer does not know refuses, naming it, and changes nothing");
 
+  // 5. A fresh trainer and a fresh host state, registered, reloaded strictly.
+  Trainer restored(cfg, device, make_model(cfg), nullptr);
   HostState host_back;
-  const auto it = loaded.groups.find("host");
-  check(it != loaded.groups.end(), "the file holds the group \"host\"");
-  if (it == loaded.groups.end()) return 1;
-  const StateReport host_report = compare_state(host_back.state(), it->second);
-  check(host_report.clean(), "strict report for the host state " + clean_or_summary(host_report));
-  if (!host_report.clean()) return 1;
-  host_back.load_state(it->second);
-  loaded.groups.erase(it);
-  const StateReport report = restored.restore(loaded, LoadMode::Strict);
-  check(report.clean(), "strict report for the trainer state " + clean_or_summary(report));
+  restored.add_state_group("host", &host_back);
+  const StateReport report = restored.resume_from(path, LoadMode::Strict);
+  check(report.clean(), "strict report for the trainer and host state " + clean_or_summary(report));
   check(same_state(host.state(), host_back.state()), "the host state came back bit for bit");
   check(host_back.runs == 1 && host_back.label == "embedded run" &&
             host_back.val_acc_history.size() == 1,
         "host counters, label and history came back");
   check(restored.epochs_done() == 1 && restored.global_step() == trainer.global_step(),
         "epoch and step counters came back");
-  check(same_training_state(trainer, restored), "every trainer group came back bit for bit");
+  check(same_training_state(trainer, restored), "every group came back bit for bit");
 
-  // 4. The checkpoint fit() wrote itself, through resume_from.
-  Trainer resumed(cfg, device, nullptr);
+  // 6. The checkpoint fit() wrote itself (last.h5 holds "host" too), through resume_from.
+  Trainer resumed(cfg, device, make_model(cfg), nullptr);
+  HostState host_last;
+  resumed.add_state_group("host", &host_last);
   const StateReport last_report = resumed.resume_from(obs.checkpoints["last"], LoadMode::Strict);
   check(last_report.clean(), "resume_from(last.h5, Strict) report " + clean_or_summary(last_report));
-  check(same_training_state(trainer, resumed), "last.h5 holds the same state");
+  check(host_last.runs == 1 && host_last.label == "embedded run", "last.h5 holds the host group");
 
-  // 5. Evaluate the reloaded model: the same numbers as at the end of fit().
+  // 7. Evaluate the reloaded model: the same numbers as at the end of fit().
   const EvalResult eval = restored.evaluate(Split::Test);
   std::printf("test after reload: loss %.6f  accuracy %.4f (%lld images)\n", eval.loss,
               eval.accuracy, static_cast<long long>(eval.count));
