@@ -52,11 +52,15 @@ Checkpoint state(float value) {
 }
 
 // Names in `dir` that start with '.': temporary files and hidden replaced versions.
+// Hidden files a save may leave behind (temporary files, replaced versions). The run
+// directory's lock file (.lock, run_lock.h) is there by design and is not one of them.
 std::vector<std::string> hidden_in(const std::string& dir) {
   finish_pending_removals();
   std::vector<std::string> found;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().filename().string()[0] == '.') found.push_back(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name[0] == '.' && name != ".lock") found.push_back(name);
+  }
   return found;
 }
 
