@@ -35,9 +35,12 @@ namespace engine::hdf5_sandbox {
 namespace {
 
 constexpr uint64_t kRequestMagic = 0x5153455251484645;  // "EFHQREQS"
-// Memory the parser may use beyond its inherited address space and the image: HDF5's
-// caches and the manifest, with room to spare (a 5 MB checkpoint needs a few MiB).
-constexpr uint64_t kParserHeadroom = uint64_t(512) << 20;
+// Memory the parser may use beyond its inherited address space and twice the image:
+// HDF5's metadata cache (2 MiB to start, 32 MiB at most by default), its chunk caches and
+// the manifest, with room to spare (a 5 MB checkpoint needs a few MiB). A crafted file
+// that makes libhdf5 allocate from a declared size meets this bound instead of the
+// machine's memory.
+constexpr uint64_t kParserHeadroom = uint64_t(64) << 20;
 // CPU time a parse may take: the walk of a 5 MB checkpoint takes well under 10 ms.
 constexpr double kCpuSeconds = 2.0;
 constexpr double kCpuSecondsPerMiB = 0.05;
