@@ -2,6 +2,8 @@
 // file subverted, so it is checked here as if written by an attacker.
 #include "io/checkpoint_assemble.h"
 
+#include "io/checkpoint_internal.h"
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -18,12 +20,12 @@ using manifest::Entry;
 using manifest::EntryKind;
 using manifest::Storage;
 
-constexpr std::size_t kUserBlockBytes = 512;
-constexpr int kMaxRank = 8;
-constexpr uint64_t kMaxElements = uint64_t(1) << 31;
-constexpr char kFormatName[] = "engine-checkpoint";
-const char* const kRootAttributes[] = {"format",      "format_version", "engine_version",
-                                       "created_utc", "saved_on",       "config"};
+// Limits and names shared with the writer and the parser.
+using checkpoint_internal::kFormatName;
+using checkpoint_internal::kMaxElements;
+using checkpoint_internal::kMaxRank;
+using checkpoint_internal::kRootAttributes;
+using checkpoint_internal::kUserBlockBytes;
 
 [[noreturn]] void fail(const std::string& path, const std::string& msg) { throw CheckpointError(path + ": " + msg); }
 std::string corrupt(const std::string& detail) { return "checksum mismatch (file is corrupt): " + detail; }

@@ -4,6 +4,8 @@
 // for memory safety, since this process may have been subverted by the file.
 #include "io/hdf5_walk.h"
 
+#include "io/checkpoint_internal.h"
+
 #include <hdf5.h>
 
 #include <cstring>
@@ -21,14 +23,14 @@ using manifest::Entry;
 using manifest::EntryKind;
 using manifest::Storage;
 
-constexpr std::size_t kUserBlockBytes = 512;
-constexpr int kMaxRank = 8;
-constexpr uint64_t kMaxElements = uint64_t(1) << 31;
-constexpr int kMaxNesting = 16;
+// Limits and names shared with the writer and the loader.
+using checkpoint_internal::kMaxElements;
+using checkpoint_internal::kMaxRank;
+using checkpoint_internal::kRootAttributes;
+using checkpoint_internal::kUserBlockBytes;
+using checkpoint_internal::kMaxNesting;
 // HDF5 keeps compact data inside the object header, which is at most 64 KiB.
 constexpr std::size_t kMaxCompactBytes = std::size_t(64) << 10;
-const char* const kRootAttributes[] = {"format",      "format_version", "engine_version",
-                                       "created_utc", "saved_on",       "config"};
 const char* const kRequiredGroups[] = {"model", "optimizer", "scheduler", "scaler", "rng", "trainer", "metrics"};
 
 [[noreturn]] void refuse(const std::string& msg) { throw Refusal(msg); }
@@ -52,34 +54,7 @@ std::string hdf5_reason() {
   return reason.empty() ? "" : " (HDF5: " + reason + ")";
 }
 
-class Handle {
- public:
-  using Closer = herr_t (*)(hid_t);
-  Handle() = default;
-  Handle(hid_t id, Closer close) : id_(id), close_(close) {}
-  Handle(Handle&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
-  Handle& operator=(Handle&& o) noexcept {
-    if (this != &o) {
-      reset();
-      id_ = o.id_;
-      close_ = o.close_;
-      o.id_ = -1;
-    }
-    return *this;
-  }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-  ~Handle() { reset(); }
-  hid_t get() const { return id_; }
-  void reset() {
-    if (id_ >= 0 && close_) close_(id_);
-    id_ = -1;
-  }
-
- private:
-  hid_t id_ = -1;
-  Closer close_ = nullptr;
-};
+using Handle = checkpoint_internal::H5Handle;
 
 Handle own(hid_t id, Handle::Closer close, const std::string& what) {
   if (id < 0) refuse(what + hdf5_reason());
@@ -153,23 +128,7 @@ struct Child {
 
 bool type_equals(hid_t a, hid_t b) { return H5Tequal(a, b) > 0; }
 
-std::string describe_type(hid_t t) {
-  const std::size_t bits = H5Tget_size(t) * 8;
-  switch (H5Tget_class(t)) {
-    case H5T_INTEGER:
-      return std::string(H5Tget_sign(t) == H5T_SGN_NONE ? "uint" : "int") + std::to_string(bits);
-    case H5T_FLOAT: return "float" + std::to_string(bits);
-    case H5T_STRING: return "string";
-    case H5T_COMPOUND: return "compound";
-    case H5T_ENUM: return "enum";
-    case H5T_ARRAY: return "array";
-    case H5T_VLEN: return "vlen";
-    case H5T_REFERENCE: return "reference";
-    case H5T_OPAQUE: return "opaque";
-    case H5T_BITFIELD: return "bitfield";
-    default: return "unknown";
-  }
-}
+using checkpoint_internal::describe_type;  // "float32", "int64", "vlen", ... for messages
 
 Handle half_type(bool big_endian) {
   Handle t = own(H5Tcopy(big_endian ? H5T_IEEE_F32BE : H5T_IEEE_F32LE), H5Tclose, "cannot copy an HDF5 datatype");
