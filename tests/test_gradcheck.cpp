@@ -42,6 +42,7 @@
 #include "gradcheck.h"
 #include "kernels/ops.h"
 #include "engine/models/fashion_cnn.h"
+#include "support/random_data.h"
 
 namespace {
 
@@ -54,12 +55,7 @@ using engine::kernels::PoolShape;
 using gradcheck::Options;
 using gradcheck::Result;
 
-std::vector<float> uniform(std::size_t n, std::mt19937& g, float lo, float hi) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(g);
-  return v;
-}
+using test_support::uniform;
 
 #define CHECK_GRAD(name, result)                                        \
   do {                                                                  \

@@ -49,6 +49,7 @@
 #include "engine/philox.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/ops.h"
+#include "support/random_data.h"
 
 namespace {
 
@@ -67,12 +68,7 @@ constexpr double kU = 1.0 / 16777216.0;  // 2^-24
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-std::vector<float> uniform(std::size_t n, std::mt19937& g, float lo, float hi) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(g);
-  return v;
-}
+using test_support::uniform;
 
 std::vector<float> squared(const std::vector<float>& v) {
   std::vector<float> s(v.size());

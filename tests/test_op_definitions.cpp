@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "support/random_data.h"
 
 namespace {
 
@@ -22,12 +23,7 @@ using engine::kernels::AdamHyper;
 using engine::kernels::AdamStepFactors;
 using engine::kernels::WeightDecayMode;
 
-std::vector<float> uniform(std::size_t n, std::mt19937& g, float lo, float hi) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(g);
-  return v;
-}
+using test_support::uniform;
 
 // |got - want| within `rel` of |want| plus `abs`; counts the failures.
 std::size_t count_far(const std::vector<float>& got, const std::vector<double>& want, double rel, double abs) {

@@ -1,5 +1,5 @@
-// The layers of the Fashion-MNIST CNN. Each runs on the device its parameters live
-// on, calling the fast CPU kernels or the CUDA kernels.
+// The layers the models are built from (models/: the CNN, the MLP). Each runs on the
+// device its parameters live on, calling the fast CPU kernels or the CUDA kernels.
 #pragma once
 #include "engine/module.h"
 

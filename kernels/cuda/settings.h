@@ -1,6 +1,7 @@
 // Settings of the CUDA backend that the rest of the engine may change. Plain C++ (no
 // CUDA headers) so engine/ and tools/ can include it; implemented in
-// kernels/cuda/context.cpp, present only in CUDA builds.
+// kernels/cuda/context.cpp in CUDA builds and in kernels/no_cuda.cpp otherwise (the
+// setting is kept, so configs behave the same).
 #pragma once
 
 namespace engine::kernels::cuda {

@@ -28,6 +28,7 @@
 #include "gpu/philox_check.h"
 #include "kernels/cuda/cast.h"
 #include "kernels/cuda/settings.h"
+#include "support/random_data.h"
 #endif
 
 namespace gpu = engine::kernels::cuda;
@@ -92,12 +93,7 @@ class DeviceArray {
 
 // ---- Random inputs --------------------------------------------------------------------
 
-std::vector<float> uniform(std::size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using test_support::uniform;
 
 // Values from a small set, so that maxima tie often.
 std::vector<float> quantised(std::size_t n, std::mt19937& rng, int levels) {

@@ -42,6 +42,7 @@
 
 #if defined(ENGINE_WITH_CUDA)
 #include "kernels/cuda/settings.h"
+#include "support/random_data.h"
 #endif
 
 namespace gpu = engine::kernels::cuda;
@@ -104,12 +105,7 @@ class DeviceFloats {
   float* ptr_;
 };
 
-std::vector<float> uniform(std::size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using test_support::uniform;
 
 double magnitude(const std::vector<float>& v) {
   double m = 0.0;
