@@ -54,8 +54,12 @@ struct Request {
   uint64_t image_size;
   uint64_t sent;
   uint32_t content;
-  uint32_t fault;
+  uint32_t tag;  // ImageParser::next_request_tag()
 };
+
+// The installed parser (use_parser): in the caller under g_mutex, and in the parser
+// process, which inherits it from the caller that forked it.
+ImageParser& image_parser();
 
 double cpu_limit_seconds(uint64_t sent) { return kCpuSeconds + kCpuSecondsPerMiB * double(sent >> 20); }
 
@@ -176,23 +180,6 @@ void confine() {
   prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0);
 }
 
-void misbehave(testing::Fault fault) {
-  switch (fault) {
-    case testing::Fault::None:
-    case testing::Fault::Garbage: return;
-    case testing::Fault::Crash: ::raise(SIGSEGV); return;
-    case testing::Fault::Spin: {
-      volatile uint64_t x = 0;
-      for (;;) x = x + 1;
-    }
-    case testing::Fault::Stall: ::pause(); return;
-    case testing::Fault::Allocate: {
-      std::vector<void*> held;
-      for (;;) held.push_back(::operator new(std::size_t(64) << 20));  // throws bad_alloc at the limit
-    }
-  }
-}
-
 void reply(int sock, Status status, const std::string& body) {
   const uint64_t len = body.size() + 1;
   const auto code = static_cast<uint8_t>(status);
@@ -222,14 +209,11 @@ void reply(int sock, Status status, const std::string& body) {
       _exit(0);
     }
     if (!read_full(sock, image, rq.sent)) _exit(0);
-    const auto fault = static_cast<testing::Fault>(rq.fault);
     Status status = Status::Parsed;
     std::string body;
     try {
-      misbehave(fault);
       const auto content = rq.content == 1 ? hdf5_walk::ImageContent::Complete : hdf5_walk::ImageContent::MetadataOnly;
-      body = manifest::encode(hdf5_walk::walk(static_cast<unsigned char*>(image), rq.image_size, content));
-      if (fault == testing::Fault::Garbage) body.assign(64, '\x7f');
+      body = image_parser().parse(static_cast<unsigned char*>(image), rq.image_size, content, rq.tag);
     } catch (const hdf5_walk::Refusal& e) {
       status = Status::Refused;
       body = e.what();
@@ -264,14 +248,20 @@ constexpr char kCpuLimitExceeded[] = "parser exceeded its CPU time limit";
 
 std::mutex g_mutex;
 Parser g_parser;
-std::atomic<int> g_fault{0};
-std::atomic<double> g_wall_limit{0};
+ImageParser* g_image_parser = nullptr;  // under g_mutex; null: the default
+
+ImageParser& default_image_parser() {
+  static ImageParser walker;
+  return walker;
+}
+// In the caller under g_mutex, and in the parser process, which inherits it.
+ImageParser& image_parser() { return g_image_parser ? *g_image_parser : default_image_parser(); }
 
 // The pending parse between start() and finish().
 struct Pending {
   const unsigned char* image = nullptr;
   uint64_t sent = 0, image_size = 0;
-  uint32_t content = 0, fault = 0;
+  uint32_t content = 0, tag = 0;
   std::chrono::steady_clock::time_point deadline;
   double wall_seconds = 0;
   long long cpu_ticks = -1;  // the parser's CPU time at the last deadline (-1: not sampled)
@@ -474,7 +464,7 @@ void send_request() {
       return;
     }
   }
-  const Request rq{kRequestMagic, g_pending.image_size, g_pending.sent, g_pending.content, g_pending.fault};
+  const Request rq{kRequestMagic, g_pending.image_size, g_pending.sent, g_pending.content, g_pending.tag};
   Io io = send_all(&rq, sizeof rq);
   if (io == Io::Done) io = send_all(g_pending.image, g_pending.sent);
   if (io != Io::Done) fail_pending(io);
@@ -557,9 +547,8 @@ void start(const unsigned char* image, std::size_t sent, std::size_t image_size,
   g_pending.sent = sent;
   g_pending.image_size = image_size;
   g_pending.content = content == ImageContent::Complete ? 1u : 0u;
-  g_pending.fault = static_cast<uint32_t>(g_fault.exchange(0));
-  g_pending.wall_seconds =
-      g_wall_limit.load() > 0 ? g_wall_limit.load() : kDefaultWallSeconds + 4 * cpu_limit_seconds(sent);
+  g_pending.tag = image_parser().next_request_tag();
+  g_pending.wall_seconds = image_parser().wall_limit_seconds(kDefaultWallSeconds + 4 * cpu_limit_seconds(sent));
   try {
     send_request();
   } catch (...) {  // only allocation failures; finish() reports them
@@ -596,13 +585,22 @@ Reply parse(const unsigned char* image, std::size_t sent, std::size_t image_size
   return finish();
 }
 
-namespace testing {
-void inject_next(Fault fault) { g_fault = static_cast<int>(fault); }
-void set_wall_limit(double seconds) { g_wall_limit = seconds; }
+std::string ImageParser::parse(unsigned char* image, std::size_t image_size, ImageContent content,
+                               uint32_t) const {
+  return manifest::encode(hdf5_walk::walk(image, image_size, content));
+}
+
+void use_parser(ImageParser* parser) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_image_parser = parser ? parser : &default_image_parser();
+  // The running parser process was forked with the parser it had; the next parse forks
+  // one with this one.
+  if (g_parser.pid >= 0 && g_parser.owner == ::getpid()) retire(/*kill_now=*/true);
+}
+
 int parser_pid() {
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_parser.pid;
 }
-}  // namespace testing
 
 }  // namespace engine::hdf5_sandbox

@@ -5,6 +5,7 @@
 // out of time. It never touches CUDA, OpenMP or the caller's files. See docs/security.md.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -43,16 +44,28 @@ void prepare();
 void start(const unsigned char* image, std::size_t sent, std::size_t image_size, ImageContent content);
 Reply finish();
 
-// For tests only: makes the parser misbehave on the next parse, to test that the loader
-// survives it. Crash: SIGSEGV; Spin: a busy loop (stopped by the CPU limit); Stall: a
-// blocked wait (stopped by the wall-clock watchdog); Garbage: a malformed reply.
-namespace testing {
-enum class Fault { None, Crash, Spin, Stall, Garbage, Allocate };
-void inject_next(Fault fault);
-// Wall-clock watchdog in seconds for the next parses (0 restores the default).
-void set_wall_limit(double seconds);
-// The parser's process id, or -1 when none runs.
+// What the parser process does with an image. The engine's parser walks it
+// (hdf5_walk::walk) and encodes the manifest (manifest::encode); another can be installed
+// with use_parser (the tests' fault-injecting parser, tests/support/sandbox_faults.h).
+class ImageParser {
+ public:
+  virtual ~ImageParser() = default;
+  // In the caller, once per request (under the sandbox's lock): a value that travels
+  // with the request to parse() in the parser process.
+  virtual uint32_t next_request_tag() { return 0; }
+  // In the caller: the wall-clock watchdog of a request, given the default for its size.
+  virtual double wall_limit_seconds(double default_seconds) const { return default_seconds; }
+  // In the parser process, confined (no files, no processes, signals only to itself):
+  // the encoded manifest of the image; throws hdf5_walk::Refusal or hdf5_walk::NeedsData.
+  virtual std::string parse(unsigned char* image, std::size_t image_size, ImageContent content,
+                            uint32_t tag) const;
+};
+
+// Installs `parser` (nullptr: the engine's own) for the parses that follow; a running
+// parser process, forked with the previous one, is replaced. `parser` must outlive its use.
+void use_parser(ImageParser* parser);
+
+// The parser process's id, or -1 when none runs.
 int parser_pid();
-}  // namespace testing
 
 }  // namespace engine::hdf5_sandbox

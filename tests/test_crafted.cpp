@@ -20,6 +20,7 @@
 
 #include "engine/checkpoint.h"
 #include "io/hdf5_sandbox.h"
+#include "support/sandbox_faults.h"
 #include "scratch_dir.h"
 #include "support/checkpoint_testing.h"
 
