@@ -42,7 +42,10 @@ endif()
 
 # ---- engine.pc. The library is static, so every dependency goes into Requires/Libs
 # (not the .private fields): `pkg-config --cflags --libs engine` is enough to link.
-# Dependencies with a .pc file of their own are named in Requires; the rest as flags.
+# Dependencies with a .pc file of their own are named in Requires; the rest by library
+# name (-lfoo), never by this machine's paths. The CUDA libraries (no .pc files) are
+# found on the linker's path, or where the variable cuda_ldflags says:
+#   pkg-config --define-variable=cuda_ldflags=-L/usr/local/cuda/lib64 --libs engine
 find_package(PkgConfig QUIET)
 set(_pc_requires "")
 set(_pc_libs "")
@@ -54,8 +57,19 @@ function(_engine_pc_dep module)  # ARGN: link items to use when `module` has no 
   if(_engine_pc_${module}_FOUND)
     set(_pc_requires "${_pc_requires} ${module}" PARENT_SCOPE)
   else()
-    # Library paths or flags, as the Find module reported them.
-    list(JOIN ARGN " " flags)
+    # The libraries the Find module reported, by name: /x/libfoo.so -> -lfoo.
+    set(flags "")
+    foreach(lib IN LISTS ARGN)
+      if(lib MATCHES "^-")
+        list(APPEND flags "${lib}")
+      elseif(lib MATCHES "/lib([^/]+)\\.(so|a)(\\.[0-9.]+)?$")
+        list(APPEND flags "-l${CMAKE_MATCH_1}")
+      elseif(NOT lib MATCHES "/")
+        list(APPEND flags "-l${lib}")
+      endif()
+    endforeach()
+    list(REMOVE_DUPLICATES flags)
+    list(JOIN flags " " flags)
     set(_pc_libs "${_pc_libs} ${flags}" PARENT_SCOPE)
   endif()
 endfunction()
@@ -80,8 +94,15 @@ foreach(flag IN LISTS OpenMP_CXX_FLAGS)
 endforeach()
 if(ENGINE_WITH_CUDA)
   string(APPEND _pc_cflags " -DENGINE_WITH_CUDA=1")
+  string(APPEND _pc_libs " \${cuda_ldflags} -lcudnn -lcublas -lcudart_static -ldl -lrt")
+  # Where this build found them, for the build's own checks (tests/embed/run.sh); not
+  # installed.
   get_filename_component(_cudnn_dir "${CUDNN_LIBRARY}" DIRECTORY)
-  string(APPEND _pc_libs " -L${_cudnn_dir} -lcudnn -L${CUDAToolkit_LIBRARY_DIR} -lcublas -lcudart_static -ldl -lrt")
+  set(_cuda_dirs ${CUDAToolkit_LIBRARY_DIR} ${_cudnn_dir})
+  list(REMOVE_DUPLICATES _cuda_dirs)
+  list(TRANSFORM _cuda_dirs PREPEND "-L")
+  list(JOIN _cuda_dirs " " _cuda_ldflags)
+  file(WRITE ${PROJECT_BINARY_DIR}/engine-pc-cuda-ldflags.txt "${_cuda_ldflags}\n")
 endif()
 string(APPEND _pc_libs " -pthread")
 string(STRIP "${_pc_requires}" ENGINE_PC_REQUIRES)

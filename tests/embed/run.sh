@@ -52,9 +52,14 @@ check_tree() {  # PREFIX CUDA(ON|OFF)
   if grep -rlF -e "$src" -e "$build" "$p/lib/cmake" "$p/lib/pkgconfig"; then
     fail "the installed package names a path of the build machine's tree (files above)"
   fi
+  # engine.pc names no absolute path at all (no -L/usr/local/cuda/..., no /usr/lib/libfoo.so):
+  # the prefix comes from ${pcfiledir}, dependencies by .pc module or library name.
+  if grep -nE '(^|[[:space:]=])(-[LI])?/' "$p/lib/pkgconfig/engine.pc"; then
+    fail "the installed engine.pc holds an absolute path of the build machine (lines above)"
+  fi
   "$p/bin/engine" --help >/dev/null || fail "$p/bin/engine --help"
   # Each installed header compiles alone against the installed tree only: none may
-  # include a private header (kernels/, io/, engine/dispatch.h).
+  # include a private header (kernels/, io/, nn/dispatch.h).
   local h n=0
   while IFS= read -r h; do
     echo "#include <$h>" | "$cxx" -std=c++17 -fsyntax-only -Wall -Wextra -I"$p/include" -x c++ - \
@@ -89,7 +94,12 @@ pc_check() {  # PREFIX CUDA(ON|OFF)
   local path="$p/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
   [ "$(PKG_CONFIG_PATH=$path pkg-config --modversion engine)" = "$version" ] \
     || fail "pkg-config --modversion engine"
-  flags=$(PKG_CONFIG_PATH=$path pkg-config --cflags --libs engine) \
+  # A CUDA build's libraries are where this build found them (engine.pc names none).
+  local define=()
+  if [ "$cuda" = ON ] && [ -f "$build/engine-pc-cuda-ldflags.txt" ]; then
+    define=("--define-variable=cuda_ldflags=$(cat "$build/engine-pc-cuda-ldflags.txt")")
+  fi
+  flags=$(PKG_CONFIG_PATH=$path pkg-config "${define[@]}" --cflags --libs engine) \
     || fail "pkg-config --cflags --libs engine"
   echo "pkg-config --cflags --libs engine: $flags"
   cat > "$tmp/pc.cpp" <<'EOF'
