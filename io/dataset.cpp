@@ -78,6 +78,12 @@ void FashionMnistDataset::release(Split s) {
   }
 }
 
+std::vector<std::string> FashionMnistDataset::class_names() const {
+  // Zalando's label descriptions (github.com/zalandoresearch/fashion-mnist), in label order.
+  return {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+          "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+}
+
 std::unique_ptr<Dataset> make_dataset(const DataConfig& cfg, Device device) {
   return std::make_unique<FashionMnistDataset>(cfg, device);
 }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/config.h"
 #include "engine/image_shape.h"
@@ -34,6 +35,9 @@ class Dataset {
   // Known without loading anything.
   virtual ImageShape sample_shape() const = 0;
   virtual int num_classes() const = 0;
+  // The name of each class index (what reports label their rows with), or empty when the
+  // data has no names for its classes.
+  virtual std::vector<std::string> class_names() const { return {}; }
   virtual Device device() const = 0;
   // Loads on first use (throws DataError naming the file or key); the reference stays
   // valid until release(s). get(s).count is the split's size.
@@ -53,6 +57,8 @@ class FashionMnistDataset : public Dataset {
 
   ImageShape sample_shape() const override { return kSampleShape; }
   int num_classes() const override { return kClasses; }
+  // "T-shirt/top", "Trouser", ... "Ankle boot": the names of the dataset's labels 0..9.
+  std::vector<std::string> class_names() const override;
   Device device() const override { return device_; }
   const SplitData& get(Split s) override;
   void release(Split s) override;

@@ -1,4 +1,4 @@
-#include "engine/report.h"
+#include "report/report.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,6 +6,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -13,7 +14,10 @@
 
 #include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "engine/dataset.h"
 #include "engine/device.h"
+#include "engine/inference.h"
+#include "io/atomic_file.h"
 
 namespace engine {
 
@@ -22,8 +26,10 @@ using nlohmann::json;
 
 namespace {
 
-const char* const kClassNames[10] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                                     "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+struct BestEvaluation {
+  EvalResult result;
+  std::vector<std::string> class_names;  // as the dataset names them; may be empty
+};
 
 struct TestLine {
   double loss = 0, accuracy = 0;
@@ -201,29 +207,52 @@ std::vector<CheckpointRow> scan_checkpoints(const fs::path& dir, std::string& co
   return rows;
 }
 
-std::optional<EvalResult> evaluate_best(const fs::path& dir, const ReportOptions& opt,
-                                        std::vector<std::string>& notes) {
+// best.h5 on the test set, through the inference API (the one "checkpoint -> model ->
+// evaluate" path): the accuracy and the confusion matrix of the classifier's
+// predictions, the loss the mean cross-entropy of its logits. The class names come
+// from the dataset the stored config names.
+std::optional<BestEvaluation> evaluate_best(const fs::path& dir, const ReportOptions& opt,
+                                            std::vector<std::string>& notes) {
   const fs::path best = dir / "best.h5";
   if (!fs::exists(best)) {
     notes.push_back(best.string() + ": not present, no confusion matrix");
     return std::nullopt;
   }
   try {
-    const Checkpoint ckpt = load_checkpoint(best.string());
-    json j = json::parse(ckpt.config_json);
-    j["device"] = opt.device;
-    if (!opt.data_dir.empty()) j["data"]["dir"] = opt.data_dir;
-    const Config cfg = config_from_json(j, best.string() + " (stored config)");
-    const Device device = resolve_device(cfg.device);
     if (!opt.make_model) throw std::runtime_error("no model factory given (ReportOptions::make_model)");
-    Trainer trainer(cfg, device, opt.make_model(cfg), nullptr, SplitsNeeded::TestOnly);
-    // Only the model's state matters here; the trainer's other groups were sized for
-    // a training set this evaluation does not load.
-    const StateDict& model_state = ckpt.groups.at("model");
-    const StateReport r = compare_state(trainer.model().state(), model_state);
-    if (!r.clean()) throw std::runtime_error(best.string() + ": model state does not match: " + r.summary());
-    trainer.model().load_state(model_state);
-    return trainer.evaluate(Split::Test);
+    const Classifier classifier(best.string(), resolve_device(opt.device), opt.make_model);
+    DataConfig data = classifier.config().data;
+    if (!opt.data_dir.empty()) data.dir = opt.data_dir;
+    const std::unique_ptr<Dataset> dataset = make_dataset(data, Device::cpu());
+    const SplitData& test = dataset->get(Split::Test);
+    const int classes = classifier.num_classes();
+    if (dataset->num_classes() != classes)
+      throw std::runtime_error("the model has " + std::to_string(classes) + " classes, the dataset " +
+                               std::to_string(dataset->num_classes()));
+    const Predictions p =
+        classifier.predict(static_cast<const uint8_t*>(test.images.raw()), test.count, Scores::Logits);
+    const auto* truth = static_cast<const uint8_t*>(test.labels.raw());
+
+    BestEvaluation out;
+    out.class_names = dataset->class_names();
+    EvalResult& r = out.result;
+    r.count = test.count;
+    r.confusion.assign(classes, std::vector<int64_t>(classes, 0));
+    int64_t correct = 0;
+    double loss_sum = 0;
+    for (int64_t i = 0; i < test.count; ++i) {
+      const int y = truth[i];
+      ++r.confusion[y][p.labels[i]];
+      correct += p.labels[i] == y;
+      const float* z = &p.scores[static_cast<size_t>(i) * classes];
+      const double top = *std::max_element(z, z + classes);
+      double denom = 0;
+      for (int k = 0; k < classes; ++k) denom += std::exp(double(z[k]) - top);
+      loss_sum += std::log(denom) + top - z[y];
+    }
+    r.accuracy = test.count ? double(correct) / test.count : 0.0;
+    r.loss = test.count ? loss_sum / test.count : 0.0;
+    return out;
   } catch (const std::exception& e) {
     std::string what = e.what();
     if (what.rfind(best.string(), 0) != 0) what = best.string() + ": " + what;
@@ -372,7 +401,7 @@ pre#config{background:#f7f7f7;border:1px solid #e3e3e3;padding:10px;font-size:12
 .notes li{color:#8a5300}
 )";
 
-std::string confusion_table(const EvalResult& t) {
+std::string confusion_table(const EvalResult& t, const std::vector<std::string>& names) {
   std::ostringstream o;
   int64_t total = 0;
   o << "<p>best.h5 on " << t.count << " test images: accuracy " << fmt("%.2f%%", 100.0 * t.accuracy)
@@ -380,7 +409,7 @@ std::string confusion_table(const EvalResult& t) {
   o << "<table id=\"confusion\"><thead><tr><th class=\"corner\">true \\ predicted</th>";
   const int classes = static_cast<int>(t.confusion.size());
   // Fashion-MNIST's class names when the matrix is that size; indices otherwise.
-  auto class_name = [&](int k) { return classes == 10 ? std::string(kClassNames[k]) : std::string(); };
+  auto class_name = [&](int k) { return k < static_cast<int>(names.size()) ? names[k] : std::string(); };
   for (int k = 0; k < classes; ++k) o << "<th>" << k << "<br>" << escape_html(class_name(k)) << "</th>";
   o << "<th>recall</th></tr></thead><tbody>\n";
   for (int i = 0; i < classes; ++i) {
@@ -447,7 +476,8 @@ ReportSummary write_run_report(const std::string& run_dir, const ReportOptions& 
   summary.metrics_source = metrics.source;
   std::string config_json;
   const std::vector<CheckpointRow> checkpoints = scan_checkpoints(dir, config_json);
-  summary.best_test = evaluate_best(dir, options, summary.notes);
+  const std::optional<BestEvaluation> best = evaluate_best(dir, options, summary.notes);
+  if (best) summary.best_test = best->result;
   summary.path = options.output.empty() ? (dir / "report.html").string() : options.output;
 
   const auto& h = metrics.epochs;
@@ -500,7 +530,7 @@ ReportSummary write_run_report(const std::string& run_dir, const ReportOptions& 
   o << "</div>\n";
 
   o << "<h2>Confusion matrix of best.h5 on the test set</h2>\n";
-  if (summary.best_test) o << confusion_table(*summary.best_test);
+  if (best) o << confusion_table(best->result, best->class_names);
   else o << "<p id=\"confusion-missing\">Not available (see the notes below).</p>\n";
 
   o << "<h2>Checkpoints</h2>\n" << checkpoint_table(checkpoints);
@@ -524,21 +554,9 @@ ReportSummary write_run_report(const std::string& run_dir, const ReportOptions& 
   }
   o << "</body></html>\n";
 
-  const std::string tmp = summary.path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
-    out << o.str();
-    out.close();
-    if (!out) {
-      fs::remove(tmp, ec);
-      throw std::runtime_error(summary.path + ": cannot write the report");
-    }
-  }
-  fs::rename(tmp, summary.path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw std::runtime_error(summary.path + ": cannot write the report (" + ec.message() + ")");
-  }
+  // Atomically and durably, like every file of a run: a crash leaves the old page or the
+  // new one, never half of one. The error names the path.
+  write_file_atomically(summary.path, o.str());
   return summary;
 }
 
