@@ -15,7 +15,7 @@
 
 #include "cli_util.h"
 #include "engine/checkpoint.h"
-#include "engine/restore_testing.h"
+#include "train/restore_testing.h"
 #include "engine/run_control.h"
 #include "engine/run_lock.h"
 #include "engine/scaler.h"

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "io/crc32c.h"
-#include "io/tfevents.h"
+#include "train/tfevents.h"
 #include "scratch_dir.h"
 
 namespace fs = std::filesystem;

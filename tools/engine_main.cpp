@@ -22,7 +22,7 @@
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/idx.h"
-#include "engine/report.h"
+#include "report/report.h"
 #include "engine/run_control.h"
 #include "engine/run_lock.h"
 #include "engine/models/registry.h"

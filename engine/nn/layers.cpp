@@ -3,7 +3,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "engine/dispatch.h"
+#include "nn/dispatch.h"
 
 namespace engine {
 

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "engine/dispatch.h"
+#include "nn/dispatch.h"
 
 namespace engine {
 

@@ -10,7 +10,7 @@
 #include <type_traits>
 
 #include "engine/checkpoint.h"
-#include "engine/dispatch.h"
+#include "nn/dispatch.h"
 
 namespace engine {
 

@@ -1,4 +1,4 @@
-#include "io/tfevents.h"
+#include "train/tfevents.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "engine/time_budget.h"
+#include "train/time_budget.h"
 
 #include <algorithm>
 

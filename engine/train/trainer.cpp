@@ -13,11 +13,11 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "engine/dispatch.h"
+#include "nn/dispatch.h"
 #include "io/atomic_file.h"
-#include "io/tfevents.h"
-#include "engine/restore_testing.h"
-#include "engine/time_budget.h"
+#include "train/tfevents.h"
+#include "train/restore_testing.h"
+#include "train/time_budget.h"
 #include "kernels/cuda/settings.h"
 
 namespace engine {

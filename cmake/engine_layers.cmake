@@ -1,0 +1,190 @@
+# The engine's layers (docs/architecture.md), each its own CMake target, linked only
+# downward, so an #include that runs back up fails to build:
+#
+#   kernels -> core -> io -> nn -> train [-> run] ; apps (tools/) on top, outside libengine.a
+#
+# Each layer is an OBJECT library compiled against its own include VIEW,
+# <build>/layers/<layer>/, which CMake generates from the table below:
+#   - engine/<header>  a link to include/engine/<header> for the public headers of this
+#                      layer and the layers below it, and no other;
+#   - <prefix>/        a link to the folder of each private prefix of this layer and the
+#                      layers below (kernels/, io/, nn/ ...).
+# The source root and include/ are on no layer's include path, so a header of a higher
+# layer is simply not there: "fatal error: engine/trainer.h: No such file or directory".
+# Every prefix is served from exactly one root. libengine.a is all the layers' objects.
+#
+# Sources are globbed per layer folder: a new .cpp lands in the layer of its folder with
+# no CMake edit. A new public header needs one line in the table (configure stops and
+# says which); a stray source file directly under engine/ or in an unknown engine/
+# subfolder stops the configure too.
+
+set(ENGINE_LAYER_VIEWS ${PROJECT_BINARY_DIR}/layers)
+set(_engine_view_headers "")   # public headers of the layers declared so far
+set(_engine_view_prefixes "")  # prefix=folder of the layers declared so far
+set(ENGINE_LAYERS "")           # layer names, bottom first (those with sources)
+set(_engine_all_layers "")      # and with those still empty
+set(_engine_table "")           # for the test layer_walls
+set(_engine_prev_layer "")
+
+# engine_layer(NAME
+#   SOURCES  glob patterns, relative to the source root
+#   EXCLUDE  regular expressions of globbed files to leave out
+#   PREFIXES prefix=folder ... (private headers: #include "prefix/x.h" is folder/x.h)
+#   HEADERS  public headers of this layer, relative to include/engine/)
+macro(engine_layer name)
+  cmake_parse_arguments(_L "" "" "SOURCES;EXCLUDE;PREFIXES;HEADERS" ${ARGN})
+  list(APPEND _engine_view_headers ${_L_HEADERS})
+  list(APPEND _engine_view_prefixes ${_L_PREFIXES})
+  foreach(_h IN LISTS _L_HEADERS)
+    if(NOT EXISTS ${PROJECT_SOURCE_DIR}/include/engine/${_h})
+      message(FATAL_ERROR "cmake/engine_layers.cmake: layer ${name} lists include/engine/${_h}, which does not exist")
+    endif()
+    set(ENGINE_HEADER_LAYER_${_h} ${name})
+  endforeach()
+  string(REPLACE ";" " " _hs "${_L_HEADERS}")
+  string(APPEND _engine_table "set(ENGINE_WALL_HEADERS_${name} ${_hs})\n")
+  list(APPEND _engine_all_layers ${name})
+  _engine_make_view(${name})
+
+  set(_srcs "")
+  foreach(_pattern IN LISTS _L_SOURCES)
+    file(GLOB _found CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${_pattern})
+    list(APPEND _srcs ${_found})
+  endforeach()
+  foreach(_re IN LISTS _L_EXCLUDE)
+    list(FILTER _srcs EXCLUDE REGEX "${_re}")
+  endforeach()
+  if(_srcs)
+    add_library(engine_${name} OBJECT ${_srcs})
+    target_include_directories(engine_${name} PRIVATE ${ENGINE_LAYER_VIEWS}/${name})
+    engine_layer_settings(engine_${name})
+    if(_engine_prev_layer)
+      # Usage requirements (third-party libraries, definitions) flow up; the view does not.
+      target_link_libraries(engine_${name} PUBLIC engine_${_engine_prev_layer})
+    endif()
+    list(APPEND ENGINE_LAYERS ${name})
+    set(_engine_prev_layer ${name})
+  endif()
+endmacro()
+
+function(_engine_make_view name)
+  set(view ${ENGINE_LAYER_VIEWS}/${name})
+  file(REMOVE_RECURSE ${view})  # removes the links, never what they point to
+  file(MAKE_DIRECTORY ${view}/engine)
+  foreach(h IN LISTS _engine_view_headers)
+    get_filename_component(dir ${view}/engine/${h} DIRECTORY)
+    file(MAKE_DIRECTORY ${dir})
+    file(CREATE_LINK ${PROJECT_SOURCE_DIR}/include/engine/${h} ${view}/engine/${h} SYMBOLIC)
+  endforeach()
+  _engine_link_prefixes(${view} "${_engine_view_prefixes}")
+endfunction()
+
+function(_engine_link_prefixes view prefixes)
+  foreach(p IN LISTS prefixes)
+    string(REPLACE "=" ";" p "${p}")
+    list(GET p 0 prefix)
+    list(GET p 1 folder)
+    if(NOT IS_DIRECTORY ${PROJECT_SOURCE_DIR}/${folder})
+      continue()  # a layer folder nobody has created yet (engine/run, engine/dist)
+    endif()
+    file(CREATE_LINK ${PROJECT_SOURCE_DIR}/${folder} ${view}/${prefix} SYMBOLIC)
+  endforeach()
+endfunction()
+
+# ---- The table: bottom layer first. ----------------------------------------------------
+
+# Kernels work on raw pointers and know no Tensor: the op list, its three
+# implementations, and the device runtime (memory, copies) the core types allocate through.
+set(_kernel_sources kernels/cpu/*.cpp)
+if(ENGINE_WITH_CUDA)
+  list(APPEND _kernel_sources kernels/cuda/*.cu kernels/cuda/*.cpp)
+else()
+  list(APPEND _kernel_sources kernels/no_cuda.cpp)
+  include(engine_no_cuda)
+  engine_generate_no_cuda_stubs(${PROJECT_BINARY_DIR}/generated/no_cuda/op_stubs.inc)
+endif()
+engine_layer(kernels
+  SOURCES ${_kernel_sources}
+  PREFIXES kernels=kernels
+  HEADERS hd.h philox.h)
+if(NOT ENGINE_WITH_CUDA)
+  target_include_directories(engine_kernels PRIVATE ${PROJECT_BINARY_DIR}/generated)
+  # The generated stubs keep the parameter names of the declarations they come from.
+  set_source_files_properties(kernels/no_cuda.cpp PROPERTIES COMPILE_OPTIONS -Wno-unused-parameter)
+endif()
+
+# Core types: tensors on a device, the state interface, named random streams; engine/dist
+# (the Collective) belongs here too, its MPI implementation only where MPI is found.
+engine_layer(core
+  SOURCES engine/core/*.cpp engine/dist/*.cpp
+  EXCLUDE "/engine/dist/mpi_[^/]*\\.cpp$"
+  PREFIXES core=engine/core dist=engine/dist
+  HEADERS build_info.h device.h image_shape.h rng.h state.h tensor.h)
+
+# Data and checkpoint I/O: the config, IDX files and datasets, the checkpoint format,
+# atomic files. Knows states, not models.
+engine_layer(io
+  SOURCES io/*.cpp
+  PREFIXES io=io
+  HEADERS checkpoint.h config.h dataset.h idx.h)
+
+# Model and nn pieces: modules, layers, models and their registry, optimizer, scheduler,
+# loss scaler.
+engine_layer(nn
+  SOURCES engine/nn/*.cpp models/*.cpp
+  PREFIXES nn=engine/nn models=models
+  HEADERS layers.h model.h module.h optimizer.h scaler.h scheduler.h
+          models/fashion_cnn.h models/mlp.h models/registry.h)
+
+# The trainer: the loop, evaluation, inference, run control; until the run directory
+# leaves the Trainer (issue 13), also the run lock, the time budget and TensorBoard.
+engine_layer(train
+  SOURCES engine/train/*.cpp
+  PREFIXES train=engine/train
+  HEADERS inference.h run_control.h run_lock.h trainer.h)
+
+# The run directory (engine/run/): what owns <run-dir>, above the trainer. Created once
+# the folder holds sources.
+engine_layer(run
+  SOURCES engine/run/*.cpp
+  PREFIXES run=engine/run
+  HEADERS)
+
+# ---- Checks: every file is in exactly one layer. ----------------------------------------
+file(GLOB_RECURSE _public RELATIVE ${PROJECT_SOURCE_DIR}/include/engine CONFIGURE_DEPENDS
+  ${PROJECT_SOURCE_DIR}/include/engine/*.h)
+foreach(h IN LISTS _public)
+  if(NOT DEFINED ENGINE_HEADER_LAYER_${h})
+    message(FATAL_ERROR "include/engine/${h} belongs to no layer: add it to the HEADERS of "
+      "its layer in cmake/engine_layers.cmake (docs/architecture.md says which)")
+  endif()
+endforeach()
+file(GLOB _stray CONFIGURE_DEPENDS LIST_DIRECTORIES false
+  ${PROJECT_SOURCE_DIR}/engine/*.cpp ${PROJECT_SOURCE_DIR}/engine/*.h ${PROJECT_SOURCE_DIR}/engine/*.cu)
+if(_stray)
+  message(FATAL_ERROR "${_stray}: in no layer; move it into the engine/ subfolder of its "
+    "layer (core, nn, train, run, dist; docs/architecture.md)")
+endif()
+file(GLOB _subdirs LIST_DIRECTORIES true RELATIVE ${PROJECT_SOURCE_DIR}/engine ${PROJECT_SOURCE_DIR}/engine/*)
+foreach(d IN LISTS _subdirs)
+  if(IS_DIRECTORY ${PROJECT_SOURCE_DIR}/engine/${d} AND NOT d MATCHES "^(core|dist|nn|train|run)$")
+    message(FATAL_ERROR "engine/${d}/ is no layer folder (core, dist, nn, train, run): "
+      "add it to cmake/engine_layers.cmake or move its files")
+  endif()
+endforeach()
+
+# ---- The views outside the library. ------------------------------------------------------
+# Applications, tests and benchmarks see the public headers through engine::engine
+# (include/) and the private prefixes of every layer through this view, which has no
+# engine/ folder: one root per prefix for them too. `report/` is the report application.
+set(ENGINE_INTERNAL_VIEW ${ENGINE_LAYER_VIEWS}/internal)
+file(REMOVE_RECURSE ${ENGINE_INTERNAL_VIEW})
+file(MAKE_DIRECTORY ${ENGINE_INTERNAL_VIEW})
+_engine_link_prefixes(${ENGINE_INTERNAL_VIEW} "${_engine_view_prefixes};report=tools/report")
+
+# The table for the test layer_walls (tests/layers/check_walls.cmake).
+string(REPLACE ";" " " _ls "${_engine_all_layers}")
+string(CONCAT _engine_table_text
+  "set(ENGINE_WALL_LAYERS ${_ls})\n"
+  "set(ENGINE_WALL_VIEWS \"${ENGINE_LAYER_VIEWS}\")\n" "${_engine_table}")
+file(WRITE ${ENGINE_LAYER_VIEWS}/table.cmake "${_engine_table_text}")
