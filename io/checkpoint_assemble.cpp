@@ -2,7 +2,8 @@
 // file subverted, so it is checked here as if written by an attacker.
 #include "io/checkpoint_assemble.h"
 
-#include "io/checkpoint_internal.h"
+#include "io/aligned_bytes.h"
+#include "io/checkpoint_format.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,6 +1,7 @@
 // Shared by the checkpoint files: HDF5 datatypes, file-image callbacks, and the rules
 // for keys (docs/checkpoint-format.md, section 2).
-#include "io/checkpoint_internal.h"
+#include "io/checkpoint_format.h"
+#include "io/checkpoint_hdf5.h"
 #include <unistd.h>
 
 #include <atomic>

@@ -1,6 +1,8 @@
 // The integrity header in the user block: sealing on save, every check on load
 // (docs/checkpoint-format.md, section 1.1).
-#include "io/checkpoint_internal.h"
+#include "io/checkpoint_format.h"
+#include "io/checkpoint_header.h"
+#include "io/number_text.h"
 #include <zlib.h>
 
 #include <algorithm>

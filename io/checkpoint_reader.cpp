@@ -2,7 +2,12 @@
 // structure walked by the sandboxed parser process (io/hdf5_sandbox.h), never in this
 // process; the checkpoint assembled from the parser's manifest, checked against the
 // buffer (io/checkpoint_assemble.h). docs/security.md gives the trust model.
-#include "io/checkpoint_internal.h"
+#include "io/aligned_bytes.h"
+#include "io/checkpoint_format.h"
+#include "io/checkpoint_hdf5.h"
+#include "io/checkpoint_header.h"
+#include "io/checkpoint_reader.h"
+#include "io/side_by_side.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

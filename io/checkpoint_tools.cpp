@@ -1,5 +1,8 @@
 // The checkpoint tools behind `engine verify`, `engine inspect` and `engine diff`.
-#include "io/checkpoint_internal.h"
+#include "io/checkpoint_format.h"
+#include "io/checkpoint_hdf5.h"
+#include "io/checkpoint_reader.h"
+#include "io/number_text.h"
 
 #include <sys/stat.h>
 

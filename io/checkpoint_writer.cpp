@@ -1,6 +1,11 @@
 // Writing a checkpoint: the HDF5 image built in memory (docs/checkpoint-format.md,
 // section 2), sealed with its header, and written atomically (io/atomic_file.h).
-#include "io/checkpoint_internal.h"
+#include "io/aligned_bytes.h"
+#include "io/checkpoint_format.h"
+#include "io/checkpoint_hdf5.h"
+#include "io/checkpoint_header.h"
+#include "io/checkpoint_tamper.h"
+#include "io/side_by_side.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -4,7 +4,9 @@
 // for memory safety, since this process may have been subverted by the file.
 #include "io/hdf5_walk.h"
 
-#include "io/checkpoint_internal.h"
+#include "io/aligned_bytes.h"
+#include "io/checkpoint_format.h"
+#include "io/checkpoint_hdf5.h"
 
 #include <hdf5.h>
 

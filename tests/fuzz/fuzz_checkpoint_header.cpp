@@ -17,7 +17,7 @@
 
 #include "engine/checkpoint.h"
 #include "fuzz_util.h"
-#include "io/checkpoint_internal.h"
+#include "io/checkpoint_header.h"
 
 namespace {
 

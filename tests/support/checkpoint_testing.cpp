@@ -3,8 +3,11 @@
 #include <fstream>
 #include <iterator>
 
+#include "io/aligned_bytes.h"
 #include "io/atomic_file.h"
-#include "io/checkpoint_internal.h"
+#include "io/checkpoint_format.h"
+#include "io/checkpoint_header.h"
+#include "io/checkpoint_tamper.h"
 
 namespace engine::checkpoint_testing {
 
