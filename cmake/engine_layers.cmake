@@ -113,11 +113,11 @@ if(NOT ENGINE_WITH_CUDA)
   set_source_files_properties(kernels/no_cuda.cpp PROPERTIES COMPILE_OPTIONS -Wno-unused-parameter)
 endif()
 
-# Core types: tensors on a device, the state interface, named random streams; engine/dist
-# (the Collective) belongs here too, its MPI implementation only where MPI is found.
+# Core types: tensors on a device, the state interface, named random streams. engine/dist
+# (the Collective) belongs here too; its sources are chosen by cmake/engine_mpi.cmake
+# (which implementation depends on whether MPI is found), so they are not globbed.
 engine_layer(core
-  SOURCES engine/core/*.cpp engine/dist/*.cpp
-  EXCLUDE "/engine/dist/mpi_[^/]*\\.cpp$"
+  SOURCES engine/core/*.cpp
   PREFIXES core=engine/core dist=engine/dist
   HEADERS build_info.h device.h image_shape.h rng.h state.h tensor.h)
 
