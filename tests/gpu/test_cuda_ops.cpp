@@ -23,12 +23,12 @@
 #include "engine/philox.h"
 #include "kernels/cuda_runtime.h"
 #include "kernels/ops.h"
+#include "support/random_data.h"
 
 #if defined(ENGINE_WITH_CUDA)
 #include "gpu/philox_check.h"
 #include "kernels/cuda/cast.h"
 #include "kernels/cuda/settings.h"
-#include "support/random_data.h"
 #endif
 
 namespace gpu = engine::kernels::cuda;

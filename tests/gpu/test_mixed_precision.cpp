@@ -39,10 +39,10 @@
 #include "kernels/cuda_runtime.h"
 #include "kernels/ops.h"
 #include "engine/models/fashion_cnn.h"
+#include "support/random_data.h"
 
 #if defined(ENGINE_WITH_CUDA)
 #include "kernels/cuda/settings.h"
-#include "support/random_data.h"
 #endif
 
 namespace gpu = engine::kernels::cuda;
