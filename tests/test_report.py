@@ -221,6 +221,11 @@ def check_page(dom, metrics, epochs):
     table = doc.by_id("confusion")
     if table is None:
         fail("no confusion-matrix table")
+    # The classes are labelled with the names the dataset gives (Dataset::class_names).
+    heads = [th.all_text() for th in table.iter("th")]
+    for name in ("0T-shirt/top", "9Ankle boot"):
+        if not any(h.replace(" ", "").replace("\n", "") == name.replace(" ", "") for h in heads):
+            fail("the confusion matrix has no column labelled %r: %r" % (name, heads))
     rows = [r for r in table.iter("tr") if any(True for _ in r.iter("td"))]
     cells = [[int(td.all_text()) for td in r.iter("td") if "cm" in td.attrs.get("class", "")] for r in rows]
     if len(cells) != 10 or any(len(r) != 10 for r in cells):
