@@ -101,7 +101,8 @@ if(ENGINE_WITH_CUDA)
 else()
   list(APPEND _kernel_sources kernels/no_cuda.cpp)
   include(engine_no_cuda)
-  engine_generate_no_cuda_stubs(${PROJECT_BINARY_DIR}/generated/no_cuda/op_stubs.inc)
+  engine_generate_no_cuda_stubs(${PROJECT_BINARY_DIR}/generated/no_cuda/op_stubs.inc
+    kernels/op_signatures.inc)
 endif()
 engine_layer(kernels
   SOURCES ${_kernel_sources}
