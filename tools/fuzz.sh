@@ -2,7 +2,12 @@
 # Fuzzing (docs/fuzzing.md).
 #   tools/fuzz.sh TARGET SECONDS [LIBFUZZER_ARGS...]   fuzz one harness for SECONDS
 #   tools/fuzz.sh --replay [TARGET...]                 replay the regression corpus
+#   tools/fuzz.sh --pack-regressions                   fold new findings into the archive
 # TARGET: checkpoint, checkpoint_header, config, idx.
+# The regression corpus is committed as one archive, tests/fuzz/regressions.tar.xz
+# (TARGET/FILE inside; xz shares the bytes of the many near-copies of one checkpoint),
+# plus any loose new findings in tests/fuzz/regressions/TARGET/ until --pack-regressions
+# moves them into the archive. --replay replays both.
 # Builds the fuzz build (clang, libFuzzer, ASan+UBSan, CPU only) in $FUZZ_BUILD_DIR
 # (default build-fuzz/) when needed. Fuzzing keeps going past crashes (libFuzzer's fork
 # mode), saves every crashing, hanging or memory-hungry input under
@@ -13,10 +18,12 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
 ARTIFACTS="${FUZZ_ARTIFACT_DIR:-$ROOT/tests/fuzz/regressions}"
+LOOSE="$ROOT/tests/fuzz/regressions"            # new findings, not yet in the archive
+ARCHIVE="$ROOT/tests/fuzz/regressions.tar.xz"   # the committed regression corpus
 TARGETS=(checkpoint checkpoint_header config idx)
 JOBS="${FUZZ_BUILD_JOBS:-2}"
 
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 build() {
   [ "${FUZZ_NO_BUILD:-0}" = 1 ] && return 0  # binaries already in $FUZZ_BUILD_DIR/tests/fuzz/
@@ -65,15 +72,50 @@ signature() {
   echo "${kind:-unknown} @ ${frames:-?}"
 }
 
+# Unpacks the committed archive into $1 (emptied first).
+unpack_archive() {
+  rm -rf "$1" && mkdir -p "$1" || exit 1
+  [ -f "$ARCHIVE" ] || return 0
+  tar -C "$1" -xJf "$ARCHIVE" || { echo "fuzz.sh: cannot unpack ${ARCHIVE#"$ROOT"/}" >&2; exit 1; }
+}
+
+# Adds the loose findings of tests/fuzz/regressions/TARGET/ to the archive (a file of
+# the same name is replaced) and removes them. The archive is reproducible: sorted
+# names, zero times and owners, single-threaded xz.
+pack_regressions() {
+  local work t f added=0
+  work="$(mktemp -d)"
+  unpack_archive "$work/corpus"
+  for t in "${TARGETS[@]}"; do
+    for f in "$LOOSE/$t"/*; do
+      [ -f "$f" ] || continue
+      mkdir -p "$work/corpus/$t" && cp "$f" "$work/corpus/$t/" || exit 1
+      added=$((added + 1))
+    done
+  done
+  (cd "$work/corpus" && find . -type f | LC_ALL=C sort | sed 's|^\./||' >"$work/list") || exit 1
+  tar -C "$work/corpus" --owner=0 --group=0 --numeric-owner --mtime=@0 --mode=a+rX,u+w,go-w \
+    -cf - -T "$work/list" | xz -9e -T1 >"$ARCHIVE.tmp" && mv "$ARCHIVE.tmp" "$ARCHIVE" || exit 1
+  for t in "${TARGETS[@]}"; do
+    for f in "$LOOSE/$t"/*; do [ -f "$f" ] && rm -f "$f"; done
+    rmdir "$LOOSE/$t" 2>/dev/null
+  done
+  rmdir "$LOOSE" 2>/dev/null
+  echo "${ARCHIVE#"$ROOT"/}: $(wc -l <"$work/list") inputs ($added added), $(wc -c <"$ARCHIVE") bytes"
+  rm -rf "$work"
+}
+
 replay() {
   local targets=("$@") t f rc failed=0 total=0
   [ ${#targets[@]} -eq 0 ] && targets=("${TARGETS[@]}")
   for t in "${targets[@]}"; do valid_target "$t" || usage; done
   build $(printf 'fuzz_%s ' "${targets[@]}")
+  local unpacked="$BUILD/regressions"
+  unpack_archive "$unpacked"
   for t in "${targets[@]}"; do
     local bin="$BUILD/tests/fuzz/fuzz_$t" n=0 bad=0
     shopt -s nullglob
-    local inputs=("$ROOT/tests/fuzz/regressions/$t"/* "$ROOT/tests/fuzz/corpus/$t"/*)
+    local inputs=("$unpacked/$t"/* "$LOOSE/$t"/* "$ROOT/tests/fuzz/corpus/$t"/*)
     shopt -u nullglob
     for f in "${inputs[@]}"; do
       [ -f "$f" ] || continue
@@ -140,5 +182,6 @@ fuzz() {
 
 [ $# -ge 1 ] || usage
 if [ "$1" = "--replay" ]; then shift; replay "$@"; exit $?; fi
+if [ "$1" = "--pack-regressions" ]; then [ $# -eq 1 ] || usage; pack_regressions; exit 0; fi
 [ $# -ge 2 ] || usage
 fuzz "$@"
