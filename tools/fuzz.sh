@@ -72,11 +72,55 @@ signature() {
   echo "${kind:-unknown} @ ${frames:-?}"
 }
 
-# Unpacks the committed archive into $1 (emptied first).
+# Inputs that are a fixture of tests/data/ with a few bytes changed (most checkpoint
+# findings: the fuzzer mutates the 5 MB fixture's metadata) are stored in the archive as
+# NAME.patch: a base fixture, the size, the SHA-256 of the input, and "offset byte"
+# lines. `patch_corpus make DIR` turns such files into patches, `patch_corpus apply DIR`
+# rebuilds them (checking the SHA-256). So the archive holds no copy of the fixture.
+patch_corpus() {
+  python3 - "$1" "$2" "$ROOT" <<'EOF'
+import hashlib, os, sys
+mode, top, root = sys.argv[1], sys.argv[2], sys.argv[3]
+MAGIC, MAX_CHANGES = "engine-fuzz-patch 1", 4096
+bases = sorted(os.path.join("tests/data", f) for f in os.listdir(os.path.join(root, "tests/data")) if f.endswith(".h5"))
+base_bytes = {b: open(os.path.join(root, b), "rb").read() for b in bases}
+for d, _, files in os.walk(top):
+    for f in sorted(files):
+        path = os.path.join(d, f)
+        if mode == "apply" and f.endswith(".patch"):
+            lines = open(path).read().split("\n")
+            if lines[0] != MAGIC: sys.exit(f"fuzz.sh: {path}: not a corpus patch")
+            base, size, digest = lines[1].split(" ", 1)[1], int(lines[2].split()[1]), lines[3].split()[1]
+            data = bytearray(base_bytes[base])
+            if len(data) != size: sys.exit(f"fuzz.sh: {path}: {base} is not {size} bytes")
+            for line in lines[4:]:
+                if line:
+                    off, val = map(int, line.split())
+                    data[off] = val
+            if hashlib.sha256(data).hexdigest() != digest: sys.exit(f"fuzz.sh: {path}: rebuilt input does not match its SHA-256")
+            open(path[:-len(".patch")], "wb").write(data)
+            os.remove(path)
+        elif mode == "make" and not f.endswith(".patch"):
+            data = open(path, "rb").read()
+            for b in bases:
+                ref = base_bytes[b]
+                if len(ref) != len(data): continue
+                changes = [(i, data[i]) for i in range(len(data)) if data[i] != ref[i]] if data != ref else []
+                if len(changes) > MAX_CHANGES: continue
+                with open(path + ".patch", "w") as out:
+                    out.write(f"{MAGIC}\nbase {b}\nsize {len(data)}\nsha256 {hashlib.sha256(data).hexdigest()}\n")
+                    out.writelines(f"{i} {v}\n" for i, v in changes)
+                os.remove(path)
+                break
+EOF
+}
+
+# Unpacks the committed archive into $1 (emptied first), patches rebuilt.
 unpack_archive() {
   rm -rf "$1" && mkdir -p "$1" || exit 1
   [ -f "$ARCHIVE" ] || return 0
   tar -C "$1" -xJf "$ARCHIVE" || { echo "fuzz.sh: cannot unpack ${ARCHIVE#"$ROOT"/}" >&2; exit 1; }
+  patch_corpus apply "$1" || exit 1
 }
 
 # Adds the loose findings of tests/fuzz/regressions/TARGET/ to the archive (a file of
@@ -93,6 +137,7 @@ pack_regressions() {
       added=$((added + 1))
     done
   done
+  patch_corpus make "$work/corpus" || exit 1
   (cd "$work/corpus" && find . -type f | LC_ALL=C sort | sed 's|^\./||' >"$work/list") || exit 1
   tar -C "$work/corpus" --owner=0 --group=0 --numeric-owner --mtime=@0 --mode=a+rX,u+w,go-w \
     -cf - -T "$work/list" | xz -9e -T1 >"$ARCHIVE.tmp" && mv "$ARCHIVE.tmp" "$ARCHIVE" || exit 1
