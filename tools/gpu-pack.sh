@@ -32,7 +32,7 @@ TARGETS=(engine_cli kernel_bench engine_kill_after "${GPU_TESTS[@]}")
 # name source lines. Release host code, not stripped (symbols for host backtraces).
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES="90-real;90-virtual" -DCMAKE_CUDA_FLAGS="-lineinfo" >/dev/null
-grep -q '^CMAKE_CUDA_COMPILER:.*nvcc' "$BUILD/CMakeCache.txt" ||
+compgen -G "$BUILD/CMakeFiles/*/CMakeCUDACompiler.cmake" >/dev/null ||
   { echo "gpu-pack: $BUILD has no CUDA backend (nvcc not found?)" >&2; exit 1; }
 nice cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}"
 echo "gpu-pack: build done after $((SECONDS - t0)) s"
