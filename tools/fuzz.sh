@@ -36,13 +36,23 @@ build() {
 }
 
 # Per-target inputs: seed directories and libFuzzer options.
-# The checkpoint fixtures in tests/data/ (5 MB, a real training checkpoint) are seeds
-# too, whole: HDF5 refuses a truncated file before parsing much (the superblock records
-# the end of the file), and crafted-file crashes come mostly from the fixture's richer
+# The checkpoint fixtures of tests/data/ (5 MB, real training checkpoints; three of them
+# in tests/data/fixtures.tar.xz, unpacked into $BUILD/fixture-seeds/) are seeds too,
+# whole: HDF5 refuses a truncated file before parsing much (the superblock records the
+# end of the file), and crafted-file crashes come mostly from the fixture's richer
 # structure. The small tests/fuzz/corpus/checkpoint/tiny.h5 keeps the executions fast.
+fixture_seeds() {
+  local dir="$BUILD/fixture-seeds"
+  rm -rf "$dir" && mkdir -p "$dir" || exit 1
+  cp "$ROOT"/tests/data/*.h5 "$dir/" || exit 1
+  if [ -f "$ROOT/tests/data/fixtures.tar.xz" ]; then
+    tar -C "$dir" -xJf "$ROOT/tests/data/fixtures.tar.xz" || { echo "fuzz.sh: cannot unpack tests/data/fixtures.tar.xz" >&2; exit 1; }
+  fi
+  echo "$dir"
+}
 seeds_of() {
   case "$1" in
-    checkpoint) echo "$ROOT/tests/fuzz/corpus/checkpoint $ROOT/tests/data" ;;
+    checkpoint) echo "$ROOT/tests/fuzz/corpus/checkpoint $(fixture_seeds)" ;;
     *) echo "$ROOT/tests/fuzz/corpus/$1" ;;
   esac
 }
