@@ -12,7 +12,7 @@
 # Stages, each under its own time budget (seconds; `timeout`), each recorded PASS, FAIL,
 # SKIP (a tool the machine's runtime refuses, no GPU, no time left) or TIMEOUT; a failed
 # stage never stops the others:
-#   setup     15  unpack the pack (binaries, libraries, dataset), check the libraries
+#   setup     25  unpack the pack (binaries, libraries, dataset), check the libraries
 #   op-tests  45  GPU op tests vs the CPU reference, mixed precision, threads
 #   train     30  the default config for GPU_CHECK_EPOCHS epochs on cuda; verify
 #   resume    45  GPU training tests (determinism, stop/SIGKILL resume, GPU<->CPU),
@@ -22,7 +22,7 @@
 #   sanitize 120  compute-sanitizer memcheck, racecheck, initcheck, synccheck on filtered
 #                 op tests and a short training run (8 runs sharing the budget)
 #   ab        45  every switch of tools/bench/gpu_ab_switches.txt, A vs B: time, engine diff
-# Total 460 s of budgets, plus the script's own few seconds: under 8 minutes (480 s; a
+# Total 470 s of budgets, plus the script's own few seconds: under 8 minutes (480 s; a
 # stage whose budget no longer fits is SKIPped).
 # Output: $OUT/gpu-check-summary.txt (the summary), $OUT/gpu-check.log (everything),
 # $OUT/*.txt per stage. OUT defaults to ./gpu-check-out.
@@ -44,7 +44,7 @@ while [ $# -gt 0 ]; do
 done
 
 # Stage budgets, seconds (keep the header comment in step).
-declare -A BUDGET=([setup]=15 [op-tests]=45 [train]=30 [resume]=45 [bench]=130 [ncu]=30 [sanitize]=120 [ab]=45)
+declare -A BUDGET=([setup]=25 [op-tests]=45 [train]=30 [resume]=45 [bench]=130 [ncu]=30 [sanitize]=120 [ab]=45)
 
 
 mkdir -p "$OUT"
