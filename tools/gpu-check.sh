@@ -17,8 +17,8 @@
 #   train     30  the default config for GPU_CHECK_EPOCHS epochs on cuda; verify
 #   resume    45  GPU training tests (determinism, stop/SIGKILL resume, GPU<->CPU),
 #                 a GPU checkpoint evaluated and resumed on the CPU
-#   bench    130  engine fp32/fp16 vs every PyTorch peer (tools/bench/gpu_epoch.sh)
-#   ncu       30  per-kernel table, ncu --print-summary per-kernel over a few hundred launches
+#   bench    120  engine fp32/fp16 vs every PyTorch peer (tools/bench/gpu_epoch.sh)
+#   ncu       40  per-kernel table, ncu --print-summary per-kernel over a few hundred launches
 #   sanitize 120  compute-sanitizer memcheck, racecheck, initcheck, synccheck on filtered
 #                 op tests and a short training run (8 runs sharing the budget)
 #   ab        45  every switch of tools/bench/gpu_ab_switches.txt, A vs B: time, engine diff
@@ -44,7 +44,7 @@ while [ $# -gt 0 ]; do
 done
 
 # Stage budgets, seconds (keep the header comment in step).
-declare -A BUDGET=([setup]=25 [op-tests]=45 [train]=30 [resume]=45 [bench]=130 [ncu]=30 [sanitize]=120 [ab]=45)
+declare -A BUDGET=([setup]=25 [op-tests]=45 [train]=30 [resume]=45 [bench]=120 [ncu]=40 [sanitize]=120 [ab]=45)
 
 
 mkdir -p "$OUT"
@@ -218,7 +218,10 @@ if stage_begin ncu; then
   else
     # 300 launches: a few training steps of every kernel (about 40 launches a step) after
     # the first ones; --clock-control none keeps the GPU's own clocks (comparable times).
+    # Three metrics, not the default sections: one or two replay passes per kernel, so
+    # 300 launches fit the budget; the summary gives each kernel's count, min/avg/max.
     CAN_REFUSE=1 run ncu "$(left)" ncu --clock-control none --print-summary per-kernel --launch-skip 200 --launch-count 300 \
+      --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed \
       "${TRAIN[@]}" --run-dir /tmp/engine-gpu-ncu --fresh --set train.epochs=1 --set data.train_limit=4096 \
       --set data.val_split=512 --set data.test_limit=512 --set checkpoint.verify=false
     # The per-kernel table (kernel names, invocations, durations); the whole of it is in ncu.txt.
