@@ -15,13 +15,13 @@
 #   setup     25  unpack the pack (binaries, libraries, dataset), check the libraries
 #   op-tests  45  GPU op tests vs the CPU reference, mixed precision, threads
 #   train     30  the default config for GPU_CHECK_EPOCHS epochs on cuda; verify
-#   resume    45  GPU training tests (determinism, stop/SIGKILL resume, GPU<->CPU),
+#   resume    60  GPU training tests (determinism, stop/SIGKILL resume, GPU<->CPU),
 #                 a GPU checkpoint evaluated and resumed on the CPU
 #   bench    120  engine fp32/fp16 vs every PyTorch peer (tools/bench/gpu_epoch.sh)
 #   ncu       40  per-kernel table, ncu --print-summary per-kernel over a few hundred launches
-#   sanitize 120  compute-sanitizer memcheck, racecheck, initcheck, synccheck on filtered
+#   sanitize 110  compute-sanitizer memcheck, racecheck, initcheck, synccheck on filtered
 #                 op tests and a short training run (8 runs sharing the budget)
-#   ab        45  every switch of tools/bench/gpu_ab_switches.txt, A vs B: time, engine diff
+#   ab        40  every switch of tools/bench/gpu_ab_switches.txt, A vs B: time, engine diff
 # Total 470 s of budgets, plus the script's own few seconds: under 8 minutes (480 s; a
 # stage whose budget no longer fits is SKIPped).
 # Output: $OUT/gpu-check-summary.txt (the summary), $OUT/gpu-check.log (everything),
@@ -44,7 +44,7 @@ while [ $# -gt 0 ]; do
 done
 
 # Stage budgets, seconds (keep the header comment in step).
-declare -A BUDGET=([setup]=25 [op-tests]=45 [train]=30 [resume]=45 [bench]=120 [ncu]=40 [sanitize]=120 [ab]=45)
+declare -A BUDGET=([setup]=25 [op-tests]=45 [train]=30 [resume]=60 [bench]=120 [ncu]=40 [sanitize]=110 [ab]=40)
 
 
 mkdir -p "$OUT"
