@@ -4,10 +4,22 @@
 // of 64, killed mid-epoch after the step-20 save (epoch 1 complete, 4 steps into epoch
 // 2). The two CUDA fixtures were written on an H200 (saved_on cuda:0): fp16 at the end
 // of epoch 1, and fp32 at step 5 of epoch 2 by a per-step save just before a SIGKILL.
+//
+// Storage: checkpoint_v2_cpu_mid_epoch.h5 is a plain file (test_cli, test_crafted, the
+// fuzz seeds and patched fuzz regressions, tools/crafted_checkpoints.py read it in
+// place). The other three are read by this test alone and are stored in one
+// reproducible archive, tests/data/fixtures.tar.xz (everything tracked travels to the
+// lent GPU machine, 64 MiB in all: docs/gpu-check.md), unpacked here once per run.
+// To change them: unpack, edit, then from tests/data/
+//   tar --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - checkpoint_v1_cpu_mid_epoch.h5 \
+//     checkpoint_v2_cuda_fp16_epoch1.h5 checkpoint_v2_cuda_fp32_mid_epoch.h5 | xz -9e -T1 >fixtures.tar.xz
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "cli_util.h"
@@ -17,7 +29,26 @@ using namespace test_util;
 
 namespace {
 
-std::string fixture(const char* name) { return source_dir() + "/tests/data/" + name; }
+// The archive unpacked into a fresh directory (tar with xz, else Python's tarfile).
+std::string unpack_fixture_archive() {
+  const std::string archive = source_dir() + "/tests/data/fixtures.tar.xz";
+  const std::string dir = fresh_dir("fixtures");
+  const std::string tar = "tar -C \"" + dir + "\" -xJf \"" + archive + "\" 2>/dev/null";
+  const std::string py = "python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \"" +
+                         archive + "\" \"" + dir + "\"";
+  if (std::system(tar.c_str()) != 0 && std::system(py.c_str()) != 0)
+    FAIL("cannot unpack " << archive << " (needs tar and xz, or python3)");
+  return dir;
+}
+
+std::string fixture(const char* name) {
+  const std::string plain = source_dir() + "/tests/data/" + name;
+  if (std::filesystem::exists(plain)) return plain;
+  static const std::string unpacked = unpack_fixture_archive();
+  const std::string path = unpacked + "/" + name;
+  REQUIRE_MESSAGE(std::filesystem::exists(path), name << " is neither in tests/data/ nor in fixtures.tar.xz");
+  return path;
+}
 
 // Loads the fixture, checks what it holds (fc2.bias: the exact values h5py printed when
 // it was made), verifies it with the CLI, evaluates it and resumes it for one epoch.

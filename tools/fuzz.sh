@@ -2,7 +2,12 @@
 # Fuzzing (docs/fuzzing.md).
 #   tools/fuzz.sh TARGET SECONDS [LIBFUZZER_ARGS...]   fuzz one harness for SECONDS
 #   tools/fuzz.sh --replay [TARGET...]                 replay the regression corpus
+#   tools/fuzz.sh --pack-regressions                   fold new findings into the archive
 # TARGET: checkpoint, checkpoint_header, config, idx.
+# The regression corpus is committed as one archive, tests/fuzz/regressions.tar.xz
+# (TARGET/FILE inside; xz shares the bytes of the many near-copies of one checkpoint),
+# plus any loose new findings in tests/fuzz/regressions/TARGET/ until --pack-regressions
+# moves them into the archive. --replay replays both.
 # Builds the fuzz build (clang, libFuzzer, ASan+UBSan, CPU only) in $FUZZ_BUILD_DIR
 # (default build-fuzz/) when needed. Fuzzing keeps going past crashes (libFuzzer's fork
 # mode), saves every crashing, hanging or memory-hungry input under
@@ -13,10 +18,12 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
 ARTIFACTS="${FUZZ_ARTIFACT_DIR:-$ROOT/tests/fuzz/regressions}"
+LOOSE="$ROOT/tests/fuzz/regressions"            # new findings, not yet in the archive
+ARCHIVE="$ROOT/tests/fuzz/regressions.tar.xz"   # the committed regression corpus
 TARGETS=(checkpoint checkpoint_header config idx)
 JOBS="${FUZZ_BUILD_JOBS:-2}"
 
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 build() {
   [ "${FUZZ_NO_BUILD:-0}" = 1 ] && return 0  # binaries already in $FUZZ_BUILD_DIR/tests/fuzz/
@@ -29,13 +36,23 @@ build() {
 }
 
 # Per-target inputs: seed directories and libFuzzer options.
-# The checkpoint fixtures in tests/data/ (5 MB, a real training checkpoint) are seeds
-# too, whole: HDF5 refuses a truncated file before parsing much (the superblock records
-# the end of the file), and crafted-file crashes come mostly from the fixture's richer
+# The checkpoint fixtures of tests/data/ (5 MB, real training checkpoints; three of them
+# in tests/data/fixtures.tar.xz, unpacked into $BUILD/fixture-seeds/) are seeds too,
+# whole: HDF5 refuses a truncated file before parsing much (the superblock records the
+# end of the file), and crafted-file crashes come mostly from the fixture's richer
 # structure. The small tests/fuzz/corpus/checkpoint/tiny.h5 keeps the executions fast.
+fixture_seeds() {
+  local dir="$BUILD/fixture-seeds"
+  rm -rf "$dir" && mkdir -p "$dir" || exit 1
+  cp "$ROOT"/tests/data/*.h5 "$dir/" || exit 1
+  if [ -f "$ROOT/tests/data/fixtures.tar.xz" ]; then
+    tar -C "$dir" -xJf "$ROOT/tests/data/fixtures.tar.xz" || { echo "fuzz.sh: cannot unpack tests/data/fixtures.tar.xz" >&2; exit 1; }
+  fi
+  echo "$dir"
+}
 seeds_of() {
   case "$1" in
-    checkpoint) echo "$ROOT/tests/fuzz/corpus/checkpoint $ROOT/tests/data" ;;
+    checkpoint) echo "$ROOT/tests/fuzz/corpus/checkpoint $(fixture_seeds)" ;;
     *) echo "$ROOT/tests/fuzz/corpus/$1" ;;
   esac
 }
@@ -65,15 +82,95 @@ signature() {
   echo "${kind:-unknown} @ ${frames:-?}"
 }
 
+# Inputs that are a fixture of tests/data/ with a few bytes changed (most checkpoint
+# findings: the fuzzer mutates the 5 MB fixture's metadata) are stored in the archive as
+# NAME.patch: a base fixture, the size, the SHA-256 of the input, and "offset byte"
+# lines. `patch_corpus make DIR` turns such files into patches, `patch_corpus apply DIR`
+# rebuilds them (checking the SHA-256). So the archive holds no copy of the fixture.
+patch_corpus() {
+  python3 - "$1" "$2" "$ROOT" <<'EOF'
+import hashlib, os, sys
+mode, top, root = sys.argv[1], sys.argv[2], sys.argv[3]
+MAGIC, MAX_CHANGES = "engine-fuzz-patch 1", 4096
+bases = sorted(os.path.join("tests/data", f) for f in os.listdir(os.path.join(root, "tests/data")) if f.endswith(".h5"))
+base_bytes = {b: open(os.path.join(root, b), "rb").read() for b in bases}
+for d, _, files in os.walk(top):
+    for f in sorted(files):
+        path = os.path.join(d, f)
+        if mode == "apply" and f.endswith(".patch"):
+            lines = open(path).read().split("\n")
+            if lines[0] != MAGIC: sys.exit(f"fuzz.sh: {path}: not a corpus patch")
+            base, size, digest = lines[1].split(" ", 1)[1], int(lines[2].split()[1]), lines[3].split()[1]
+            data = bytearray(base_bytes[base])
+            if len(data) != size: sys.exit(f"fuzz.sh: {path}: {base} is not {size} bytes")
+            for line in lines[4:]:
+                if line:
+                    off, val = map(int, line.split())
+                    data[off] = val
+            if hashlib.sha256(data).hexdigest() != digest: sys.exit(f"fuzz.sh: {path}: rebuilt input does not match its SHA-256")
+            open(path[:-len(".patch")], "wb").write(data)
+            os.remove(path)
+        elif mode == "make" and not f.endswith(".patch"):
+            data = open(path, "rb").read()
+            for b in bases:
+                ref = base_bytes[b]
+                if len(ref) != len(data): continue
+                changes = [(i, data[i]) for i in range(len(data)) if data[i] != ref[i]] if data != ref else []
+                if len(changes) > MAX_CHANGES: continue
+                with open(path + ".patch", "w") as out:
+                    out.write(f"{MAGIC}\nbase {b}\nsize {len(data)}\nsha256 {hashlib.sha256(data).hexdigest()}\n")
+                    out.writelines(f"{i} {v}\n" for i, v in changes)
+                os.remove(path)
+                break
+EOF
+}
+
+# Unpacks the committed archive into $1 (emptied first), patches rebuilt.
+unpack_archive() {
+  rm -rf "$1" && mkdir -p "$1" || exit 1
+  [ -f "$ARCHIVE" ] || return 0
+  tar -C "$1" -xJf "$ARCHIVE" || { echo "fuzz.sh: cannot unpack ${ARCHIVE#"$ROOT"/}" >&2; exit 1; }
+  patch_corpus apply "$1" || exit 1
+}
+
+# Adds the loose findings of tests/fuzz/regressions/TARGET/ to the archive (a file of
+# the same name is replaced) and removes them. The archive is reproducible: sorted
+# names, zero times and owners, single-threaded xz.
+pack_regressions() {
+  local work t f added=0
+  work="$(mktemp -d)"
+  unpack_archive "$work/corpus"
+  for t in "${TARGETS[@]}"; do
+    for f in "$LOOSE/$t"/*; do
+      [ -f "$f" ] || continue
+      mkdir -p "$work/corpus/$t" && cp "$f" "$work/corpus/$t/" || exit 1
+      added=$((added + 1))
+    done
+  done
+  patch_corpus make "$work/corpus" || exit 1
+  (cd "$work/corpus" && find . -type f | LC_ALL=C sort | sed 's|^\./||' >"$work/list") || exit 1
+  tar -C "$work/corpus" --owner=0 --group=0 --numeric-owner --mtime=@0 --mode=a+rX,u+w,go-w \
+    -cf - -T "$work/list" | xz -9e -T1 >"$ARCHIVE.tmp" && mv "$ARCHIVE.tmp" "$ARCHIVE" || exit 1
+  for t in "${TARGETS[@]}"; do
+    for f in "$LOOSE/$t"/*; do [ -f "$f" ] && rm -f "$f"; done
+    rmdir "$LOOSE/$t" 2>/dev/null
+  done
+  rmdir "$LOOSE" 2>/dev/null
+  echo "${ARCHIVE#"$ROOT"/}: $(wc -l <"$work/list") inputs ($added added), $(wc -c <"$ARCHIVE") bytes"
+  rm -rf "$work"
+}
+
 replay() {
   local targets=("$@") t f rc failed=0 total=0
   [ ${#targets[@]} -eq 0 ] && targets=("${TARGETS[@]}")
   for t in "${targets[@]}"; do valid_target "$t" || usage; done
   build $(printf 'fuzz_%s ' "${targets[@]}")
+  local unpacked="$BUILD/regressions"
+  unpack_archive "$unpacked"
   for t in "${targets[@]}"; do
     local bin="$BUILD/tests/fuzz/fuzz_$t" n=0 bad=0
     shopt -s nullglob
-    local inputs=("$ROOT/tests/fuzz/regressions/$t"/* "$ROOT/tests/fuzz/corpus/$t"/*)
+    local inputs=("$unpacked/$t"/* "$LOOSE/$t"/* "$ROOT/tests/fuzz/corpus/$t"/*)
     shopt -u nullglob
     for f in "${inputs[@]}"; do
       [ -f "$f" ] || continue
@@ -140,5 +237,6 @@ fuzz() {
 
 [ $# -ge 1 ] || usage
 if [ "$1" = "--replay" ]; then shift; replay "$@"; exit $?; fi
+if [ "$1" = "--pack-regressions" ]; then [ $# -eq 1 ] || usage; pack_regressions; exit 0; fi
 [ $# -ge 2 ] || usage
 fuzz "$@"

@@ -1,43 +1,125 @@
 #!/usr/bin/env bash
-# Prepares, on a machine WITHOUT a GPU, everything tools/gpu-check.sh needs on a GPU
-# machine that has CUDA but no package registry: a CUDA build for sm_90 (H100/H200),
-# the shared libraries it needs beyond the CUDA toolkit (HDF5, OpenBLAS, ...; xz
-# compressed), and the Fashion-MNIST files. Output: gpu-pack/ (git-ignored, < 60 MiB),
-# to carry with the working tree:  device run --carry gpu-pack 'tools/gpu-check.sh'
+# Prepares, on a machine WITHOUT a GPU, what tools/gpu-check.sh needs on a lent GPU
+# machine that cannot build the engine (it has CMake, ninja, CUDA, PyTorch, ncu and
+# compute-sanitizer, but no OpenBLAS, HDF5, doctest or nlohmann-json): exactly the
+# binaries gpu-check runs, the shared libraries they need beyond the CUDA toolkit, and
+# the Fashion-MNIST files. Output: gpu-pack/ (git-ignored), carried with the tree:
+#     device run --carry gpu-pack 'tools/gpu-check.sh'
+# What travels is everything tracked + untracked-not-ignored + the pack, 64 MiB at most
+# for the device tool; this script measures that real total and refuses (exit 1, pack
+# removed) above GPU_PACK_LIMIT_MIB (56: room for the tree to grow). docs/gpu-check.md.
+#
+#   tools/gpu-pack.sh            build (or update) build-gpu/, pack, measure
+# Env: ENGINE_DATA_DIR (the IDX files), GPU_PACK_BUILD (build dir, default build-gpu),
+#      GPU_PACK_JOBS (default nproc), GPU_PACK_LIMIT_MIB (56),
+#      GPU_PACK_BLAS=reference|openblas (reference: see "BLAS" below).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PACK="$ROOT/gpu-pack"
-BUILD="$ROOT/build-gpu"
+BUILD=${GPU_PACK_BUILD:-$ROOT/build-gpu}
 DATA=${ENGINE_DATA_DIR:-/usr/share/datasets/fashion-mnist}
+JOBS=${GPU_PACK_JOBS:-$(nproc)}
+LIMIT_MIB=${GPU_PACK_LIMIT_MIB:-56}
+BLAS=${GPU_PACK_BLAS:-reference}
+t0=$SECONDS
 
-cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90-real;90-virtual" >/dev/null
-cmake --build "$BUILD" -j"$(nproc)"
-grep -q "ENGINE_WITH_CUDA" "$BUILD/CMakeCache.txt" || true
+# ---- What gpu-check.sh runs (keep in step with it) ----------------------------------
+GPU_TESTS=()
+for src in "$ROOT"/tests/gpu/test_*.cpp; do GPU_TESTS+=("gpu_$(basename "$src" .cpp)"); done
+TARGETS=(engine_cli kernel_bench engine_kill_after "${GPU_TESTS[@]}")
+
+# ---- Build: sm_90 (H100/H200) code and PTX; -lineinfo so compute-sanitizer and ncu
+# name source lines. Release host code, not stripped (symbols for host backtraces).
+cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_ARCHITECTURES="90-real;90-virtual" -DCMAKE_CUDA_FLAGS="-lineinfo" >/dev/null
+compgen -G "$BUILD/CMakeFiles/*/CMakeCUDACompiler.cmake" >/dev/null ||
+  { echo "gpu-pack: $BUILD has no CUDA backend (nvcc not found?)" >&2; exit 1; }
+nice cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}"
+echo "gpu-pack: build done after $((SECONDS - t0)) s"
+
 rm -rf "$PACK"
-mkdir -p "$PACK/build/tests" "$PACK/libs" "$PACK/data"
-cp "$BUILD/engine" "$BUILD/kernel_bench" "$PACK/build/"
-for b in "$BUILD"/checkpoint_bench; do [ -x "$b" ] && cp "$b" "$PACK/build/"; done
-find "$BUILD/tests" -maxdepth 1 -type f -perm -u+x -name 'test_*' -exec cp {} "$PACK/build/tests/" \;
-find "$BUILD/tests" -maxdepth 1 -type f -perm -u+x -name 'gpu_test_*' -exec cp {} "$PACK/build/tests/" \;
-cp "$BUILD/tests/engine_kill_after" "$PACK/build/tests/"  # the tests' stand-in for a power cut
-strip --strip-unneeded "$PACK"/build/engine "$PACK"/build/kernel_bench "$PACK"/build/tests/* 2>/dev/null || true
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/build/tests" "$stage/libs" "$stage/data" "$PACK"
+cp "$BUILD/engine" "$BUILD/kernel_bench" "$stage/build/"
+cp "$BUILD/tests/engine_kill_after" "$stage/build/tests/"  # the tests' stand-in for a power cut
+for t in "${GPU_TESTS[@]}"; do cp "$BUILD/tests/$t" "$stage/build/tests/"; done
 
-# Shared libraries: everything ldd lists except the C runtime and what the GPU
-# machine's CUDA installation provides (cuBLAS, cuDNN, the driver).
-skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libcublas|libcublasLt|libcudnn|libnvrtc)'
-{ ldd "$PACK/build/engine"; for t in "$PACK"/build/tests/*; do ldd "$t"; done; } |
-  awk '/=> \// {print $1, $3}' | sort -u | while read -r name path; do
-    if ! [[ "$name" =~ $skip ]]; then cp -L "$path" "$PACK/libs/$name"; fi
-  done
-tar -C "$PACK/libs" -cJf "$PACK/libs.tar.xz" .
-rm -rf "$PACK/libs"
-tar -C "$PACK" -cJf "$PACK/build.tar.xz" build
-rm -rf "$PACK/build"
-cp "$DATA"/*-ubyte* "$PACK/data/"
-du -sh "$PACK"
-size_kb=$(du -sk "$PACK" | cut -f1)
-if [ "$size_kb" -gt $((60 * 1024)) ]; then
-  echo "gpu-pack is ${size_kb} KiB: over the 60 MiB budget for the device transfer" >&2
+# ---- Shared libraries: what ldd lists, except the C runtime and what the GPU machine's
+# CUDA installation and PyTorch provide (cuBLAS, cuDNN, cuRAND, the driver).
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libcublas|libcublasLt|libcudnn|libcurand|libnvrtc|libcudart)'
+# BLAS: the engine's CPU paths need a CBLAS. The GPU machine runs only short CPU work
+# (evaluating and resuming a GPU checkpoint on the CPU), so by default the pack carries
+# Debian's reference BLAS (libblas3, 0.4 MB, no Fortran runtime) under OpenBLAS's file
+# name, instead of OpenBLAS (37 MB, 4 MiB packed, plus libgfortran): the engine calls
+# only CBLAS and looks up openblas_* weakly, so either works. CPU figures measured there
+# are then not the CPU backend's speed. GPU_PACK_BLAS=openblas carries OpenBLAS itself.
+reference_blas=/usr/lib/x86_64-linux-gnu/blas/libblas.so.3
+{ for b in "$stage"/build/engine "$stage"/build/kernel_bench "$stage"/build/tests/*; do ldd "$b"; done; } |
+  awk '/=> \// {print $1, $3}' | sort -u >"$stage/ldd.txt"
+blas_note="OpenBLAS (as built)"
+while read -r name path; do
+  [[ "$name" =~ $skip ]] && continue
+  if [ "$BLAS" = reference ]; then
+    case "$name" in
+      libopenblas.so*)
+        [ -f "$reference_blas" ] || { echo "gpu-pack: $reference_blas missing (Debian: libblas3), or GPU_PACK_BLAS=openblas" >&2; exit 1; }
+        cp -L "$reference_blas" "$stage/libs/$name"
+        blas_note="reference BLAS ($reference_blas, as $name)"
+        continue ;;
+      libgfortran.so* | libquadmath.so*) continue ;;  # OpenBLAS's; the reference BLAS needs neither
+    esac
+  fi
+  cp -L "$path" "$stage/libs/$name"
+done <"$stage/ldd.txt"
+
+# Reproducible xz archives (sorted names, zero times and owners, one thread).
+pack_dir() {  # pack_dir DIR ARCHIVE
+  (cd "$1" && find . -type f | LC_ALL=C sort) >"$stage/list"
+  tar -C "$1" --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - -T "$stage/list" |
+    xz -9 -T1 >"$2"
+}
+pack_dir "$stage/libs" "$PACK/libs.tar.xz"
+pack_dir "$stage/build" "$PACK/build.tar.xz"
+
+# ---- The dataset: the four IDX files, decompressed (xz does better on the raw bytes
+# than on gzip's output), in one xz archive.
+for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
+  if [ -f "$DATA/$f.gz" ]; then gzip -dc "$DATA/$f.gz" >"$stage/data/$f"
+  elif [ -f "$DATA/$f" ]; then cp "$DATA/$f" "$stage/data/$f"
+  else echo "gpu-pack: $DATA/$f(.gz) missing (ENGINE_DATA_DIR)" >&2; exit 1; fi
+done
+pack_dir "$stage/data" "$PACK/data.tar.xz"
+
+# ---- Manifest: what is in the pack, for gpu-check's summary.
+{
+  echo "commit $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo ' (dirty)')"
+  echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
+  echo "cuda_architectures 90-real;90-virtual, -lineinfo, Release, not stripped"
+  echo "blas $blas_note"
+  echo "binaries $(cd "$stage/build" && find . -type f | LC_ALL=C sort | tr '\n' ' ')"
+  echo "libraries $(cd "$stage/libs" && find . -type f -printf '%f ' | tr -s ' ')"
+  (cd "$PACK" && sha256sum ./*.tar.xz)
+} >"$PACK/MANIFEST.txt"
+
+# ---- The real total: what the device tool will copy.
+bytes_of_list() {  # sums the sizes of the NUL-separated paths on stdin (relative to ROOT)
+  (cd "$ROOT" && xargs -0 -r stat -c %s -- 2>/dev/null) | awk '{s += $1} END {print s + 0}'
+}
+tracked=$(git -C "$ROOT" ls-files -z | (cd "$ROOT" && while IFS= read -r -d '' f; do [ -f "$f" ] && printf '%s\0' "$f"; done) | bytes_of_list)
+untracked=$(git -C "$ROOT" ls-files -z --others --exclude-standard | bytes_of_list)
+pack=$(find "$PACK" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')
+total=$((tracked + untracked + pack))
+mib() { awk -v b="$1" 'BEGIN {printf "%.2f MiB", b / 1048576}'; }
+{
+  echo "transfer tracked $(mib "$tracked"), untracked-not-ignored $(mib "$untracked"), gpu-pack $(mib "$pack"): total $(mib "$total") (limit ${LIMIT_MIB} MiB, device tool 64 MiB)"
+  for f in "$PACK"/*.tar.xz; do echo "  $(basename "$f") $(mib "$(stat -c %s "$f")")"; done
+} | tee -a "$PACK/MANIFEST.txt"
+if [ "$total" -gt $((LIMIT_MIB * 1048576)) ]; then
+  echo "gpu-pack: REFUSED: $(mib "$total") to transfer is over ${LIMIT_MIB} MiB; pack removed" >&2
+  echo "  largest tracked files:" >&2
+  git -C "$ROOT" ls-files -z | (cd "$ROOT" && xargs -0 -r stat -c '%s %n' 2>/dev/null) | sort -rn | head -5 | sed 's/^/    /' >&2
+  rm -rf "$PACK"
   exit 1
 fi
-echo "ready: carry gpu-pack and run tools/gpu-check.sh on the GPU machine"
+echo "gpu-pack: ready after $((SECONDS - t0)) s: carry gpu-pack and run tools/gpu-check.sh on the GPU machine"

@@ -3,6 +3,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -12,9 +14,20 @@ namespace engine::kernels::cuda {
 
 // ---- Errors -------------------------------------------------------------------------
 
+const char* source_relative(const char* file) {
+  if (!file) return "";
+  const char* relative = nullptr;
+  for (const char* p = std::strstr(file, "kernels/"); p; p = std::strstr(p + 1, "kernels/"))
+    if (p == file || p[-1] == '/') relative = p;
+  if (relative) return relative;
+  const char* slash = std::strrchr(file, '/');
+  return slash ? slash + 1 : file;
+}
+
 namespace {
 [[noreturn]] void fail(const std::string& what, const char* call, const char* file, int line) {
-  throw std::runtime_error(what + " in " + call + " (" + file + ":" + std::to_string(line) + ")");
+  throw std::runtime_error(what + " in " + call + " (" + source_relative(file) + ":" +
+                           std::to_string(line) + ")");
 }
 }  // namespace
 
@@ -47,6 +60,36 @@ std::atomic<bool> g_deterministic{true};
 
 void set_deterministic(bool on) { g_deterministic.store(on); }
 bool deterministic() { return g_deterministic.load(); }
+
+// ---- Shared state -------------------------------------------------------------------
+
+namespace {
+// Leaked like the context: ops may still run from static destructors.
+std::recursive_mutex& shared_state_mutex() {
+  static auto* m = new std::recursive_mutex();
+  return *m;
+}
+}  // namespace
+
+SharedStateLock::SharedStateLock() : lock_(shared_state_mutex()) {}
+SharedStateLock::~SharedStateLock() = default;
+
+void* PersistentBuffer::get(std::size_t bytes) {
+  if (bytes <= bytes_) return ptr_;
+  Context& ctx = Context::get();
+  if (ctx.capturing())
+    throw std::logic_error(std::string("CUDA ") + name_ + " would grow from " +
+                           std::to_string(bytes_) + " to " + std::to_string(bytes) +
+                           " bytes during graph capture; reserve it in warm-up");
+  const std::size_t mib = std::size_t{1} << 20;
+  std::size_t grown = (bytes + mib - 1) / mib * mib;
+  if (grown < 2 * bytes_) grown = 2 * bytes_;
+  void* p = ctx.allocate(grown);
+  if (ptr_) retired_.push_back(ptr_);
+  ptr_ = p;
+  bytes_ = grown;
+  return ptr_;
+}
 
 // ---- Context ------------------------------------------------------------------------
 
@@ -103,6 +146,7 @@ void Context::release(void* p) noexcept {
 }
 
 cublasHandle_t Context::cublas() {
+  const SharedStateLock lock;
   if (!cublas_) {
     cublasHandle_t h = nullptr;
     ENGINE_CUDA_CHECK(cublasCreate(&h));
@@ -118,6 +162,7 @@ cublasHandle_t Context::cublas() {
 }
 
 cudnnHandle_t Context::cudnn() {
+  const SharedStateLock lock;
   if (!cudnn_) {
     cudnnHandle_t h = nullptr;
     ENGINE_CUDA_CHECK(cudnnCreate(&h));
@@ -128,18 +173,19 @@ cudnnHandle_t Context::cudnn() {
 }
 
 void* Context::workspace(std::size_t bytes) {
-  if (bytes > workspace_bytes_) {
-    // Stream-ordered release: work already queued that uses the old buffer finishes
-    // before the pool hands the memory out again.
-    release(workspace_);
-    workspace_ = nullptr;
-    workspace_bytes_ = 0;
-    const std::size_t mib = std::size_t{1} << 20;
-    const std::size_t rounded = (bytes + mib - 1) / mib * mib;
-    workspace_ = allocate(rounded);
-    workspace_bytes_ = rounded;
-  }
-  return workspace_;
+  const SharedStateLock lock;
+  return workspace_.get(bytes);
+}
+
+void Context::reserve_workspace(std::size_t bytes) {
+  const SharedStateLock lock;
+  workspace_.reserve(bytes);
+}
+
+bool Context::capturing() const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  ENGINE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &status));
+  return status != cudaStreamCaptureStatusNone;
 }
 
 }  // namespace engine::kernels::cuda

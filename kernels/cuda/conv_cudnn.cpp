@@ -97,7 +97,7 @@ void make_conv_descriptor(cudnnConvolutionDescriptor_t* conv, const ConvShape& s
       *conv, data == ConvData::Half ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
 }
 
-// Not locked: one host thread drives the GPU (see context.h). Leaked like the context:
+// The caller holds SharedStateLock (context.h, Threading). Leaked like the context:
 // destroying descriptors during static destruction buys nothing.
 ConvPlan& conv_plan(const ConvShape& s, ConvData data, bool deterministic) {
   // `deterministic` is part of the key so toggling the setting re-plans instead of
@@ -250,6 +250,7 @@ bool conv_is_empty(const ConvShape& s) {
 
 void cudnn_conv_forward(const ConvShape& s, ConvData data, const void* x, const void* w,
                         void* y) {
+  const SharedStateLock lock;  // plan cache, handle, workspace
   Context& ctx = Context::get();
   cudnnHandle_t h = ctx.cudnn();
   const bool det = deterministic();
@@ -264,6 +265,7 @@ void cudnn_conv_forward(const ConvShape& s, ConvData data, const void* x, const 
 
 void cudnn_conv_backward_data(const ConvShape& s, ConvData data, const void* w, const void* dy,
                               void* dx) {
+  const SharedStateLock lock;  // plan cache, handle, workspace
   Context& ctx = Context::get();
   cudnnHandle_t h = ctx.cudnn();
   const bool det = deterministic();
@@ -278,6 +280,7 @@ void cudnn_conv_backward_data(const ConvShape& s, ConvData data, const void* w, 
 
 void cudnn_conv_backward_filter(const ConvShape& s, ConvData data, const void* x, const void* dy,
                                 void* dw) {
+  const SharedStateLock lock;  // plan cache, handle, workspace
   Context& ctx = Context::get();
   cudnnHandle_t h = ctx.cudnn();
   const bool det = deterministic();

@@ -19,6 +19,7 @@
 
 #include "kernels/cuda/cast.h"
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/reduction_order.h"
 #include "kernels/elementwise.h"
 #include "kernels/ops.h"
 
@@ -27,7 +28,7 @@ namespace engine::kernels::cuda {
 namespace {
 
 // Threads per block everywhere. Reductions rely on it being a power of two.
-constexpr int kThreads = 256;
+constexpr int kThreads = kReduceThreads;
 
 cudaStream_t stream() { return Context::get().stream(); }
 
@@ -57,29 +58,12 @@ __device__ double block_sum(double value, double* buffer) {
 
 // ---- Per-channel reductions over many blocks ----------------------------------------
 //
-// Channel ch of an [n, c, hw] tensor holds m = n * hw elements; element e (0 <= e < m)
-// is x[((e / hw) * c + ch) * hw + e % hw]. A reduction over a channel is split into
-// channel_slices(m) slices of slice_length(m) consecutive elements (the last one may be
-// shorter or empty). Both numbers depend only on m, never on the GPU, so the partition
-// is the same everywhere. Grids are (c, slices): block (ch, s) reduces slice s of
-// channel ch, each thread walking its fixed strided subset of the slice, and the block
-// adds the threads' values in block_sum's fixed tree. The slice partials (double) go to
+// The partition and the order are kernels/cuda/reduction_order.h's (channel_slices,
+// slice_length). Grids are (c, slices): block (ch, s) reduces slice s of channel ch,
+// each thread walking its fixed strided subset of the slice, and the block adds the
+// threads' values in block_sum's fixed tree. The slice partials (double) go to
 // partials[ch * slices + s]; a later kernel adds a channel's partials in slice order,
 // 0 to slices - 1 (combine_partials). No atomics: the bits never depend on scheduling.
-
-// At most this many slices per channel (grid y), and at least this many elements per
-// slice (4 per thread), so small channels are not spread thinner than pays.
-constexpr int kMaxSlices = 32;
-constexpr int64_t kMinSliceElements = 1024;
-
-int channel_slices(int64_t m) {
-  const int64_t wanted = (m + kMinSliceElements - 1) / kMinSliceElements;
-  return static_cast<int>(wanted < 1 ? 1 : (wanted > kMaxSlices ? kMaxSlices : wanted));
-}
-
-__host__ __device__ __forceinline__ int64_t slice_length(int64_t m, int slices) {
-  return (m + slices - 1) / slices;
-}
 
 // Element e of channel ch of an [n, c, hw] tensor.
 __device__ __forceinline__ int64_t bn_index(int64_t e, int c, int ch, int64_t hw) {
@@ -529,7 +513,8 @@ void channel_sum(int n, int c, int64_t hw, const float* x, float* out) {
     return;
   }
   const int slices = channel_slices(m);
-  // Valid until the next workspace() call; every use is queued on the one stream first.
+  // Held until the last kernel reading the workspace is queued (context.h, Threading).
+  const SharedStateLock lock;
   double* partials = static_cast<double*>(
       Context::get().workspace(sizeof(double) * static_cast<std::size_t>(c) * slices));
   channel_partials_kernel<<<dim3(c, slices), kThreads, 0, stream()>>>(n, c, hw, x, partials);
@@ -591,6 +576,7 @@ void batchnorm_forward_train(const BatchNormShape& s, const float* x, const floa
   if (s.c <= 0 || m <= 0) return;
   const int slices = channel_slices(m);
   const std::size_t count = static_cast<std::size_t>(s.c) * slices;
+  const SharedStateLock lock;
   double* sum_partials =
       static_cast<double*>(Context::get().workspace(2 * count * sizeof(double)));
   double* sq_partials = sum_partials + count;
@@ -623,6 +609,7 @@ void batchnorm_backward(const BatchNormShape& s, const float* x, const float* dy
   if (s.c <= 0 || m <= 0) return;
   const int slices = channel_slices(m);
   const std::size_t count = static_cast<std::size_t>(s.c) * slices;
+  const SharedStateLock lock;
   double* dy_partials =
       static_cast<double*>(Context::get().workspace(2 * count * sizeof(double)));
   double* dy_xhat_partials = dy_partials + count;
@@ -653,16 +640,21 @@ double reduce_sum(int64_t n, const float* x) {
   // to finish. The count depends only on n (never on the GPU), keeping the order fixed.
   const int64_t wanted = (n + kThreads - 1) / kThreads;
   const int blocks = static_cast<int>(wanted < 1024 ? wanted : 1024);
-  double* partials = static_cast<double*>(ctx.workspace((blocks + 1) * sizeof(double)));
-  double* result = partials + blocks;
-  sum_partials_kernel<<<blocks, kThreads, 0, ctx.stream()>>>(n, x, partials);
-  ENGINE_CUDA_CHECK_LAUNCH("sum_partials_kernel");
-  sum_final_kernel<<<1, kThreads, 0, ctx.stream()>>>(blocks, partials, result);
-  ENGINE_CUDA_CHECK_LAUNCH("sum_final_kernel");
   double host = 0.0;
+  {
+    // Until the copy of the result is queued: a later user of the workspace is then
+    // ordered after it on the one stream, so the wait below needs no lock.
+    const SharedStateLock lock;
+    double* partials = static_cast<double*>(ctx.workspace((blocks + 1) * sizeof(double)));
+    double* result = partials + blocks;
+    sum_partials_kernel<<<blocks, kThreads, 0, ctx.stream()>>>(n, x, partials);
+    ENGINE_CUDA_CHECK_LAUNCH("sum_partials_kernel");
+    sum_final_kernel<<<1, kThreads, 0, ctx.stream()>>>(blocks, partials, result);
+    ENGINE_CUDA_CHECK_LAUNCH("sum_final_kernel");
+    ENGINE_CUDA_CHECK(cudaMemcpyAsync(&host, result, sizeof(double), cudaMemcpyDeviceToHost,
+                                      ctx.stream()));
+  }
   // Synchronous on purpose: the value is needed on the host now (once per epoch).
-  ENGINE_CUDA_CHECK(cudaMemcpyAsync(&host, result, sizeof(double), cudaMemcpyDeviceToHost,
-                                    ctx.stream()));
   ENGINE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
   return host;
 }

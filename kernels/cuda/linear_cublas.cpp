@@ -14,6 +14,7 @@ namespace engine::kernels::cuda {
 void linear_forward(const LinearShape& s, const float* x, const float* w, const float* b,
                     float* y) {
   if (s.n <= 0 || s.out <= 0) return;
+  const SharedStateLock lock;  // the cuBLAS handle (context.h, Threading)
   Context& ctx = Context::get();
   if (s.in <= 0) {  // empty product (cuBLAS rejects ld 0): y is the bias alone
     ENGINE_CUDA_CHECK(cudaMemsetAsync(y, 0, sizeof(float) * s.n * s.out, ctx.stream()));
@@ -32,6 +33,7 @@ void linear_forward(const LinearShape& s, const float* x, const float* w, const 
 void linear_backward(const LinearShape& s, const float* x, const float* w, const float* dy,
                      float* dx, float* dw, float* db) {
   if (s.n <= 0 || s.out <= 0) return;
+  const SharedStateLock lock;  // the cuBLAS handle (context.h, Threading)
   Context& ctx = Context::get();
   // db[j] = sum over samples of dy[i, j]: dy as [n, c=out, hw=1].
   if (db) channel_sum(s.n, s.out, 1, dy, db);

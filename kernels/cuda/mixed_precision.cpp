@@ -30,9 +30,10 @@
 // direction run with the math type its chosen result reports).
 //
 // Memory: the fp16 copies of the inputs and outputs live in one scratch buffer owned by
-// this file (grown on demand, stream-ordered like every allocation of the context);
-// the cuDNN workspace is the context's. All work runs on the context's one stream, so
-// each op may reuse the scratch as soon as the previous op's work was queued.
+// this file (grown on demand, never freed); the cuDNN workspace is the context's. All
+// work runs on the context's one stream, so each op may reuse the scratch as soon as
+// the previous op's work was queued; SharedStateLock keeps other threads' ops out
+// until then.
 #include <cstddef>
 #include <cstdint>
 
@@ -55,31 +56,11 @@ std::size_t half_bytes(int64_t count) { return static_cast<std::size_t>(count) *
 
 // ---- Scratch for fp16 copies ---------------------------------------------------------
 
-// One device buffer, grown (never shrunk) to the largest request. Leaked at exit like
-// the context itself, for the same reason (see context.h).
-class Scratch {
- public:
-  void* get(std::size_t bytes) {
-    if (bytes > bytes_) {
-      Context& ctx = Context::get();
-      ctx.release(ptr_);  // stream-ordered: queued work using it finishes first
-      ptr_ = nullptr;
-      bytes_ = 0;
-      const std::size_t mib = std::size_t{1} << 20;
-      const std::size_t rounded = (bytes + mib - 1) / mib * mib;
-      ptr_ = ctx.allocate(rounded);
-      bytes_ = rounded;
-    }
-    return ptr_;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  std::size_t bytes_ = 0;
-};
-
-Scratch& scratch() {
-  static Scratch* s = new Scratch();
+// One device buffer for the fp16 copies, grown to the largest request and never freed
+// (PersistentBuffer: a captured graph may hold its address). Leaked at exit like the
+// context itself, for the same reason (see context.h). Used under SharedStateLock.
+PersistentBuffer& scratch() {
+  static auto* s = new PersistentBuffer("fp16 scratch");
   return *s;
 }
 
@@ -121,6 +102,7 @@ void gemm_f16(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int 
 void conv2d_forward_f16(const ConvShape& s, const float* x, const float* w, const float* b,
                         float* y) {
   if (conv_is_empty(s)) return;
+  const SharedStateLock lock;  // scratch, handles (context.h, Threading)
   const int64_t nx = x_count(s), nw = w_count(s), ny = y_count(s);
   Carver carve(scratch().get(aligned(half_bytes(nx)) + aligned(half_bytes(nw)) +
                              aligned(half_bytes(ny))));
@@ -137,6 +119,7 @@ void conv2d_forward_f16(const ConvShape& s, const float* x, const float* w, cons
 void conv2d_backward_f16(const ConvShape& s, const float* x, const float* w, const float* dy,
                          float* dx, float* dw, float* db) {
   if (conv_is_empty(s)) return;
+  const SharedStateLock lock;  // scratch, handles (context.h, Threading)
   if (dx || dw) {
     const int64_t nx = x_count(s), nw = w_count(s), ny = y_count(s);
     // dy16 always; w16 and dx16 for dx; x16 and dw16 for dw.
@@ -175,6 +158,7 @@ void conv2d_backward_f16(const ConvShape& s, const float* x, const float* w, con
 void linear_forward_f16(const LinearShape& s, const float* x, const float* w, const float* b,
                         float* y) {
   if (s.n <= 0 || s.out <= 0) return;
+  const SharedStateLock lock;  // scratch, handles (context.h, Threading)
   Context& ctx = Context::get();
   if (s.in <= 0) {  // empty product (cuBLAS rejects ld 0): y is the bias alone
     ENGINE_CUDA_CHECK(cudaMemsetAsync(y, 0, sizeof(float) * s.n * s.out, ctx.stream()));
@@ -196,6 +180,7 @@ void linear_forward_f16(const LinearShape& s, const float* x, const float* w, co
 void linear_backward_f16(const LinearShape& s, const float* x, const float* w, const float* dy,
                          float* dx, float* dw, float* db) {
   if (s.n <= 0 || s.out <= 0) return;
+  const SharedStateLock lock;  // scratch, handles (context.h, Threading)
   Context& ctx = Context::get();
   if (db) channel_sum(s.n, s.out, 1, dy, db);  // fp32 dy, fixed-order sum
   if (s.in <= 0 || (!dx && !dw)) return;       // dx and dw are empty or not wanted

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CTest test `fuzz` (label fuzz): builds the fuzz build (clang, libFuzzer, ASan+UBSan,
-# CPU only) in BUILD_DIR, replays the regression corpus and the seed corpora of every
+# CPU only) in BUILD_DIR, replays the regression corpus (tests/fuzz/regressions.tar.xz, unpacked
+# by tools/fuzz.sh into BUILD_DIR/regressions) and the seed corpora of every
 # harness (every input must pass), runs every harness for SECONDS, and runs a crafted-file
 # campaign of CRAFTED files against ENGINE. Fails on any crash, hang, out-of-memory or
 # malformed rejection; prints the executions per harness. Exits 77 (skipped) when clang
@@ -40,5 +41,5 @@ if [ "$CRAFTED" -gt 0 ]; then
     --keep-dir "$BUILD/findings/crafted" || status=1
 fi
 echo "fuzz CI: $((SECONDS - start))s in all, $([ $status -eq 0 ] && echo passed || echo FAILED)"
-[ $status -eq 0 ] || echo "findings (inputs to replay with tools/fuzz.sh --replay once copied to tests/fuzz/regressions/TARGET/): $BUILD/findings"
+[ $status -eq 0 ] || echo "findings (to keep one: copy it to tests/fuzz/regressions/TARGET/, then tools/fuzz.sh --pack-regressions): $BUILD/findings"
 exit $status
