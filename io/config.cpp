@@ -384,7 +384,8 @@ Config config_from_json(const json& j, const std::string& origin) {
   r.real("data.std", d.std);
   r.require("data.std", d.std > 0, "must be > 0");
 
-  r.choice("model.name", c.model.name, {"fashion_cnn", "mlp"});
+  // The models are a layer above this one: require_choice against model_names().
+  r.nonempty_string("model.name", c.model.name);
   r.real("model.dropout", c.model.dropout);
   r.require("model.dropout", c.model.dropout >= 0 && c.model.dropout < 1, "must be in [0, 1)");
 
@@ -540,6 +541,15 @@ void apply_override(json& j, const std::string& assignment) {
   if (!node->is_object())
     throw ConfigError(one_line("--set: cannot set '" + key + "': the config is not a JSON object"));
   (*node)[parts.back()] = std::move(value);
+}
+
+void require_choice(const std::string& origin, const std::string& key, const std::string& value,
+                    const std::vector<std::string>& choices) {
+  if (std::find(choices.begin(), choices.end(), value) != choices.end()) return;
+  std::string list;
+  for (const std::string& c : choices) list += (list.empty() ? "" : ", ") + c;
+  throw ConfigError(one_line(origin + ": key '" + key + "' must be one of " + list + ", got " +
+                             short_dump(json(value))));
 }
 
 json config_to_json(const Config& c) {

@@ -22,6 +22,8 @@ struct DataConfig {
 };
 
 struct ModelConfig {
+  // A name the model factory knows: the CLI checks it against the registry
+  // (engine/models/registry.h, model_names()) with require_choice; a host may bring more.
   std::string name = "fashion_cnn";
   double dropout = 0.25;
 };
@@ -112,6 +114,11 @@ Config load_config(const std::string& path);
 // parsed as JSON when it can be (3, 1e-3, true, null, [0.9,0.99], "x"), else taken as a
 // string. An unknown key is a ConfigError naming the closest valid key.
 void apply_override(nlohmann::json& j, const std::string& assignment);
+// Throws the ConfigError a fixed choice gives ("<origin>: key 'model.name' must be one
+// of fashion_cnn, mlp, got \"x\"") unless `value` is one of `choices`: for choices the
+// config layer cannot know itself, such as model.name against the model registry.
+void require_choice(const std::string& origin, const std::string& key, const std::string& value,
+                    const std::vector<std::string>& choices);
 // The complete resolved config (every key, defaults filled in), e.g. for checkpoints.
 nlohmann::json config_to_json(const Config& c);
 // The defaults as JSON (the schema of valid keys).

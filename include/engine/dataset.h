@@ -11,6 +11,7 @@
 #include <string>
 
 #include "engine/config.h"
+#include "engine/errors.h"  // DataError, which get() throws
 #include "engine/image_shape.h"
 #include "engine/tensor.h"
 
