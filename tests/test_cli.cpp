@@ -17,7 +17,9 @@
 #include "cli_util.h"
 #include "engine/checkpoint.h"
 #include "engine/device.h"
+#include "engine/models/registry.h"
 #include "engine/tensor.h"
+#include "engine/trainer.h"
 
 using namespace test_util;
 namespace fs = std::filesystem;
@@ -336,7 +338,7 @@ TEST_CASE("a bad --set value is blamed on --set, not on the config file") {
   // The file's own mistakes still name the file.
   const std::string dir = fresh_dir("cli_blame");
   std::ofstream(dir + "/c.json") << R"({"train": {"epochs": 2.5}})";
-  r = run("train " + dir + "/c.json --set train.epochs=3");
+  r = run("train " + dir + "/c.json --set optimizer.lr=0.01");
   expect_one_line_error(r, {dir + "/c.json: key 'train.epochs' must be an integer, got number 2.5"});
 }
 
@@ -408,4 +410,18 @@ TEST_CASE("output to a file reaches it line by line: a second Ctrl-C loses no li
   CHECK(WEXITSTATUS(status) == 130);
   CHECK(log_has("training fashion_cnn"));
   CHECK(log_has("epoch 1/50"));
+}
+
+TEST_CASE("engine::DataError comes with the documented headers (engine/trainer.h) and names data.dir") {
+  engine::Config cfg;
+  cfg.data.dir = fresh_dir("cli_data_error") + "/none";
+  std::string msg;
+  try {
+    engine::Trainer t(cfg, engine::Device::cpu(), engine::make_model(cfg));
+  } catch (const engine::DataError& e) {  // declared in engine/errors.h, which trainer.h brings
+    msg = e.what();
+  }
+  CHECK(msg.find("data.dir") != std::string::npos);
+  CHECK(msg.find("apt-get install dataset-fashion-mnist") != std::string::npos);
+  CHECK(msg.find("sudo apt install") == std::string::npos);
 }
