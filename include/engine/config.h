@@ -11,6 +11,21 @@
 
 namespace engine {
 
+// The config's fixed choices, as the code uses them. JSON files, --set and checkpoints
+// spell them as to_string() does (docs/config.md); config_from_json turns the strings
+// into these, and config_to_json back.
+enum class OptimizerName { AdamW, Adam };        // "adamw" (decoupled weight decay) | "adam" (L2)
+enum class SchedulerName { Cosine, Constant };   // "cosine" | "constant"
+enum class PrecisionMode { Fp32, Fp16 };         // "fp32" | "fp16"
+enum class MonitorMetric { ValLoss, ValAcc };    // "val_loss" (lower is better) | "val_acc" (higher)
+enum class SaveErrorPolicy { Stop, Continue };   // "stop" | "continue"
+
+const char* to_string(OptimizerName v);
+const char* to_string(SchedulerName v);
+const char* to_string(PrecisionMode v);
+const char* to_string(MonitorMetric v);
+const char* to_string(SaveErrorPolicy v);
+
 struct DataConfig {
   std::string dir = "/usr/share/datasets/fashion-mnist";
   int batch_size = 128;
@@ -29,7 +44,7 @@ struct ModelConfig {
 };
 
 struct OptimizerConfig {
-  std::string name = "adamw";  // "adamw" | "adam"
+  OptimizerName name = OptimizerName::AdamW;
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
@@ -37,7 +52,7 @@ struct OptimizerConfig {
 };
 
 struct SchedulerConfig {
-  std::string name = "cosine";  // "cosine" | "constant"
+  SchedulerName name = SchedulerName::Cosine;
   std::optional<int64_t> t_max;  // null = train.epochs
   double eta_min = 0.0;
 };
@@ -50,12 +65,12 @@ struct LossScaleConfig {
 };
 
 struct PrecisionConfig {
-  std::string mode = "fp32";  // "fp32" | "fp16"
+  PrecisionMode mode = PrecisionMode::Fp32;
   LossScaleConfig loss_scale;
 };
 
 struct EarlyStoppingConfig {
-  std::string monitor = "val_loss";  // "val_loss" (lower is better) | "val_acc" (higher)
+  MonitorMetric monitor = MonitorMetric::ValLoss;
   int64_t patience = 5;              // 0 disables early stopping
   double min_delta = 1e-4;
 };
@@ -72,9 +87,9 @@ struct CheckpointConfig {
   std::optional<int64_t> every_n_steps;       // mid-epoch last.h5; null = none
   std::vector<int64_t> keep_epochs;           // milestones never rotated away
   bool verify = true;                         // reload and compare after each save
-  // What training does when the disk refuses a save (CheckpointWriteError): "stop"
-  // (fit throws it; the CLI exits 3) or "continue" (a warning; the next save retries).
-  std::string on_error = "stop";
+  // What training does when the disk refuses a save (CheckpointWriteError): Stop
+  // (fit throws it; the CLI exits 3) or Continue (a warning; the next save retries).
+  SaveErrorPolicy on_error = SaveErrorPolicy::Stop;
 };
 
 struct LoggingConfig {
