@@ -136,7 +136,7 @@ if stall is not None:
 elif os.path.exists(os.path.join(logs, "async_save.skipped")):
     extra.append("`tools/bench/async_save.sh` did not exist at this commit: no stall figures.")
 
-mode = "quick mode (`--quick`: small runs that check the pipeline; not figures to quote)" if quick else "full runs"
+mode = "`--quick`: small runs that check the pipeline, not figures to quote" if quick else "full runs"
 block = [f"**Measured at commit `{commit}`, {started} UTC, by `tools/bench/all.sh` ({mode}).** "
          f"Machine: {machine}; load average before {before}, after {after}.", "",
          "| benchmark | target | measured | met? |", "|---|---|---|---|"]
@@ -151,7 +151,7 @@ save_word = ("faster than" if ratios["save"] < 1 else "as fast as" if ratios["sa
 readme_text = (f"Saving the full training state takes {ratios['save']:.2f}× the time of `torch.save` + fsync "
                f"({save_word} PyTorch) and loading it {ratios['load']:.2f}× the time of `torch.load` "
                f"({load_word} PyTorch), medians of side-by-side rounds at commit `{commit}` "
-               f"({started} UTC{', quick mode' if quick else ''}; "
+               f"({started} UTC, load average {before.split()[0]}{', quick mode' if quick else ''}; "
                f"[docs/benchmarks.md](docs/benchmarks.md), \"Current figures\").")
 if ratios["load"] > 1:
     readme_text += f" **Loading is slower than `torch.load`** ({ratios['load']:.2f}×)."
