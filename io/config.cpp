@@ -154,15 +154,6 @@ std::string describe(const json& v) {
   }
 }
 
-std::string join(std::initializer_list<const char*> items) {
-  std::string out;
-  for (const char* item : items) {
-    if (!out.empty()) out += ", ";
-    out += item;
-  }
-  return out;
-}
-
 // ---------------------------------------------------------------------------------------
 // Reading validated values out of the user's JSON
 
@@ -303,12 +294,21 @@ class Reader {
     return true;
   }
 
-  bool choice(const std::string& key, std::string& out,
-              std::initializer_list<const char*> choices) const {
-    if (!string(key, out)) return false;
-    for (const char* c : choices)
-      if (out == c) return true;
-    fail(key, "must be one of " + join(choices) + ", got " + short_dump(*find(key)));
+  // A fixed choice: the string as written in JSON, turned into its enum here, so
+  // nothing past the config compares strings.
+  template <typename Enum>
+  bool choice(const std::string& key, Enum& out, std::initializer_list<Enum> choices) const {
+    std::string text;
+    if (!string(key, text)) return false;
+    std::string names;
+    for (const Enum c : choices) {
+      if (text == to_string(c)) {
+        out = c;
+        return true;
+      }
+      names += (names.empty() ? "" : ", ") + std::string(to_string(c));
+    }
+    fail(key, "must be one of " + names + ", got " + short_dump(*find(key)));
   }
 
   bool boolean(const std::string& key, bool& out) const {
@@ -362,6 +362,12 @@ std::string describe_parse_error(const json::parse_error& e) {
 
 // ---------------------------------------------------------------------------------------
 
+const char* to_string(OptimizerName v) { return v == OptimizerName::AdamW ? "adamw" : "adam"; }
+const char* to_string(SchedulerName v) { return v == SchedulerName::Cosine ? "cosine" : "constant"; }
+const char* to_string(PrecisionMode v) { return v == PrecisionMode::Fp32 ? "fp32" : "fp16"; }
+const char* to_string(MonitorMetric v) { return v == MonitorMetric::ValLoss ? "val_loss" : "val_acc"; }
+const char* to_string(SaveErrorPolicy v) { return v == SaveErrorPolicy::Stop ? "stop" : "continue"; }
+
 Config config_from_json(const json& j, const std::string& origin) {
   const Reader r(j, origin);
   if (!j.is_object()) r.fail("config must be a JSON object, got " + describe(j));
@@ -384,12 +390,13 @@ Config config_from_json(const json& j, const std::string& origin) {
   r.real("data.std", d.std);
   r.require("data.std", d.std > 0, "must be > 0");
 
-  r.choice("model.name", c.model.name, {"fashion_cnn", "mlp"});
+  // The models are a layer above this one: require_choice against model_names().
+  r.nonempty_string("model.name", c.model.name);
   r.real("model.dropout", c.model.dropout);
   r.require("model.dropout", c.model.dropout >= 0 && c.model.dropout < 1, "must be in [0, 1)");
 
   OptimizerConfig& o = c.optimizer;
-  r.choice("optimizer.name", o.name, {"adamw", "adam"});
+  r.choice("optimizer.name", o.name, {OptimizerName::AdamW, OptimizerName::Adam});
   r.real("optimizer.lr", o.lr);
   r.require("optimizer.lr", o.lr > 0, "must be > 0");
   if (const json* betas = r.find("optimizer.betas")) {
@@ -410,13 +417,13 @@ Config config_from_json(const json& j, const std::string& origin) {
   r.require("optimizer.weight_decay", o.weight_decay >= 0, "must be >= 0");
 
   SchedulerConfig& s = c.scheduler;
-  r.choice("scheduler.name", s.name, {"cosine", "constant"});
+  r.choice("scheduler.name", s.name, {SchedulerName::Cosine, SchedulerName::Constant});
   r.optional_integer("scheduler.t_max", s.t_max, 1, kInt64Max);
   r.real("scheduler.eta_min", s.eta_min);
   r.require("scheduler.eta_min", s.eta_min >= 0, "must be >= 0");
 
   PrecisionConfig& p = c.precision;
-  r.choice("precision.mode", p.mode, {"fp32", "fp16"});
+  r.choice("precision.mode", p.mode, {PrecisionMode::Fp32, PrecisionMode::Fp16});
   LossScaleConfig& ls = p.loss_scale;
   r.real("precision.loss_scale.init", ls.init);
   r.require("precision.loss_scale.init", ls.init > 0, "must be > 0");
@@ -429,7 +436,8 @@ Config config_from_json(const json& j, const std::string& origin) {
 
   TrainConfig& t = c.train;
   r.integer("train.epochs", t.epochs, 1, kInt64Max);
-  r.choice("train.early_stopping.monitor", t.early_stopping.monitor, {"val_loss", "val_acc"});
+  r.choice("train.early_stopping.monitor", t.early_stopping.monitor,
+           {MonitorMetric::ValLoss, MonitorMetric::ValAcc});
   r.integer("train.early_stopping.patience", t.early_stopping.patience, 0, kInt64Max);
   r.real("train.early_stopping.min_delta", t.early_stopping.min_delta);
   r.require("train.early_stopping.min_delta", t.early_stopping.min_delta >= 0, "must be >= 0");
@@ -448,7 +456,7 @@ Config config_from_json(const json& j, const std::string& origin) {
                                                (*keep)[i], 1, kInt64Max));
   }
   r.boolean("checkpoint.verify", ck.verify);
-  r.choice("checkpoint.on_error", ck.on_error, {"stop", "continue"});
+  r.choice("checkpoint.on_error", ck.on_error, {SaveErrorPolicy::Stop, SaveErrorPolicy::Continue});
 
   r.boolean("logging.tensorboard", c.logging.tensorboard);
 
@@ -542,6 +550,15 @@ void apply_override(json& j, const std::string& assignment) {
   (*node)[parts.back()] = std::move(value);
 }
 
+void require_choice(const std::string& origin, const std::string& key, const std::string& value,
+                    const std::vector<std::string>& choices) {
+  if (std::find(choices.begin(), choices.end(), value) != choices.end()) return;
+  std::string list;
+  for (const std::string& c : choices) list += (list.empty() ? "" : ", ") + c;
+  throw ConfigError(one_line(origin + ": key '" + key + "' must be one of " + list + ", got " +
+                             short_dump(json(value))));
+}
+
 json config_to_json(const Config& c) {
   json j;
   j["seed"] = c.seed;
@@ -557,20 +574,20 @@ json config_to_json(const Config& c) {
   };
   j["model"] = {{"name", c.model.name}, {"dropout", c.model.dropout}};
   j["optimizer"] = {
-      {"name", c.optimizer.name},
+      {"name", to_string(c.optimizer.name)},
       {"lr", c.optimizer.lr},
       {"betas", json::array({c.optimizer.beta1, c.optimizer.beta2})},
       {"eps", c.optimizer.eps},
       {"weight_decay", c.optimizer.weight_decay},
   };
   j["scheduler"] = {
-      {"name", c.scheduler.name},
+      {"name", to_string(c.scheduler.name)},
       {"t_max", nullable(c.scheduler.t_max)},
       {"eta_min", c.scheduler.eta_min},
   };
   const LossScaleConfig& ls = c.precision.loss_scale;
   j["precision"] = {
-      {"mode", c.precision.mode},
+      {"mode", to_string(c.precision.mode)},
       {"loss_scale",
        {
            {"init", ls.init},
@@ -583,7 +600,7 @@ json config_to_json(const Config& c) {
       {"epochs", c.train.epochs},
       {"early_stopping",
        {
-           {"monitor", c.train.early_stopping.monitor},
+           {"monitor", to_string(c.train.early_stopping.monitor)},
            {"patience", c.train.early_stopping.patience},
            {"min_delta", c.train.early_stopping.min_delta},
        }},
@@ -595,7 +612,7 @@ json config_to_json(const Config& c) {
       {"every_n_steps", nullable(c.checkpoint.every_n_steps)},
       {"keep_epochs", json(c.checkpoint.keep_epochs)},
       {"verify", c.checkpoint.verify},
-      {"on_error", c.checkpoint.on_error},
+      {"on_error", to_string(c.checkpoint.on_error)},
   };
   j["logging"] = {{"tensorboard", c.logging.tensorboard}};
   j["cuda"] = {{"deterministic", c.cuda.deterministic}};

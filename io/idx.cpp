@@ -20,7 +20,7 @@ constexpr int64_t kMaxCount = 100'000'000;
 constexpr int kMaxSide = 4096;
 constexpr int kNumClasses = 10;
 
-const char* const kInstallHint = "install the dataset with: sudo apt install dataset-fashion-mnist";
+const char* const kInstallHint = "install the dataset with: apt-get install dataset-fashion-mnist (as root, or with sudo)";
 
 std::string hex32(uint32_t v) {
   char buf[16];

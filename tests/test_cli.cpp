@@ -2,9 +2,14 @@
 #include <doctest/doctest.h>
 
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <set>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -12,6 +17,9 @@
 #include "cli_util.h"
 #include "engine/checkpoint.h"
 #include "engine/device.h"
+#include "engine/models/registry.h"
+#include "engine/tensor.h"
+#include "engine/trainer.h"
 
 using namespace test_util;
 namespace fs = std::filesystem;
@@ -31,6 +39,26 @@ void expect_one_line_error(const RunResult& r, const std::vector<std::string>& n
 }
 
 std::string config() { return "\"" + source_dir() + "/configs/mnist.json\""; }
+
+// The directories --fresh moved earlier runs of `dir` to (<dir>.replaced-<UTC time>).
+std::vector<fs::path> replaced_dirs(const std::string& dir) {
+  std::vector<fs::path> out;
+  const std::string prefix = fs::path(dir).filename().string() + ".replaced-";
+  for (const auto& e : fs::directory_iterator(fs::path(dir).parent_path()))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path());
+  return out;
+}
+
+// The option names (--xyz) a help text or a line of docs mentions.
+std::set<std::string> option_names(const std::string& text) {
+  std::set<std::string> out;
+  for (size_t i = text.find("--"); i != std::string::npos; i = text.find("--", i + 2)) {
+    size_t j = i + 2;
+    while (j < text.size() && (std::isalnum(static_cast<unsigned char>(text[j])) || text[j] == '-')) ++j;
+    if (j > i + 2) out.insert(text.substr(i, j - i));
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -53,7 +81,7 @@ TEST_CASE("help texts explain every option") {
 TEST_CASE("bad input: one-line errors naming the file or key, non-zero exit") {
   const std::string dir = fresh_dir("cli_errors");
   expect_one_line_error(run("train " + config() + " --device cpu --set data.dir=/nonexistent/fm"),
-                        {"/nonexistent/fm", "data.dir", "apt install dataset-fashion-mnist"});
+                        {"/nonexistent/fm", "data.dir", "apt-get install dataset-fashion-mnist (as root, or with sudo)"});
   expect_one_line_error(run("train " + config() + " --set optimizer.lrr=0.1"),
                         {"optimizer.lrr", "optimizer.lr"});
   expect_one_line_error(run("train " + config() + " --set optimizer.lr=-0.001"), {"optimizer.lr"});
@@ -91,6 +119,7 @@ TEST_CASE("IDX data errors are one line and name the file") {
 TEST_CASE("train, inspect, verify, eval, diff and a corrupted byte, end to end") {
   if (!dataset_available()) return;
   const std::string dir = fresh_dir("cli_e2e");
+  for (const fs::path& p : replaced_dirs(dir)) fs::remove_all(p);
   RunResult r = run(small_run(dir) + " --set train.epochs=2 --set checkpoint.every_n_epochs=1 --set checkpoint.keep_last=1");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
@@ -143,14 +172,39 @@ TEST_CASE("train, inspect, verify, eval, diff and a corrupted byte, end to end")
   fs::resize_file(dir + "/short.h5", fs::file_size(dir + "/short.h5") - 1000);
   expect_one_line_error(run("verify " + dir + "/short.h5"), {"short.h5"});
 
-  // A finished run restarted with the same command has nothing left to do.
+  // A finished run restarted with the same command has nothing left to do: it says so and
+  // does not evaluate the test set again (metrics.jsonl untouched) unless asked.
+  const auto metrics_time = fs::last_write_time(dir + "/metrics.jsonl");
   r = run(small_run(dir) + " --set train.epochs=2 --set checkpoint.every_n_epochs=1 --set checkpoint.keep_last=1");
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("resuming from epoch 2") != std::string::npos);
-  // --fresh starts over.
+  CHECK(r.output.find("already complete") != std::string::npos);
+  CHECK(r.output.find("test: loss") == std::string::npos);
+  CHECK(fs::last_write_time(dir + "/metrics.jsonl") == metrics_time);
+  r = run("resume " + dir + "/last.h5");
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("already complete") != std::string::npos);
+  r = run(small_run(dir) + " --set train.epochs=2 --set checkpoint.every_n_epochs=1 --set checkpoint.keep_last=1 --reevaluate");
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("already complete") == std::string::npos);
+  CHECK(r.output.find("test: loss") != std::string::npos);
+  // --fresh starts over, and the previous run's files go aside: the run directory holds
+  // only the new run's (epoch_0002.h5 of the old run was listed by the report).
   r = run(small_run(dir) + " --set train.epochs=1 --fresh");
+  INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("resuming") == std::string::npos);
+  CHECK(r.output.find("--fresh: moved the previous run's") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir + "/epoch_0002.h5"));
+  CHECK(read_lines(dir + "/metrics.jsonl").size() == 2);  // epoch 1 and the test result
+  CHECK(engine::load_checkpoint(dir + "/last.h5").groups.at("trainer").get_int("epoch") == 1);
+  const std::vector<fs::path> aside = replaced_dirs(dir);
+  REQUIRE(aside.size() == 1);
+  CHECK(r.output.find(aside[0].string()) != std::string::npos);
+  CHECK(fs::exists(aside[0] / "epoch_0002.h5"));
+  CHECK(fs::exists(aside[0] / "last.h5"));
+  CHECK(read_lines((aside[0] / "metrics.jsonl").string()).size() == 3);
+  fs::remove_all(aside[0]);
 }
 
 TEST_CASE("resume with another training-set size: accepted at an epoch boundary, refused mid-epoch saying why") {
@@ -202,4 +256,172 @@ TEST_CASE("one writer per run directory: a second train or resume is refused at 
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("resuming from epoch") != std::string::npos);
   CHECK(fs::file_size(dir + "/.lock") == 0);  // released cleanly
+}
+
+TEST_CASE("each command takes only its own options: any other is a one-line usage error, exit 2") {
+  const std::string dir = fresh_dir("cli_usage");
+  const std::string ckpt = source_dir() + "/tests/data/checkpoint_v2_cpu_mid_epoch.h5";
+  struct Case {
+    std::string args;
+    std::vector<std::string> needles;
+  };
+  const Case cases[] = {
+      {"train " + config() + " --non-strict", {"train", "--non-strict"}},
+      {"train " + config() + " --dump-logits x", {"train", "--dump-logits"}},
+      {"resume \"" + ckpt + "\" --fresh", {"resume", "--fresh"}},
+      {"eval --set train.epochs=99 --run-dir /nonexistent \"" + ckpt + "\"", {"eval", "--set"}},
+      {"verify --dump-logits " + dir + "/zz \"" + ckpt + "\"", {"verify", "--dump-logits"}},
+      {"inspect \"" + ckpt + "\" --device cpu", {"inspect", "--device"}},
+      {"diff \"" + ckpt + "\"", {"diff"}},
+      {"inspect a.h5 b.h5", {"inspect", "b.h5"}},
+      {"report " + dir + " --set x=1", {"report", "--set"}},
+      {"version --fresh", {"version", "--fresh"}},
+      {"train", {"train", "CONFIG.json"}},
+      {"train " + config() + " --stop-after-epochs 0", {"--stop-after-epochs", ">= 1", "'0'"}},
+      {"train " + config() + " --stop-after-epochs two", {"--stop-after-epochs", "'two'"}},
+      {"train " + config() + " --time-limit 2x", {"--time-limit", "2d", "'2x'"}},
+      {"eval \"" + ckpt + "\" --limit 0", {"eval", "--limit"}},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.args);
+    const RunResult r = run(c.args);
+    expect_one_line_error(r, c.needles);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.rfind("engine: ", 0) == 0);
+  }
+  CHECK_FALSE(fs::exists(dir + "/zz"));
+}
+
+TEST_CASE("--help of each command lists its own options, the same as docs/cli.md's table row") {
+  std::ifstream in(source_dir() + "/docs/cli.md");
+  std::vector<std::string> doc;
+  for (std::string l; std::getline(in, l);) doc.push_back(l);
+  const std::set<std::string> generic = {"--help"};
+  for (const char* cmd : {"train", "resume", "eval", "inspect", "verify", "diff", "report", "version"}) {
+    CAPTURE(cmd);
+    const RunResult r = run(std::string(cmd) + " --help");
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.rfind(std::string("usage: engine ") + cmd, 0) == 0);
+    std::set<std::string> help = option_names(r.output);
+    // The footers mention --set train.epochs=N and the like; the options are what the
+    // option list declares: lines that start with "  -".
+    std::set<std::string> declared;
+    std::istringstream lines(r.output);
+    for (std::string l; std::getline(lines, l);)
+      if (l.rfind("  -", 0) == 0) {
+        const auto names = option_names(l.substr(0, l.find(' ', 2) == std::string::npos ? l.size() : l.find(' ', 3)));
+        declared.insert(names.begin(), names.end());
+      }
+    for (const std::string& g : generic) declared.erase(g);
+    std::string row;
+    for (const std::string& l : doc)
+      if (l.rfind(std::string("| `engine ") + cmd + " ", 0) == 0 || l.rfind(std::string("| `engine ") + cmd + "`", 0) == 0)
+        row = l;
+    REQUIRE_MESSAGE(!row.empty(), "docs/cli.md has no table row for engine " << cmd);
+    const std::string synopsis = row.substr(3, row.find('`', 3) - 3);  // | `engine ...` |
+    CHECK(declared == option_names(synopsis));
+  }
+  const RunResult train = run("train --help");
+  for (const char* text : {"2d", "D-HH:MM:SS", "SIGUSR1", "--reevaluate", "already complete", ">= 1"})
+    CHECK(train.output.find(text) != std::string::npos);
+  CHECK(run("eval --help").output.find("--fresh") == std::string::npos);
+}
+
+TEST_CASE("a bad --set value is blamed on --set, not on the config file") {
+  RunResult r = run("train " + config() + " --set train.epochs=3.0");
+  expect_one_line_error(r, {"--set: key 'train.epochs' must be an integer, got number 3.0"});
+  CHECK(r.output.find("mnist.json") == std::string::npos);
+  r = run("train " + config() + " --set model.name=resnet");
+  expect_one_line_error(r, {"--set: key 'model.name' must be one of fashion_cnn, mlp, got \"resnet\""});
+  r = run("train " + config() + " --device gpu");
+  expect_one_line_error(r, {"--device/--run-dir: key 'device'", "gpu"});
+  // The file's own mistakes still name the file.
+  const std::string dir = fresh_dir("cli_blame");
+  std::ofstream(dir + "/c.json") << R"({"train": {"epochs": 2.5}})";
+  r = run("train " + dir + "/c.json --set optimizer.lr=0.01");
+  expect_one_line_error(r, {dir + "/c.json: key 'train.epochs' must be an integer, got number 2.5"});
+}
+
+TEST_CASE("Device::cuda() without a usable GPU gives resolve_device's plain reason, no source path") {
+  if (engine::cuda_device_count() > 0) return;
+  std::string expected, got;
+  try {
+    engine::resolve_device("cuda:0");
+  } catch (const std::exception& e) {
+    expected = e.what();
+  }
+  REQUIRE(!expected.empty());
+  try {
+    engine::Tensor t = engine::Tensor::zeros({4}, engine::DType::F32, engine::Device::cuda());
+  } catch (const std::exception& e) {
+    got = e.what();
+  }
+  CHECK(got == expected);
+  CHECK(got.find(".cpp") == std::string::npos);
+  CHECK(got.find("cudaError") == std::string::npos);
+}
+
+TEST_CASE("output to a file reaches it line by line: a second Ctrl-C loses no line already printed") {
+  if (!dataset_available()) return;
+  const std::string dir = fresh_dir("cli_double_int");
+  const std::string log = dir + "/log.txt";
+  // The engine in a child of ours, stdout and stderr redirected to a file.
+  const std::string cmd = "exec " + engine_bin() + " " + small_run(dir + "/r") +
+                          " --set train.epochs=50 --set data.train_limit=2048 > " + log + " 2>&1";
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  bool exited = false;
+  struct Reaper {  // a failed REQUIRE leaves no engine running
+    pid_t pid;
+    bool& exited;
+    ~Reaper() {
+      if (!exited) ::kill(pid, SIGKILL), ::waitpid(pid, nullptr, 0);
+    }
+  } reaper{pid, exited};
+  auto alive = [&] {
+    if (!exited && ::waitpid(pid, &status, WNOHANG) == pid) exited = true;
+    return !exited;
+  };
+  auto log_has = [&](const std::string& needle) {
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return text.find(needle) != std::string::npos;
+  };
+  // Epoch 1 is over once metrics.jsonl exists; its line must be in the file already.
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!fs::exists(dir + "/r/metrics.jsonl") && alive() &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(alive());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  CHECK(log_has("training fashion_cnn"));
+  CHECK(log_has("epoch 1/50"));
+  ::kill(pid, SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ::kill(pid, SIGINT);
+  for (int i = 0; i < 1000 && alive(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE_FALSE(alive());
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 130);
+  CHECK(log_has("training fashion_cnn"));
+  CHECK(log_has("epoch 1/50"));
+}
+
+TEST_CASE("engine::DataError comes with the documented headers (engine/trainer.h) and names data.dir") {
+  engine::Config cfg;
+  cfg.data.dir = fresh_dir("cli_data_error") + "/none";
+  std::string msg;
+  try {
+    engine::Trainer t(cfg, engine::Device::cpu(), engine::make_model(cfg));
+  } catch (const engine::DataError& e) {  // declared in engine/errors.h, which trainer.h brings
+    msg = e.what();
+  }
+  CHECK(msg.find("data.dir") != std::string::npos);
+  CHECK(msg.find("apt-get install dataset-fashion-mnist") != std::string::npos);
+  CHECK(msg.find("sudo apt install") == std::string::npos);
 }

@@ -365,9 +365,9 @@ TEST_CASE("a missing directory or file says how to install the dataset") {
     const std::string dir = (fresh_dir("missing") / "no_such_dir").string();
     const std::string msg = data_error([&] { engine::load_fashion_mnist(dir); });
     CHECK(msg == "data directory '" + dir +
-                     "' not found (key data.dir); install the dataset with: sudo apt install "
-                     "dataset-fashion-mnist");
-    CHECK(contains(msg, "apt install dataset-fashion-mnist"));
+                     "' not found (key data.dir); install the dataset with: apt-get install "
+                     "dataset-fashion-mnist (as root, or with sudo)");
+    CHECK(contains(msg, "apt-get install dataset-fashion-mnist"));
     CHECK(contains(msg, "data.dir"));
   }
   SUBCASE("missing file in an existing directory") {
@@ -379,7 +379,7 @@ TEST_CASE("a missing directory or file says how to install the dataset") {
     CHECK(contains(msg, "'t10k-labels-idx1-ubyte'"));
     CHECK(contains(msg, dir.string()));
     CHECK(contains(msg, "data.dir"));
-    CHECK(contains(msg, "apt install dataset-fashion-mnist"));
+    CHECK(contains(msg, "apt-get install dataset-fashion-mnist"));
   }
 }
 

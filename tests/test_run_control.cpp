@@ -225,7 +225,7 @@ TEST_CASE("Trainer::restore: scaler state follows the config; the loss buffer ma
   const Config fp32_cfg = tiny_config(dir + "/a");
   Trainer fp32(fp32_cfg, Device::cpu(), make_model(fp32_cfg));
   Config fp16_cfg = tiny_config(dir + "/b");
-  fp16_cfg.precision.mode = "fp16";
+  fp16_cfg.precision.mode = engine::PrecisionMode::Fp16;
   Trainer fp16(fp16_cfg, Device::cpu(), make_model(fp16_cfg));
   CHECK(fp16.restore(fp32.snapshot(), LoadMode::Strict).clean());
   const StateDict scaler = fp16.snapshot().groups.at("scaler");
@@ -268,7 +268,7 @@ TEST_CASE("Trainer::restore rolls back every component it touched, the failing o
   const std::string dir = fresh_dir("run_control_rollback");
   // fp16 (on the CPU: scaler enabled but inactive), so the scaler's state can differ too.
   Config cfg = tiny_config(dir + "/a");
-  cfg.precision.mode = "fp16";
+  cfg.precision.mode = engine::PrecisionMode::Fp16;
   Trainer target(cfg, Device::cpu(), make_model(cfg));
   Config other_cfg = cfg;
   other_cfg.seed = 7;  // other weights, other RNG

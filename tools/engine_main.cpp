@@ -1,13 +1,20 @@
 // The `engine` command line: a thin layer over the library (engine/trainer.h,
-// engine/checkpoint.h). Every error is one line on stderr and a non-zero exit.
+// engine/checkpoint.h, engine/inference.h). Arguments are parsed by CLI11, one
+// subcommand at a time: a command takes only its own options and refuses any other with
+// a one-line usage error (exit 2). Every other error is one line on stderr, exit 1.
 #include <malloc.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -18,14 +25,15 @@
 #include <vector>
 
 #include "engine/build_info.h"
-#include "engine/trainer.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
-#include "engine/idx.h"
+#include "engine/dataset.h"
+#include "engine/inference.h"
+#include "engine/models/registry.h"
 #include "report/report.h"
 #include "engine/run_control.h"
 #include "engine/run_lock.h"
-#include "engine/models/registry.h"
+#include "engine/trainer.h"
 
 namespace fs = std::filesystem;
 using namespace engine;
@@ -49,139 +57,248 @@ commands:
 Run `engine <command> --help` for the options of a command.
 )";
 
-const char* kTrainHelp = R"(usage: engine train CONFIG.json [options]
-
-Trains the model described by CONFIG.json (see docs/config.md). If the run directory
-already holds last.h5, training resumes from it ("resuming from epoch N"); --fresh
-starts over. Ctrl-C or SIGTERM stops after the current step (or evaluation batch) and
-writes last.h5 first (exit 130); a second Ctrl-C exits at once. SIGUSR1 writes last.h5
-and training goes on (Slurm: --signal=USR1@90). One run at a time per run directory: a
-second `train` or `resume` on it is refused, naming the process that holds it.
-Exit status: 0 done, 130 stopped by a signal, 75 stopped by --time-limit, 3 a save
-failed (disk full, I/O error; checkpoint.on_error = stop) with the previous checkpoint
-intact, 1 error, 2 usage.
-
-options:
-  --device cpu|cuda|cuda:N|auto   where to train (overrides the config's `device`)
-  --run-dir DIR                   where checkpoints, metrics.jsonl go (overrides checkpoint.dir)
-  --set KEY=VALUE                 override any config key, dotted (repeatable), e.g.
-                                  --set train.epochs=3 --set data.train_limit=2000
-  --fresh                         ignore an existing last.h5 and start from scratch
-  --stop-after-epochs K           stop cleanly once K epochs are complete (resume later)
-  --time-limit T                  stop cleanly, last.h5 saved, before T of wall-clock time
-                                  has passed since start (exit 75; run again to go on):
-                                  5400, 5400s, 90m, 1.5h, MM:SS, HH:MM:SS or D-HH:MM:SS
-  -h, --help                      this help
-)";
-
-const char* kResumeHelp = R"(usage: engine resume CKPT.h5 [options]
-
-Continues the run recorded in CKPT.h5 with the config stored inside it, writing into
-the run directory recorded there unless --run-dir names another. A checkpoint saved on
-a GPU resumes on a CPU and the reverse.
-
-options:
-  --device cpu|cuda|cuda:N|auto   where to continue (default: the config's device)
-  --run-dir DIR                   where to write from now on
-  --set KEY=VALUE                 override config keys (e.g. train.epochs=30)
-  --non-strict                    apply what matches; print missing/unexpected keys
-  --stop-after-epochs K, --time-limit T   as for train
-  (signals, the run-directory lock and exit statuses as for train)
-  -h, --help                      this help
-)";
-
-const char* kEvalHelp = R"(usage: engine eval CKPT.h5 [options]
-
-Evaluates the model of a checkpoint on the test set: loss, accuracy, confusion matrix.
-
-options:
-  --device cpu|cuda|cuda:N|auto   where to evaluate (default auto)
-  --data-dir DIR                  dataset directory (default: the checkpoint's data.dir)
-  --dump-logits FILE              write the test logits as float32 little-endian [N, classes]
-  --limit N                       evaluate only the first N test images
-  -h, --help                      this help
-)";
-
-const char* kReportHelp = R"(usage: engine report RUN_DIR [options]
-
-Writes one self-contained HTML file (no network, no scripts; open it in any browser)
-with the loss, accuracy, learning-rate and loss-scale curves per epoch (from
-RUN_DIR/metrics.jsonl, else the metrics of RUN_DIR/last.h5), the confusion matrix of
-best.h5 on the test set, the run's config, and the checkpoints present with their
-epoch, size and integrity.
-
-options:
-  -o, --output FILE               where to write (default RUN_DIR/report.html)
-  --device cpu|cuda|cuda:N|auto   where to evaluate best.h5 (default auto)
-  --data-dir DIR                  dataset directory (default: best.h5's data.dir)
-  -h, --help                      this help
-)";
-
-struct Args {
-  std::vector<std::string> positional;
-  std::vector<std::string> sets;
-  std::string device, run_dir, dump_logits, data_dir, output;
-  bool fresh = false, non_strict = false, help = false;
-  std::optional<int64_t> stop_after_epochs, limit;
-  std::optional<double> time_limit;  // seconds
-};
-
+constexpr int kExitUsage = 2;
 // Exit status of train/resume when the disk refused a save (docs/cli.md).
 constexpr int kExitSaveFailed = 3;
-// When the process started: --time-limit counts from here, as a scheduler does.
-const auto g_process_start = std::chrono::steady_clock::now();
-
 // Exit statuses of a training run that stopped before its end.
 constexpr int kExitInterrupted = 130;  // Ctrl-C / SIGTERM, last.h5 saved
 constexpr int kExitTimeLimit = 75;     // --time-limit reached, last.h5 saved (EX_TEMPFAIL)
+// When the process started: --time-limit counts from here, as a scheduler does.
+const auto g_process_start = std::chrono::steady_clock::now();
 
 [[noreturn]] void fail(const std::string& msg, int code = 1) {
+  std::cout << std::flush;
   std::cerr << "engine: " << msg << "\n";
   std::exit(code);
 }
 
-int64_t parse_int(const std::string& opt, const std::string& v) {
-  try {
-    std::size_t used = 0;
-    const long long x = std::stoll(v, &used);
-    if (used != v.size() || x < 0) throw std::invalid_argument("");
-    return x;
-  } catch (...) {
-    fail(opt + " expects a non-negative integer, got '" + v + "'", 2);
+// ---- options -------------------------------------------------------------------------
+
+// What `train` and `resume` share.
+struct RunOptions {
+  std::string device, run_dir;
+  std::vector<std::string> sets;
+  std::optional<int64_t> stop_after_epochs;
+  std::optional<double> time_limit;  // seconds
+  bool reevaluate = false;
+};
+
+struct TrainOptions {
+  std::string config_path;
+  bool fresh = false;
+  RunOptions run;
+};
+
+struct ResumeOptions {
+  std::string checkpoint;
+  bool non_strict = false;
+  RunOptions run;
+};
+
+struct EvalOptions {
+  std::string checkpoint, device = "auto", data_dir, dump_logits;
+  std::optional<int64_t> limit;
+};
+
+struct ReportCliOptions {
+  std::string run_dir, output, device, data_dir;
+};
+
+struct Commands {
+  TrainOptions train;
+  ResumeOptions resume;
+  EvalOptions eval;
+  ReportCliOptions report;
+  std::string inspect_path, verify_path;
+  std::string diff_a, diff_b;
+};
+
+const std::string kTimeLimitFormats = "5400, 5400s, 90m, 1.5h, 2d, MM:SS, HH:MM:SS or D-HH:MM:SS";
+
+// Help as the rest of the CLI writes it: "usage: engine train [options] CONFIG.json"
+// first, then what the command does, then its options with their text wrapped to fit
+// 80 columns.
+class HelpFormatter : public CLI::Formatter {
+ public:
+  static constexpr std::size_t kColumn = 34, kWidth = 80;
+  HelpFormatter() {
+    label("Usage", "usage");
+    label("OPTIONS", "options");
+    label("Positionals", "arguments");
+    label("Options", "options");
+    label("REQUIRED", "");
+    label("TEXT", "");
+    column_width(kColumn);
   }
+  std::string make_help(const CLI::App* app, std::string name, CLI::AppFormatMode mode) const override {
+    if (mode == CLI::AppFormatMode::Sub) return make_expanded(app);
+    std::string footer = make_footer(app);
+    if (!footer.empty()) footer = "\n" + footer + "\n";
+    return make_usage(app, name) + "\n" + wrap(app->get_description(), 0) + "\n" + make_positionals(app) +
+           make_groups(app, mode) + footer;
+  }
+  std::string make_group(std::string group, bool is_positional, std::vector<const CLI::Option*> opts) const override {
+    return CLI::Formatter::make_group(group == "Options" ? "options" : group, is_positional, std::move(opts));
+  }
+  std::string make_option_desc(const CLI::Option* opt) const override {
+    return wrap(opt->get_description(), kColumn);
+  }
+  std::string make_option_opts(const CLI::Option* opt) const override {
+    return opt->get_type_name().empty() ? "" : " " + opt->get_type_name();
+  }
+
+ private:
+  // Words of `text` in lines of at most kWidth columns, the first starting at `indent`;
+  // the caller indents the lines after it.
+  static std::string wrap(const std::string& text, std::size_t indent) {
+    std::istringstream words(text);
+    std::string out, word;
+    std::size_t col = indent;
+    for (bool first = true; words >> word; first = false) {
+      if (!first && col + 1 + word.size() > kWidth) {
+        out += "\n";
+        col = indent;
+      } else if (!first) {
+        out += " ";
+        ++col;
+      }
+      out += word;
+      col += word.size();
+    }
+    return out;
+  }
+};
+
+std::shared_ptr<CLI::Formatter> make_formatter() { return std::make_shared<HelpFormatter>(); }
+
+void add_device_option(CLI::App* c, std::string& device, const std::string& what) {
+  c->add_option("--device", device, what)->type_name("cpu|cuda|cuda:N|auto");
 }
 
-Args parse_args(int argc, char** argv, int first) {
-  Args a;
-  for (int i = first; i < argc; ++i) {
-    const std::string s = argv[i];
-    auto value = [&](const std::string& opt) -> std::string {
-      if (i + 1 >= argc) fail(opt + " needs a value", 2);
-      return argv[++i];
-    };
-    if (s == "-h" || s == "--help") a.help = true;
-    else if (s == "--device") a.device = value(s);
-    else if (s == "--run-dir") a.run_dir = value(s);
-    else if (s == "--set") a.sets.push_back(value(s));
-    else if (s.rfind("--set=", 0) == 0) a.sets.push_back(s.substr(6));
-    else if (s == "--fresh") a.fresh = true;
-    else if (s == "--non-strict") a.non_strict = true;
-    else if (s == "--dump-logits") a.dump_logits = value(s);
-    else if (s == "--data-dir") a.data_dir = value(s);
-    else if (s == "-o" || s == "--output") a.output = value(s);
-    else if (s == "--limit") a.limit = parse_int(s, value(s));
-    else if (s == "--stop-after-epochs") a.stop_after_epochs = parse_int(s, value(s));
-    else if (s == "--time-limit") {
-      const std::string v = value(s);
-      a.time_limit = parse_duration_seconds(v);
-      if (!a.time_limit)
-        fail("--time-limit expects a positive duration (5400, 90m, 1.5h, HH:MM:SS), got '" + v + "'", 2);
-    }
-    else if (s.size() > 1 && s[0] == '-') fail("unknown option '" + s + "' (see --help)", 2);
-    else a.positional.push_back(s);
-  }
-  return a;
+void add_run_options(CLI::App* c, RunOptions& o, const std::string& device_help,
+                     const std::string& run_dir_help) {
+  add_device_option(c, o.device, device_help);
+  c->add_option("--run-dir", o.run_dir, run_dir_help)->type_name("DIR");
+  c->add_option("--set", o.sets,
+                "override a config key, dotted (repeatable), e.g. --set train.epochs=3 "
+                "--set data.train_limit=2000")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false)
+      ->take_all();
+  c->add_option("--stop-after-epochs", o.stop_after_epochs,
+                "stop cleanly once K epochs are complete in total (K >= 1; resume later)")
+      ->type_name("K")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            try {
+              std::size_t used = 0;
+              const long long k = std::stoll(v, &used);
+              if (used == v.size() && k >= 1) return "";
+            } catch (...) {
+            }
+            return "expects a whole number of epochs >= 1, got '" + v + "'";
+          },
+          "", ""));
+  c->add_option_function<std::string>(
+       "--time-limit",
+       [&o](const std::string& v) { o.time_limit = parse_duration_seconds(v); },
+       "stop cleanly, last.h5 saved, before T of wall-clock time has passed since start "
+       "(exit 75; run again to go on): " + kTimeLimitFormats)
+      ->type_name("T")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (parse_duration_seconds(v)) return "";
+            return "expects a positive duration (" + kTimeLimitFormats + "), got '" + v + "'";
+          },
+          "", ""));
+  c->add_flag("--reevaluate", o.reevaluate,
+              "when the run is already complete, evaluate the test set again (otherwise it "
+              "says \"already complete\" and exits 0)");
 }
+
+const char* kTrainFooter = R"(If the run directory already holds last.h5, training resumes from it ("resuming from
+epoch N"); a run that is already complete says so and exits 0. --fresh starts over: the
+previous run's files (last.h5, best.h5, epoch_NNNN.h5, metrics.jsonl, tensorboard/,
+report.html) are moved aside to <run-dir>.replaced-<UTC time>, which it names.
+Ctrl-C or SIGTERM stops after the current step (or evaluation batch) and writes last.h5
+first (exit 130); a second Ctrl-C exits at once. SIGUSR1 writes last.h5 and training
+goes on (Slurm: --signal=USR1@90). One run at a time per run directory: a second
+`train` or `resume` on it is refused, naming the process that holds it.
+Exit status: 0 done (or already complete, or stopped by --stop-after-epochs), 130
+stopped by a signal, 75 stopped by --time-limit, 3 a save failed (disk full, I/O error;
+checkpoint.on_error = stop) with the previous checkpoint intact, 1 error, 2 usage.)";
+
+const char* kResumeFooter = R"(Continues the run recorded in CKPT.h5 with the config stored inside it, writing into
+the run directory recorded there unless --run-dir names another. A checkpoint saved on
+a GPU resumes on a CPU and the reverse. Signals, the run-directory lock, "already
+complete" and exit statuses as for train.)";
+
+void build_commands(CLI::App& app, Commands& c) {
+  app.formatter(make_formatter());
+  app.require_subcommand(1);
+  app.set_help_flag("-h,--help", "print this help and exit");  // copied by each command
+
+  CLI::App* train = app.add_subcommand("train", "Trains the model described by CONFIG.json (see docs/config.md).");
+  train->add_option("CONFIG.json", c.train.config_path, "the training config")->required()->type_name("");
+  add_run_options(train, c.train.run, "where to train (overrides the config's `device`)",
+                  "where checkpoints and metrics.jsonl go (overrides checkpoint.dir)");
+  train->add_flag("--fresh", c.train.fresh,
+                  "ignore an existing last.h5 and start from scratch, moving the previous run's files aside");
+  train->footer(kTrainFooter);
+
+  CLI::App* resume = app.add_subcommand("resume", "Continues the run recorded in a checkpoint.");
+  resume->add_option("CKPT.h5", c.resume.checkpoint, "the checkpoint to continue from")->required()->type_name("");
+  add_run_options(resume, c.resume.run, "where to continue (default: the config's device)",
+                  "where to write from now on (default: the stored checkpoint.dir)");
+  resume->add_flag("--non-strict", c.resume.non_strict, "apply what matches; print missing/unexpected keys");
+  resume->footer(kResumeFooter);
+
+  CLI::App* eval = app.add_subcommand(
+      "eval", "Evaluates the model of a checkpoint on the test set: loss, accuracy, confusion matrix.");
+  eval->add_option("CKPT.h5", c.eval.checkpoint, "the checkpoint to evaluate")->required()->type_name("");
+  add_device_option(eval, c.eval.device, "where to evaluate (default auto)");
+  eval->add_option("--data-dir", c.eval.data_dir, "dataset directory (default: the checkpoint's data.dir)")
+      ->type_name("DIR");
+  eval->add_option("--dump-logits", c.eval.dump_logits,
+                   "write the test logits as float32 little-endian [N, classes]")
+      ->type_name("FILE");
+  eval->add_option("--limit", c.eval.limit, "evaluate only the first N test images (N >= 1)")
+      ->type_name("N")
+      ->check(CLI::Range(int64_t{1}, int64_t{INT64_MAX}).description(""));
+  eval->footer("Exit status: 0 evaluated, 1 error, 2 usage.");
+
+  CLI::App* inspect = app.add_subcommand(
+      "inspect", "Human summary of a checkpoint: version, saved_on, counters, every tensor with dtype, shape and norm.");
+  inspect->add_option("CKPT.h5", c.inspect_path, "the checkpoint")->required()->type_name("");
+
+  CLI::App* verify = app.add_subcommand("verify", "Integrity and structure check of a checkpoint: checksum and structure.");
+  verify->add_option("CKPT.h5", c.verify_path, "the checkpoint")->required()->type_name("");
+  verify->footer("Exit status: 0 only when the file is sound.");
+
+  CLI::App* diff = app.add_subcommand("diff", "Compares two checkpoints tensor by tensor, scalar by scalar.");
+  diff->add_option("A.h5", c.diff_a, "the first checkpoint")->required()->type_name("");
+  diff->add_option("B.h5", c.diff_b, "the second checkpoint")->required()->type_name("");
+  diff->footer("Exit status: 0 identical, 1 different (or an error).");
+
+  CLI::App* report = app.add_subcommand(
+      "report",
+      "Writes one self-contained HTML file (no network, no scripts) of a run: loss, accuracy, "
+      "learning-rate and loss-scale curves per epoch (from RUN_DIR/metrics.jsonl, else the "
+      "metrics of RUN_DIR/last.h5), the confusion matrix of best.h5 on the test set, the "
+      "run's config, and the checkpoints present with their epoch, size and integrity.");
+  report->add_option("RUN_DIR", c.report.run_dir, "the run directory")->required()->type_name("");
+  report->add_option("-o,--output", c.report.output, "where to write (default RUN_DIR/report.html)")
+      ->type_name("FILE");
+  add_device_option(report, c.report.device, "where to evaluate best.h5 (default auto)");
+  report->add_option("--data-dir", c.report.data_dir, "dataset directory (default: best.h5's data.dir)")
+      ->type_name("DIR");
+
+  app.add_subcommand("version", "The engine's version, its libraries' and the GPU's.");
+  for (CLI::App* sub : app.get_subcommands({})) sub->formatter(make_formatter());
+  app.set_help_flag();  // after the subcommands, which copy it; main prints kMainHelp itself
+}
+
+// ---- console -------------------------------------------------------------------------
 
 std::string fmt_seconds(double s) {
   if (s < 0) s = 0;
@@ -232,13 +349,22 @@ class ConsoleObserver : public TrainerObserver {
   int64_t epoch_ = 0, epochs_ = 0;
 };
 
+void print_test(const EvalResult& t) {
+  std::printf("test: loss %.4f  accuracy %.2f%% (%lld images)\n", t.loss, 100.0 * t.accuracy,
+              static_cast<long long>(t.count));
+}
+
+// ---- signals -------------------------------------------------------------------------
+
 // The run the signal handlers talk to (null until the trainer exists, and after fit()).
 std::atomic<RunControl*> g_run{nullptr};
 
 void on_stop_signal(int) {
   RunControl* run = g_run.load();
   // A second Ctrl-C (or nothing to save yet): out at once. Saves are atomic (temporary
-  // file, fsync, rename), so last.h5 is still the last complete checkpoint.
+  // file, fsync, rename), so last.h5 is still the last complete checkpoint. stdout is
+  // line-buffered (main), so every line printed so far has reached a redirected log:
+  // stdio's fflush is not async-signal-safe, so it cannot be called here.
   if (!run || run->request_stop()) {
     static const char msg[] = "\nengine: interrupted again, exiting now (last.h5 holds the last complete checkpoint)\n";
     if (run) (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
@@ -261,6 +387,46 @@ void install_signal_handlers() {
   sigaction(SIGUSR1, &sa, nullptr);
 }
 
+// ---- config --------------------------------------------------------------------------
+
+// config_from_json, plus model.name checked against the registry (the config layer
+// sits below the models, so it cannot know them; a host may bring its own).
+Config validate_config(const nlohmann::json& j, const std::string& origin) {
+  Config cfg = config_from_json(j, origin);
+  require_choice(origin, "model.name", cfg.model.name, model_names());
+  return cfg;
+}
+
+bool valid(const nlohmann::json& j, const std::string& origin) {
+  try {
+    validate_config(j, origin);
+    return true;
+  } catch (const ConfigError&) {
+    return false;
+  }
+}
+
+// The config of `base` (a file's or a checkpoint's, named `origin`) with the command
+// line's overrides. An error is blamed on where the bad value came from: the file, a
+// --set, or --device/--run-dir.
+Config resolve_config(const nlohmann::json& base, const std::string& origin, const RunOptions& o) {
+  nlohmann::json with_sets = base;
+  for (const std::string& s : o.sets) apply_override(with_sets, s);
+  nlohmann::json with_all = with_sets;
+  if (!o.device.empty()) with_all["device"] = o.device;
+  if (!o.run_dir.empty()) with_all["checkpoint"]["dir"] = o.run_dir;
+  try {
+    return validate_config(with_all, origin);
+  } catch (const ConfigError&) {
+    if (!valid(base, origin)) throw;  // the file's own error, worded for the file
+    if (!valid(with_sets, "--set")) validate_config(with_sets, "--set");
+    validate_config(with_all, "--device/--run-dir");
+    throw;
+  }
+}
+
+// ---- train and resume ----------------------------------------------------------------
+
 // The run directory's lock, taken before the data is loaded so that a second writer is
 // refused at once.
 RunDirLock lock_run_dir(const std::string& dir) {
@@ -274,80 +440,153 @@ RunDirLock lock_run_dir(const std::string& dir) {
   }
 }
 
-void print_report(const StateReport& r) {
-  if (r.clean()) return;
-  std::cout << "non-strict load: " << r.summary() << "\n" << r.str();
+// The files a run leaves in its run directory (besides .lock, which this process holds):
+// checkpoints, a writer's hidden temporaries, metrics, TensorBoard, the report.
+bool is_run_file(const fs::path& p) {
+  const std::string n = p.filename().string();
+  auto ends_with = [&](const std::string& s) {
+    return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0;
+  };
+  if (n == "last.h5" || n == "best.h5" || n == "metrics.jsonl" || n == "tensorboard" || n == "report.html")
+    return true;
+  if (n.rfind("epoch_", 0) == 0 && ends_with(".h5")) return true;
+  return n.size() > 1 && n[0] == '.' && n.find(".tmp.") != std::string::npos;  // .last.h5.tmp.PID
 }
 
-void print_test(const EvalResult& t) {
-  std::printf("test: loss %.4f  accuracy %.2f%% (%lld images)\n", t.loss, 100.0 * t.accuracy,
-              static_cast<long long>(t.count));
+// --fresh: the previous run's files go to a sibling directory, so the run directory holds
+// only the new run's files and nothing of the old run is destroyed.
+void move_previous_run_aside(const std::string& dir) {
+  std::vector<fs::path> old;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
+    if (is_run_file(e.path())) old.push_back(e.path());
+  if (ec) fail(dir + ": cannot list the run directory: " + ec.message());
+  if (old.empty()) return;
+  fs::path run = fs::absolute(fs::path(dir)).lexically_normal();
+  if (run.filename().empty()) run = run.parent_path();  // "runs/x/"
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &utc);
+  fs::path aside = run.parent_path() / (run.filename().string() + ".replaced-" + stamp);
+  for (int i = 2; fs::exists(aside); ++i)
+    aside = run.parent_path() / (run.filename().string() + ".replaced-" + stamp + "-" + std::to_string(i));
+  fs::create_directories(aside, ec);
+  if (ec) fail(aside.string() + ": cannot create a directory for the previous run's files: " + ec.message());
+  for (const fs::path& p : old) {
+    fs::rename(p, aside / p.filename(), ec);
+    if (ec)
+      fail(p.string() + ": cannot move it aside to " + aside.string() + ": " + ec.message() +
+           " (move or remove the previous run's files yourself)");
+  }
+  std::cout << "--fresh: moved the previous run's " << old.size() << " file(s) to " << aside.string() << "\n";
 }
 
-int run_training(Trainer& trainer, const Args& a, ConsoleObserver&) {
-  StopPlan stop;
-  stop.after_epochs = a.stop_after_epochs;
-  stop.time_limit_seconds = a.time_limit;
-  stop.time_limit_from = g_process_start;
-  g_run.store(&trainer.control());
-  FitResult r;
+// A run whose training is done and whose test evaluation is recorded in metrics.jsonl.
+bool test_result_recorded(const std::string& run_dir) {
+  std::ifstream in(fs::path(run_dir) / "metrics.jsonl");
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
   try {
-    r = trainer.fit(stop);
-  } catch (const CheckpointWriteError& e) {
-    // checkpoint.on_error = stop: the previous checkpoint is intact, so the same command
-    // resumes from it once the disk is fixed.
-    g_run.store(nullptr);
-    fail(std::string(e.what()) + "; training stopped (checkpoint.on_error = stop), the previous checkpoint is intact",
-         kExitSaveFailed);
+    return !last.empty() && nlohmann::json::parse(last).contains("test_acc");
+  } catch (const nlohmann::json::exception&) {
+    return false;
   }
-  g_run.store(nullptr);
-  if (r.ending == FitResult::Ending::Stopped) {
-    std::cout << "stopped after " << trainer.epochs_done() << " epoch(s), step "
-              << trainer.global_step() << "; checkpoint in " << trainer.config().checkpoint.dir
-              << "/last.h5\n";
-    switch (r.stop_cause) {
-      case FitResult::StopCause::Requested: return kExitInterrupted;
-      case FitResult::StopCause::TimeLimit: return kExitTimeLimit;
-      default: return 0;
+}
+
+// Everything `train` and `resume` share once each has its config: the device, the
+// signal handlers, the lock, the trainer, restoring, "already complete", and the run.
+class TrainingSession {
+ public:
+  TrainingSession(Config cfg, const RunOptions& o)
+      : opts_(o), cfg_(std::move(cfg)), device_(resolve_device(cfg_.device)) {
+    install_signal_handlers();
+    lock_.emplace(lock_run_dir(cfg_.checkpoint.dir));
+  }
+
+  Trainer& start() {
+    trainer_ = std::make_unique<Trainer>(cfg_, device_, make_model(cfg_), &observer_);
+    trainer_->use_run_lock(std::move(*lock_));
+    lock_.reset();
+    return *trainer_;
+  }
+
+  const Config& config() const { return cfg_; }
+  Device device() const { return device_; }
+
+  static void print_load_report(const StateReport& r) {
+    if (r.clean()) return;
+    std::cout << "non-strict load: " << r.summary() << "\n" << r.str();
+  }
+
+  int run() {
+    Trainer& t = *trainer_;
+    const bool trained = t.epochs_done() >= cfg_.train.epochs || t.early_stop_reached();
+    if (trained && !opts_.reevaluate && test_result_recorded(cfg_.checkpoint.dir)) {
+      std::cout << "already complete: " << t.epochs_done() << " epoch(s) trained and the test set evaluated"
+                << " (see " << (fs::path(cfg_.checkpoint.dir) / "metrics.jsonl").string()
+                << "); nothing to do (--reevaluate evaluates the test set again, --set "
+                   "train.epochs=N trains on)\n";
+      return 0;
     }
+    StopPlan stop;
+    stop.after_epochs = opts_.stop_after_epochs;
+    stop.time_limit_seconds = opts_.time_limit;
+    stop.time_limit_from = g_process_start;
+    g_run.store(&t.control());
+    FitResult r;
+    try {
+      r = t.fit(stop);
+    } catch (const CheckpointWriteError& e) {
+      // checkpoint.on_error = stop: the previous checkpoint is intact, so the same command
+      // resumes from it once the disk is fixed.
+      g_run.store(nullptr);
+      fail(std::string(e.what()) + "; training stopped (checkpoint.on_error = stop), the previous checkpoint is intact",
+           kExitSaveFailed);
+    }
+    g_run.store(nullptr);
+    if (r.ending == FitResult::Ending::Stopped) {
+      std::cout << "stopped after " << t.epochs_done() << " epoch(s), step " << t.global_step()
+                << "; checkpoint in " << cfg_.checkpoint.dir << "/last.h5\n";
+      switch (r.stop_cause) {
+        case FitResult::StopCause::Requested: return kExitInterrupted;
+        case FitResult::StopCause::TimeLimit: return kExitTimeLimit;
+        default: return 0;
+      }
+    }
+    if (r.test) print_test(*r.test);
+    return 0;
   }
-  if (r.test) print_test(*r.test);
-  return 0;
-}
 
-nlohmann::json apply_sets(nlohmann::json j, const std::vector<std::string>& sets) {
-  for (const std::string& s : sets) apply_override(j, s);
-  return j;
-}
+ private:
+  RunOptions opts_;
+  Config cfg_;
+  Device device_;
+  std::optional<RunDirLock> lock_;
+  ConsoleObserver observer_;
+  std::unique_ptr<Trainer> trainer_;
+};
 
-int cmd_train(const Args& a) {
-  if (a.help) { std::cout << kTrainHelp; return 0; }
-  if (a.positional.size() != 1) fail("train needs exactly one CONFIG.json (see engine train --help)", 2);
-  const std::string path = a.positional[0];
+int cmd_train(const TrainOptions& a) {
+  const std::string& path = a.config_path;
   std::ifstream in(path);
-  if (!in) fail(path + ": cannot open config file");
+  if (!in || fs::is_directory(path)) load_config(path);  // words the error (missing, a directory)
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    // Let the config module word it (it reports line and column).
-    (void)e;
-    load_config(path);
+  } catch (const nlohmann::json::exception&) {
+    load_config(path);  // words the error with line and column
   }
-  j = apply_sets(j, a.sets);
-  if (!a.device.empty()) j["device"] = a.device;
-  if (!a.run_dir.empty()) j["checkpoint"]["dir"] = a.run_dir;
-  Config cfg = config_from_json(j, path);
-  const Device device = resolve_device(cfg.device);
-  install_signal_handlers();
-  RunDirLock lock = lock_run_dir(cfg.checkpoint.dir);
-  ConsoleObserver obs;
+  TrainingSession session(resolve_config(j, path, a.run), a.run);
+  const Config& cfg = session.config();
   const std::string last = (fs::path(cfg.checkpoint.dir) / "last.h5").string();
+  if (a.fresh) move_previous_run_aside(cfg.checkpoint.dir);
   const bool resume = !a.fresh && fs::exists(last);
-  Trainer trainer(cfg, device, make_model(cfg), &obs);
-  trainer.use_run_lock(std::move(lock));
+  Trainer& trainer = session.start();
   std::cout << "training " << cfg.model.name << " (" << trainer.model().parameter_count()
-            << " parameters) on " << device.str() << ", run dir " << cfg.checkpoint.dir << "\n";
+            << " parameters) on " << session.device().str() << ", run dir " << cfg.checkpoint.dir << "\n";
   if (resume) {
     StateReport r;
     try {
@@ -355,67 +594,75 @@ int cmd_train(const Args& a) {
     } catch (const std::exception& e) {
       fail(std::string(e.what()) + " (start over with --fresh)");
     }
-    print_report(r);
-    std::cout << "resuming from epoch " << trainer.epochs_done() << ", step "
-              << trainer.step_in_epoch() << " of epoch " << trainer.epochs_done() + 1 << " ("
-              << last << ")\n";
-  } else if (a.fresh && fs::exists(last)) {
-    std::cout << "--fresh: starting over (the existing checkpoints will be overwritten)\n";
+    TrainingSession::print_load_report(r);
+    std::cout << "resuming from epoch " << trainer.epochs_done() << ", step " << trainer.step_in_epoch()
+              << " of epoch " << trainer.epochs_done() + 1 << " (" << last << ")\n";
   }
-  return run_training(trainer, a, obs);
+  return session.run();
 }
 
-int cmd_resume(const Args& a) {
-  if (a.help) { std::cout << kResumeHelp; return 0; }
-  if (a.positional.size() != 1) fail("resume needs exactly one CKPT.h5 (see engine resume --help)", 2);
-  const std::string path = a.positional[0];
+int cmd_resume(const ResumeOptions& a) {
+  const std::string& path = a.checkpoint;
   Checkpoint ckpt = load_checkpoint(path);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(ckpt.config_json);
-  } catch (const std::exception& e) {
+  } catch (const std::exception&) {
     fail(path + ": the stored config is not valid JSON");
   }
-  j = apply_sets(j, a.sets);
-  if (!a.device.empty()) j["device"] = a.device;
-  if (!a.run_dir.empty()) j["checkpoint"]["dir"] = a.run_dir;
-  Config cfg = config_from_json(j, path + " (stored config)");
-  const Device device = resolve_device(cfg.device);
-  install_signal_handlers();
-  RunDirLock lock = lock_run_dir(cfg.checkpoint.dir);
-  ConsoleObserver obs;
-  Trainer trainer(cfg, device, make_model(cfg), &obs);
-  trainer.use_run_lock(std::move(lock));
+  TrainingSession session(resolve_config(j, path + " (stored config)", a.run), a.run);
+  Trainer& trainer = session.start();
   StateReport r;
   try {
     r = trainer.restore(ckpt, a.non_strict ? LoadMode::NonStrict : LoadMode::Strict);
   } catch (const std::exception& e) {
     fail(path + ": " + e.what());
   }
-  print_report(r);
-  std::cout << "resuming from epoch " << trainer.epochs_done() << " (saved on "
-            << ckpt.meta.saved_on << ", now on " << device.str() << "), run dir "
-            << cfg.checkpoint.dir << "\n";
-  return run_training(trainer, a, obs);
+  TrainingSession::print_load_report(r);
+  std::cout << "resuming from epoch " << trainer.epochs_done() << " (saved on " << ckpt.meta.saved_on
+            << ", now on " << session.device().str() << "), run dir " << session.config().checkpoint.dir << "\n";
+  return session.run();
 }
 
-int cmd_eval(const Args& a) {
-  if (a.help) { std::cout << kEvalHelp; return 0; }
-  if (a.positional.size() != 1) fail("eval needs exactly one CKPT.h5 (see engine eval --help)", 2);
-  const std::string path = a.positional[0];
-  Checkpoint ckpt = load_checkpoint(path);
-  nlohmann::json j = nlohmann::json::parse(ckpt.config_json);
-  j["device"] = a.device.empty() ? "auto" : a.device;
-  if (!a.data_dir.empty()) j["data"]["dir"] = a.data_dir;
-  if (a.limit) j["data"]["test_limit"] = *a.limit;
-  Config cfg = config_from_json(j, path + " (stored config)");
-  const Device device = resolve_device(cfg.device);
-  Trainer trainer(cfg, device, make_model(cfg), nullptr, SplitsNeeded::TestOnly);
-  Model& model = trainer.model();
-  const StateReport r = compare_state(model.state(), ckpt.groups.at("model"));
-  if (!r.clean()) fail(path + ": model state does not match: " + r.summary());
-  model.load_state(ckpt.groups.at("model"));
-  const EvalResult t = trainer.evaluate(Split::Test);
+// ---- eval ----------------------------------------------------------------------------
+
+// Loss, accuracy and confusion matrix of a classifier's logits on labelled images.
+EvalResult score(const Predictions& p, const uint8_t* labels) {
+  EvalResult r;
+  r.count = p.count;
+  r.confusion.assign(static_cast<size_t>(p.classes), std::vector<int64_t>(static_cast<size_t>(p.classes), 0));
+  double loss = 0;
+  int64_t correct = 0;
+  for (int64_t i = 0; i < p.count; ++i) {
+    const float* z = p.scores.data() + static_cast<size_t>(i) * p.classes;
+    const int y = labels[i];
+    // Cross-entropy by log-sum-exp around the largest logit, in a fixed order.
+    const double m = *std::max_element(z, z + p.classes);
+    double sum = 0;
+    for (int k = 0; k < p.classes; ++k) sum += std::exp(static_cast<double>(z[k]) - m);
+    loss += m + std::log(sum) - z[y];
+    const int32_t predicted = p.labels[static_cast<size_t>(i)];
+    correct += predicted == y;
+    ++r.confusion[static_cast<size_t>(y)][static_cast<size_t>(predicted)];
+  }
+  r.loss = p.count ? loss / static_cast<double>(p.count) : 0;
+  r.accuracy = p.count ? static_cast<double>(correct) / static_cast<double>(p.count) : 0;
+  return r;
+}
+
+int cmd_eval(const EvalOptions& a) {
+  const std::string& path = a.checkpoint;
+  const Device device = resolve_device(a.device);
+  const Classifier clf(path, device, make_model);
+  DataConfig data = clf.config().data;
+  if (!a.data_dir.empty()) data.dir = a.data_dir;
+  if (a.limit) data.test_limit = *a.limit;
+  const std::unique_ptr<Dataset> dataset = make_dataset(data, Device::cpu());
+  const SplitData& test = dataset->get(Split::Test);
+  const Predictions p = clf.predict(test.images.u8(), test.count, Scores::Logits);
+  const EvalResult t = score(p, test.labels.u8());
+  // The counters for the header line (the classifier keeps only the model).
+  const Checkpoint ckpt = load_checkpoint(path);
   std::cout << "checkpoint " << path << " (epoch " << ckpt.groups.at("trainer").get_int("epoch")
             << ", saved on " << ckpt.meta.saved_on << "), evaluated on " << device.str() << "\n";
   print_test(t);
@@ -425,58 +672,40 @@ int cmd_eval(const Args& a) {
     std::cout << "\n";
   }
   if (!a.dump_logits.empty()) {
-    const Tensor z = trainer.logits(Split::Test, t.count);
-    const std::vector<float> v = z.to_vector();
     std::ofstream out(a.dump_logits, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+    out.write(reinterpret_cast<const char*>(p.scores.data()),
+              static_cast<std::streamsize>(p.scores.size() * sizeof(float)));
     if (!out) fail(a.dump_logits + ": cannot write logits");
-    std::cout << "logits [" << z.dim(0) << ", " << z.dim(1) << "] written to " << a.dump_logits << "\n";
+    std::cout << "logits [" << p.count << ", " << p.classes << "] written to " << a.dump_logits << "\n";
   }
   return 0;
 }
 
-int cmd_inspect(const Args& a) {
-  if (a.help || a.positional.size() != 1) {
-    std::cout << "usage: engine inspect CKPT.h5\n";
-    return a.help ? 0 : 2;
-  }
-  std::cout << inspect_checkpoint(a.positional[0]);
-  return 0;
-}
+// ---- the others ----------------------------------------------------------------------
 
-int cmd_verify(const Args& a) {
-  if (a.help || a.positional.size() != 1) {
-    std::cout << "usage: engine verify CKPT.h5   (exit 0 only when the file is sound)\n";
-    return a.help ? 0 : 2;
-  }
-  verify_checkpoint_file(a.positional[0]);
-  std::cout << a.positional[0] << ": OK\n";
-  return 0;
-}
-
-int cmd_diff(const Args& a) {
-  if (a.help || a.positional.size() != 2) {
-    std::cout << "usage: engine diff A.h5 B.h5   (exit 0 when identical, 1 when they differ)\n";
-    return a.help ? 0 : 2;
-  }
-  const CheckpointDiff d = diff_checkpoints(a.positional[0], a.positional[1]);
+int cmd_diff(const std::string& a, const std::string& b) {
+  const CheckpointDiff d = diff_checkpoints(a, b);
   std::cout << d.report;
   std::cout << (d.identical ? "identical\n" : "different\n");
   return d.identical ? 0 : 1;
 }
 
-int cmd_report(const Args& a) {
-  if (a.help) { std::cout << kReportHelp; return 0; }
-  if (a.positional.size() != 1) fail("report needs exactly one RUN_DIR (see engine report --help)", 2);
+int cmd_report(const ReportCliOptions& a) {
   ReportOptions opt;
   opt.make_model = [](const Config& c) { return make_model(c); };
   opt.output = a.output;
   if (!a.device.empty()) opt.device = a.device;
   opt.data_dir = a.data_dir;
-  const ReportSummary r = write_run_report(a.positional[0], opt);
+  const ReportSummary r = write_run_report(a.run_dir, opt);
   for (const std::string& n : r.notes) std::cerr << "engine: note: " << n << "\n";
   std::cout << "report of " << r.epochs << " epoch(s) written to " << r.path << "\n";
   return 0;
+}
+
+// The subcommand being parsed when CLI11 threw (for the message), or null at the top.
+const CLI::App* deepest_parsed(const CLI::App& app) {
+  for (const CLI::App* sub : app.get_subcommands()) return sub;
+  return nullptr;
 }
 
 }  // namespace
@@ -485,32 +714,66 @@ int main(int argc, char** argv) {
   // Tensor buffers of 1 MiB and more get their own mappings and go back to the OS when
   // freed (glibc would otherwise raise this threshold and keep them in the heap).
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  // Line by line even into a file or a pipe: a process that ends at once (a second
+  // Ctrl-C, _exit) must not lose the lines it printed (the header, the epochs).
+  std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ);
   if (argc < 2) {
     std::cerr << kMainHelp;
-    return 2;
+    return kExitUsage;
   }
-  const std::string cmd = argv[1];
-  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+  const std::string first = argv[1];
+  if (first == "-h" || first == "--help" || first == "help") {
     std::cout << kMainHelp;
     return 0;
   }
+  if (first == "--version") {
+    std::cout << to_string(build_info());
+    return 0;
+  }
+
+  CLI::App app{"", "engine"};
+  Commands c;
+  build_commands(app, c);
+  const std::vector<CLI::App*> commands = app.get_subcommands({});
+  if (std::none_of(commands.begin(), commands.end(), [&](const CLI::App* s) { return s->get_name() == first; }))
+    fail("unknown command '" + first + "' (see engine --help)", kExitUsage);
   try {
-    if (cmd == "--version" || cmd == "version") {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    const CLI::App* sub = deepest_parsed(app);
+    std::cout << (sub ? sub->help("engine") : std::string(kMainHelp));
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    const CLI::App* sub = deepest_parsed(app);
+    const std::string cmd = sub ? sub->get_name() : first;
+    fail(cmd + ": " + e.what() + " (see engine " + cmd + " --help)", kExitUsage);
+  }
+
+  const CLI::App* sub = deepest_parsed(app);
+  const std::string cmd = sub->get_name();
+  try {
+    if (cmd == "version") {
       std::cout << to_string(build_info());
       return 0;
     }
-    const Args a = parse_args(argc, argv, 2);
     // Forked now, while the process is small: training loads checkpoints later
     // (resume, verification after a save), and the parser keeps what it shares.
     if (cmd == "train" || cmd == "resume" || cmd == "eval") start_checkpoint_parser();
-    if (cmd == "train") return cmd_train(a);
-    if (cmd == "resume") return cmd_resume(a);
-    if (cmd == "eval") return cmd_eval(a);
-    if (cmd == "inspect") return cmd_inspect(a);
-    if (cmd == "verify") return cmd_verify(a);
-    if (cmd == "diff") return cmd_diff(a);
-    if (cmd == "report") return cmd_report(a);
-    fail("unknown command '" + cmd + "' (see engine --help)", 2);
+    if (cmd == "train") return cmd_train(c.train);
+    if (cmd == "resume") return cmd_resume(c.resume);
+    if (cmd == "eval") return cmd_eval(c.eval);
+    if (cmd == "inspect") {
+      std::cout << inspect_checkpoint(c.inspect_path);
+      return 0;
+    }
+    if (cmd == "verify") {
+      verify_checkpoint_file(c.verify_path);
+      std::cout << c.verify_path << ": OK\n";
+      return 0;
+    }
+    if (cmd == "diff") return cmd_diff(c.diff_a, c.diff_b);
+    if (cmd == "report") return cmd_report(c.report);
+    fail("unknown command '" + cmd + "' (see engine --help)", kExitUsage);
   } catch (const std::exception& e) {
     fail(e.what());
   }

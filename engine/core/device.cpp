@@ -29,25 +29,42 @@ std::string Device::str() const {
 bool cuda_built() { return gpu::built(); }
 int cuda_device_count() { return gpu::built() ? gpu::device_count() : 0; }
 
+namespace {
+
+// Why `d` (a CUDA device) cannot be used here, or "" when it can. The count is asked once:
+// it is the driver's answer for the process, and every allocation passes here.
+std::string cuda_unusable_reason(Device d, const std::string& name) {
+  if (!cuda_built()) return "device '" + name + "' requested but this engine was built without CUDA";
+  static const int count = cuda_device_count();
+  if (count == 0) return "device '" + name + "' requested but no CUDA GPU is available";
+  if (d.index < 0 || d.index >= count)
+    return "device '" + name + "' requested but only " + std::to_string(count) + " GPU(s) exist";
+  return "";
+}
+
+// A Device::cuda() built by hand (not through resolve_device) meets the same plain
+// reason before any CUDA call, instead of the runtime's error code.
+void require_usable(Device d) {
+  if (!d.is_cuda()) return;
+  const std::string reason = cuda_unusable_reason(d, d.str());
+  if (!reason.empty()) throw std::runtime_error(reason);
+}
+
+}  // namespace
+
 Device resolve_device(const std::string& name) {
   if (name == "auto") return cuda_device_count() > 0 ? Device::cuda(0) : Device::cpu();
   const Device d = Device::parse(name);
   if (d.is_cuda()) {
-    if (!cuda_built())
-      throw std::runtime_error("device '" + name +
-                               "' requested but this engine was built without CUDA");
-    const int count = cuda_device_count();
-    if (count == 0)
-      throw std::runtime_error("device '" + name + "' requested but no CUDA GPU is available");
-    if (d.index >= count)
-      throw std::runtime_error("device '" + name + "' requested but only " +
-                               std::to_string(count) + " GPU(s) exist");
+    const std::string reason = cuda_unusable_reason(d, name);
+    if (!reason.empty()) throw std::runtime_error(reason);
   }
   return d;
 }
 
 void* device_alloc(Device d, std::size_t bytes) {
   if (d.is_cuda()) {
+    require_usable(d);
     gpu::set_device(d.index);
     return gpu::alloc(bytes);
   }
@@ -66,6 +83,8 @@ void device_free(Device d, void* p) {
 
 void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
+  require_usable(dst_dev);
+  require_usable(src_dev);
   if (dst_dev.is_cpu() && src_dev.is_cpu()) {
     std::memcpy(dst, src, bytes);
   } else if (dst_dev.is_cuda() && src_dev.is_cpu()) {
@@ -78,6 +97,7 @@ void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, std
 }
 
 void device_memset_zero(Device d, void* p, std::size_t bytes) {
+  require_usable(d);
   if (d.is_cuda())
     gpu::memset_zero(p, bytes);
   else
@@ -85,6 +105,7 @@ void device_memset_zero(Device d, void* p, std::size_t bytes) {
 }
 
 void device_synchronize(Device d) {
+  require_usable(d);
   if (d.is_cuda()) gpu::synchronize();
 }
 

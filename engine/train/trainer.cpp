@@ -30,11 +30,11 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-bool lower_is_better(const std::string& monitor) { return monitor == "val_loss"; }
+bool lower_is_better(MonitorMetric monitor) { return monitor == MonitorMetric::ValLoss; }
 // A save the disk refused left the previous file in place; checkpoint.on_error says
 // whether training goes on without this save (the next one retries) or stops.
 bool survive_write_failure(const Config& cfg, TrainerObserver& observer, const CheckpointWriteError& e) {
-  if (cfg.checkpoint.on_error != "continue") return false;
+  if (cfg.checkpoint.on_error != SaveErrorPolicy::Continue) return false;
   observer.on_message(std::string("warning: ") + e.what() +
                       "; training goes on (checkpoint.on_error = continue), the next save retries");
   return true;
@@ -122,15 +122,15 @@ class Trainer::CounterState : public Stateful {
     d.scalars["best_metric"] = t_.best_metric_;
     d.scalars["best_epoch"] = t_.best_epoch_;
     d.scalars["epochs_without_improvement"] = t_.epochs_without_improvement_;
-    d.scalars["monitor"] = t_.cfg_.train.early_stopping.monitor;
+    d.scalars["monitor"] = std::string(to_string(t_.cfg_.train.early_stopping.monitor));
     d.tensors["epoch_sample_loss"] = t_.epoch_sample_loss_;
     return d;
   }
   void load_state(const StateDict& in) override {
-    if (in.get_string("monitor") != t_.cfg_.train.early_stopping.monitor)
+    if (in.get_string("monitor") != to_string(t_.cfg_.train.early_stopping.monitor))
       throw std::runtime_error("checkpoint monitors '" + in.get_string("monitor") +
                                "' but the config monitors '" +
-                               t_.cfg_.train.early_stopping.monitor + "'");
+                               to_string(t_.cfg_.train.early_stopping.monitor) + "'");
     t_.epoch_ = in.get_int("epoch");
     t_.global_step_ = in.get_int("global_step");
     t_.step_in_epoch_ = in.get_int("step_in_epoch");
@@ -217,12 +217,12 @@ Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, Traine
   // CPU backend is fp32 and keeps the loss scaler's state unchanged).
   model_->set_precision(compute_precision());
   const OptimizerConfig& o = cfg_.optimizer;
-  optimizer_ = std::make_unique<AdamOptimizer>(o.name, model_->parameters(), o.lr, o.beta1,
+  optimizer_ = std::make_unique<AdamOptimizer>(to_string(o.name), model_->parameters(), o.lr, o.beta1,
                                                o.beta2, o.eps, o.weight_decay);
-  scheduler_ = std::make_unique<LrScheduler>(cfg_.scheduler.name, o.lr, cfg_.effective_t_max(),
+  scheduler_ = std::make_unique<LrScheduler>(to_string(cfg_.scheduler.name), o.lr, cfg_.effective_t_max(),
                                              cfg_.scheduler.eta_min);
   const LossScaleConfig& ls = cfg_.precision.loss_scale;
-  scaler_ = std::make_unique<LossScaler>(cfg_.precision.mode == "fp16", ls.init, ls.growth_factor,
+  scaler_ = std::make_unique<LossScaler>(cfg_.precision.mode == PrecisionMode::Fp16, ls.init, ls.growth_factor,
                                          ls.backoff_factor, ls.growth_interval);
   scaler_->set_active(device_.is_cuda());
   if (scaler_->enabled() && device_.is_cpu())
@@ -267,7 +267,7 @@ void Trainer::add_state_group(const std::string& name, Stateful* component) {
 }
 
 Precision Trainer::compute_precision() const {
-  return device_.is_cuda() && cfg_.precision.mode == "fp16" ? Precision::Fp16 : Precision::Fp32;
+  return device_.is_cuda() && cfg_.precision.mode == PrecisionMode::Fp16 ? Precision::Fp16 : Precision::Fp32;
 }
 
 Shape Trainer::batch_shape(int64_t n) const {
@@ -512,7 +512,7 @@ std::optional<bool> Trainer::finish_epoch(double seconds, EpochMetrics& m, Inter
   history_.push_back(m);
 
   const auto& es = cfg_.train.early_stopping;
-  const double value = es.monitor == "val_loss" ? m.val_loss : m.val_acc;
+  const double value = es.monitor == MonitorMetric::ValLoss ? m.val_loss : m.val_acc;
   const bool improved = lower_is_better(es.monitor) ? value < best_metric_ - es.min_delta
                                                     : value > best_metric_ + es.min_delta;
   if (improved) {
@@ -559,7 +559,7 @@ void Trainer::end_epoch(double seconds, bool& stop_early, bool& interrupted) {
   write_metrics_jsonl(std::nullopt);
   observer_->on_epoch_end(m);
   if (stop_early)
-    observer_->on_message("early stopping: " + es.monitor + " has not improved for " +
+    observer_->on_message(std::string("early stopping: ") + to_string(es.monitor) + " has not improved for " +
                           std::to_string(epochs_without_improvement_) + " epochs (best " +
                           std::to_string(best_metric_) + " at epoch " +
                           std::to_string(best_epoch_) + ")");

@@ -11,6 +11,21 @@
 
 namespace engine {
 
+// The config's fixed choices, as the code uses them. JSON files, --set and checkpoints
+// spell them as to_string() does (docs/config.md); config_from_json turns the strings
+// into these, and config_to_json back.
+enum class OptimizerName { AdamW, Adam };        // "adamw" (decoupled weight decay) | "adam" (L2)
+enum class SchedulerName { Cosine, Constant };   // "cosine" | "constant"
+enum class PrecisionMode { Fp32, Fp16 };         // "fp32" | "fp16"
+enum class MonitorMetric { ValLoss, ValAcc };    // "val_loss" (lower is better) | "val_acc" (higher)
+enum class SaveErrorPolicy { Stop, Continue };   // "stop" | "continue"
+
+const char* to_string(OptimizerName v);
+const char* to_string(SchedulerName v);
+const char* to_string(PrecisionMode v);
+const char* to_string(MonitorMetric v);
+const char* to_string(SaveErrorPolicy v);
+
 struct DataConfig {
   std::string dir = "/usr/share/datasets/fashion-mnist";
   int batch_size = 128;
@@ -22,12 +37,14 @@ struct DataConfig {
 };
 
 struct ModelConfig {
+  // A name the model factory knows: the CLI checks it against the registry
+  // (engine/models/registry.h, model_names()) with require_choice; a host may bring more.
   std::string name = "fashion_cnn";
   double dropout = 0.25;
 };
 
 struct OptimizerConfig {
-  std::string name = "adamw";  // "adamw" | "adam"
+  OptimizerName name = OptimizerName::AdamW;
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
@@ -35,7 +52,7 @@ struct OptimizerConfig {
 };
 
 struct SchedulerConfig {
-  std::string name = "cosine";  // "cosine" | "constant"
+  SchedulerName name = SchedulerName::Cosine;
   std::optional<int64_t> t_max;  // null = train.epochs
   double eta_min = 0.0;
 };
@@ -48,12 +65,12 @@ struct LossScaleConfig {
 };
 
 struct PrecisionConfig {
-  std::string mode = "fp32";  // "fp32" | "fp16"
+  PrecisionMode mode = PrecisionMode::Fp32;
   LossScaleConfig loss_scale;
 };
 
 struct EarlyStoppingConfig {
-  std::string monitor = "val_loss";  // "val_loss" (lower is better) | "val_acc" (higher)
+  MonitorMetric monitor = MonitorMetric::ValLoss;
   int64_t patience = 5;              // 0 disables early stopping
   double min_delta = 1e-4;
 };
@@ -70,9 +87,9 @@ struct CheckpointConfig {
   std::optional<int64_t> every_n_steps;       // mid-epoch last.h5; null = none
   std::vector<int64_t> keep_epochs;           // milestones never rotated away
   bool verify = true;                         // reload and compare after each save
-  // What training does when the disk refuses a save (CheckpointWriteError): "stop"
-  // (fit throws it; the CLI exits 3) or "continue" (a warning; the next save retries).
-  std::string on_error = "stop";
+  // What training does when the disk refuses a save (CheckpointWriteError): Stop
+  // (fit throws it; the CLI exits 3) or Continue (a warning; the next save retries).
+  SaveErrorPolicy on_error = SaveErrorPolicy::Stop;
 };
 
 struct LoggingConfig {
@@ -112,6 +129,11 @@ Config load_config(const std::string& path);
 // parsed as JSON when it can be (3, 1e-3, true, null, [0.9,0.99], "x"), else taken as a
 // string. An unknown key is a ConfigError naming the closest valid key.
 void apply_override(nlohmann::json& j, const std::string& assignment);
+// Throws the ConfigError a fixed choice gives ("<origin>: key 'model.name' must be one
+// of fashion_cnn, mlp, got \"x\"") unless `value` is one of `choices`: for choices the
+// config layer cannot know itself, such as model.name against the model registry.
+void require_choice(const std::string& origin, const std::string& key, const std::string& value,
+                    const std::vector<std::string>& choices);
 // The complete resolved config (every key, defaults filled in), e.g. for checkpoints.
 nlohmann::json config_to_json(const Config& c);
 // The defaults as JSON (the schema of valid keys).

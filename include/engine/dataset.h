@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/errors.h"  // DataError, which get() throws
 #include "engine/image_shape.h"
 #include "engine/tensor.h"
 

@@ -6,11 +6,9 @@
 #include <string>
 #include <vector>
 
-namespace engine {
+#include "engine/errors.h"  // DataError
 
-struct DataError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+namespace engine {
 
 struct IdxImages {
   int64_t count = 0;

@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# Every CPU benchmark, each side by side with its peer, in one command; writes the
+# "Current figures" table of docs/benchmarks.md (commit, date, machine) and the figures
+# the README quotes, and moves the table it replaces into the dated history below it.
+#
+#   tools/bench/all.sh [--quick] [--no-write] [--build DIR] [--python PATH]
+#
+# Runs, in this order (each script's own output is kept in the log directory it names):
+#   tools/bench/cpu_epoch.sh      one training epoch, engine vs PyTorch eager (--repeat 2)
+#   tools/bench/checkpoint_io.sh  save/load of the training state vs torch.save/torch.load
+#   tools/bench/async_save.sh     training-thread stall of checkpoint saves, when present
+# A script that does not exist is skipped with a note (in the output and the table).
+# --quick: small runs to check the pipeline (cpu_epoch --limit 2048 --repeat 1,
+#          checkpoint_io --rounds 2 --reps 5, async_save --quick if it has that option); the table says
+#          "quick" and its figures are not the ones to quote.
+# --no-write: print the table, change no file.
+# Builds engine_cli and checkpoint_bench in DIR (default build/, Release) first. The
+# figures are only as good as the machine is quiet: the table records the load average
+# before and after, and figures taken while other work runs are not comparable.
+set -euo pipefail
+
+die() { echo "all.sh: $*" >&2; exit 1; }
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+build="$root/build"
+py=/usr/bin/python3
+quick=0
+write=1
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --quick) quick=1; shift ;;
+    --no-write) write=0; shift ;;
+    --build) [[ $# -ge 2 ]] || die "--build needs a value"; build="$2"; shift 2 ;;
+    --python) [[ $# -ge 2 ]] || die "--python needs a value"; py="$2"; shift 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option '$1' (try --help)" ;;
+  esac
+done
+[[ -x "$py" ]] || die "no Python at $py (needs Debian's python3 with python3-torch; pass --python)"
+
+cmake --build "$build" -j2 --target engine_cli checkpoint_bench >/dev/null ||
+  die "cannot build engine_cli and checkpoint_bench in $build (configure it first: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release)"
+
+logs="$(mktemp -d "${TMPDIR:-/tmp}/bench_all.XXXXXX")"
+commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+if [[ -n "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ]]; then commit="$commit+changes"; fi
+started="$(date -u '+%Y-%m-%d %H:%M')"
+machine="$(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(awk '/MemTotal/ {printf "%.0f GiB RAM", $2 / 1048576}' /proc/meminfo)"
+load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
+echo "all.sh: commit $commit, $started UTC, $machine; load average $load_before; logs in $logs"
+
+# bench NAME SCRIPT ARGS...: runs a benchmark script into $logs/NAME.log, or notes its absence.
+bench() {
+  local name="$1" script="$2"; shift 2
+  if [[ ! -x "$script" ]]; then
+    echo "all.sh: note: $script does not exist (yet); $name skipped" | tee "$logs/$name.skipped"
+    return 0
+  fi
+  echo "+ ${script#"$root"/} $*"
+  if ! "$script" "$@" 2>&1 | tee "$logs/$name.log"; then
+    die "$script failed; its output is in $logs/$name.log"
+  fi
+}
+
+if [[ $quick == 1 ]]; then
+  bench cpu_epoch "$here/cpu_epoch.sh" --engine "$build/engine" --python "$py" --limit 2048 --repeat 1
+  bench checkpoint_io "$here/checkpoint_io.sh" --bench "$build/checkpoint_bench" --python "$py" --rounds 2 --reps 5
+  # Its quick option, if it has one (it is written separately; without one it runs as is).
+  if [[ -f "$here/async_save.sh" ]] && grep -q -- '--quick' "$here/async_save.sh"; then
+    bench async_save "$here/async_save.sh" --quick
+  else
+    bench async_save "$here/async_save.sh"
+  fi
+else
+  bench cpu_epoch "$here/cpu_epoch.sh" --engine "$build/engine" --python "$py" --repeat 2
+  bench checkpoint_io "$here/checkpoint_io.sh" --bench "$build/checkpoint_bench" --python "$py"
+  bench async_save "$here/async_save.sh"
+fi
+load_after="$(cut -d' ' -f1-3 /proc/loadavg)"
+
+"$py" - "$root" "$logs" "$commit" "$started" "$machine" "$load_before" "$load_after" "$quick" "$write" <<'EOF'
+import os, re, sys
+
+root, logs, commit, started, machine, before, after, quick, write = sys.argv[1:10]
+quick, write = quick == "1", write == "1"
+
+def log(name):
+    p = os.path.join(logs, name + ".log")
+    return open(p).read() if os.path.exists(p) else None
+
+def find(text, pattern, what):
+    m = re.search(pattern, text, re.M)
+    if not m:
+        sys.exit(f"all.sh: cannot find {what} in the benchmark output (pattern {pattern!r})")
+    return m
+
+def verdict(ratio, target):
+    return "**yes**" if ratio <= target else "**no**"
+
+rows = []
+epoch = log("cpu_epoch")
+e = find(epoch, r"^engine  epoch \(train only\):\s+([\d.]+) s\s+peak RSS\s+([\d.]+) MiB", "the engine's epoch")
+t = find(epoch, r"^pytorch epoch \(train only\):\s+([\d.]+) s\s+peak RSS\s+([\d.]+) MiB", "PyTorch's epoch")
+images = find(epoch, r"^threads \d+, images (\d+)", "the image count").group(1)
+repeat = find(epoch, r"repeat (\d+)", "the repeat count").group(1)
+time_ratio = float(e.group(1)) / float(t.group(1))
+rss_ratio = float(e.group(2)) / float(t.group(2))
+src = f"`cpu_epoch.sh`, {images} images, best of {repeat}"
+rows.append(("CPU epoch time, engine / PyTorch eager", "≤ 0.6×",
+             f"**{time_ratio:.3f}×** ({e.group(1)} s vs {t.group(1)} s; {src})", verdict(time_ratio, 0.6)))
+rows.append(("CPU peak memory (RSS), engine / PyTorch", "≤ 0.3×",
+             f"**{rss_ratio:.3f}×** ({e.group(2)} MiB vs {t.group(2)} MiB)", verdict(rss_ratio, 0.3)))
+
+io = log("checkpoint_io")
+ratios = {}
+for what, engine_label, torch_label in (("save", "engine save_checkpoint", r"torch\.save \+ fsync"),
+                                        ("load", "engine load_checkpoint", r"torch\.load")):
+    em = find(io, rf"^{engine_label}\s*: median\s+([\d.]+) ms", f"the engine's {what}").group(1)
+    tm = find(io, rf"^{torch_label}\s*: median\s+([\d.]+) ms", f"PyTorch's {what}").group(1)
+    r = find(io, rf"^{what} ratio engine/torch: ([\d.]+) \(median of (\d+) side-by-side rounds; rounds ([\d.]+)\.\.([\d.]+), (\d+) of (\d+) <= 1\)",
+             f"the {what} ratio")
+    ratios[what] = float(r.group(1))
+    peer = "`torch.save` + fsync" if what == "save" else "`torch.load`"
+    rows.append((f"checkpoint {what}, engine / {peer}", "≤ 1×",
+                 f"**{r.group(1)}×** (median of {r.group(2)} side-by-side rounds, {r.group(3)}–{r.group(4)}, "
+                 f"{r.group(5)} of {r.group(6)} ≤ 1; engine {em} ms, PyTorch {tm} ms)", verdict(float(r.group(1)), 1.0)))
+
+extra = []
+stall = log("async_save")
+if stall is not None:
+    lines = [l for l in stall.splitlines() if re.search(r"stall|ratio|target", l, re.I)]
+    extra.append("`async_save.sh` (checkpoint saves off the training thread), its summary:\n\n```\n" +
+                 "\n".join(lines[-8:] or stall.splitlines()[-8:]) + "\n```")
+elif os.path.exists(os.path.join(logs, "async_save.skipped")):
+    extra.append("`tools/bench/async_save.sh` did not exist at this commit: no stall figures.")
+
+mode = "`--quick`: small runs that check the pipeline, not figures to quote" if quick else "full runs"
+block = [f"**Measured at commit `{commit}`, {started} UTC, by `tools/bench/all.sh` ({mode}).** "
+         f"Machine: {machine}; load average before {before}, after {after}.", "",
+         "| benchmark | target | measured | met? |", "|---|---|---|---|"]
+block += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+if extra:
+    block += [""] + extra
+table = "\n".join(block)
+print("\n" + table + "\n")
+
+load_word = ("faster than" if ratios["load"] < 1 else "as fast as" if ratios["load"] == 1 else "slower than")
+save_word = ("faster than" if ratios["save"] < 1 else "as fast as" if ratios["save"] == 1 else "slower than")
+readme_text = (f"Saving the full training state takes {ratios['save']:.2f}× the time of `torch.save` + fsync "
+               f"({save_word} PyTorch) and loading it {ratios['load']:.2f}× the time of `torch.load` "
+               f"({load_word} PyTorch), medians of side-by-side rounds at commit `{commit}` "
+               f"({started} UTC, load average {before.split()[0]}{', quick mode' if quick else ''}; "
+               f"[docs/benchmarks.md](docs/benchmarks.md), \"Current figures\").")
+if ratios["load"] > 1:
+    readme_text += f" **Loading is slower than `torch.load`** ({ratios['load']:.2f}×)."
+if ratios["save"] > 1:
+    readme_text += f" **Saving is slower than `torch.save`** ({ratios['save']:.2f}×)."
+print(readme_text)
+if not write:
+    sys.exit(0)
+
+BEGIN, END = "<!-- all.sh: current figures begin -->", "<!-- all.sh: current figures end -->"
+HISTORY = "<!-- all.sh: history begins below -->"
+doc_path = os.path.join(root, "docs", "benchmarks.md")
+doc = open(doc_path).read()
+for marker in (BEGIN, END, HISTORY):
+    if marker not in doc:
+        sys.exit(f"all.sh: docs/benchmarks.md lacks the marker {marker}")
+b, e = doc.index(BEGIN) + len(BEGIN), doc.index(END)
+old = doc[b:e].strip()
+doc = doc[:b] + "\n" + table + "\n" + doc[e:]
+if old:
+    first, _, rest = old.partition("\n")
+    m = re.match(r"\*\*Measured at commit `([^`]+)`, ([^*]+?) UTC", first)
+    title = f"### Until {started} UTC: the figures at commit `{m.group(1)}` ({m.group(2)} UTC)" if m else \
+            f"### Until {started} UTC"
+    h = doc.index(HISTORY) + len(HISTORY)
+    doc = doc[:h] + "\n\n" + title + "\n\n" + old + "\n" + doc[h:]
+open(doc_path, "w").write(doc)
+
+RB, RE = "<!-- all.sh: readme figures begin -->", "<!-- all.sh: readme figures end -->"
+readme_path = os.path.join(root, "README.md")
+readme = open(readme_path).read()
+if RB in readme and RE in readme:
+    b, e = readme.index(RB) + len(RB), readme.index(RE)
+    readme = readme[:b] + readme_text + readme[e:]
+    open(readme_path, "w").write(readme)
+else:
+    sys.exit("all.sh: README.md lacks the markers " + RB + " ... " + RE)
+print(f"all.sh: wrote the current figures into docs/benchmarks.md and README.md")
+EOF
