@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "run_dir_util.h"
 #include "cli_util.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
@@ -261,7 +262,7 @@ const std::string& reference_run() {
     const std::string d = test_util::fresh_dir("save_faults_reference");
     const Config t_cfg = small_config(d, "stop");
     Trainer t(t_cfg, Device::cpu(), make_model(t_cfg));
-    if (t.fit().ending != FitResult::Ending::Completed) throw std::runtime_error("the reference run did not complete");
+    if (test_util::fit_in_run_dir(t).ending != FitResult::Ending::Completed) throw std::runtime_error("the reference run did not complete");
     return d;
   }();
   return dir;
@@ -283,7 +284,7 @@ TEST_CASE("checkpoint.on_error = stop: a failed save stops the run; it resumes b
     const Config t_cfg = small_config(dir, "stop");
     Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &obs);
     bool write_error = false;
-    const std::string msg = error_of([&] { t.fit(); }, &write_error);
+    const std::string msg = error_of([&] { test_util::fit_in_run_dir(t); }, &write_error);
     obs.stop_failing();
     INFO(msg);
     CHECK(write_error);
@@ -298,7 +299,7 @@ TEST_CASE("checkpoint.on_error = stop: a failed save stops the run; it resumes b
   Trainer resumed(resumed_cfg, Device::cpu(), make_model(resumed_cfg));
   resumed.resume_from(dir + "/last.h5", LoadMode::Strict);
   CHECK(resumed.epochs_done() == 1);
-  REQUIRE(resumed.fit().ending == FitResult::Ending::Completed);
+  REQUIRE(test_util::fit_in_run_dir(resumed).ending == FitResult::Ending::Completed);
   expect_identical(reference_run() + "/last.h5", dir + "/last.h5");
   CHECK(test_util::read_lines(dir + "/metrics.jsonl").size() == test_util::read_lines(reference_run() + "/metrics.jsonl").size());
 }
@@ -309,7 +310,7 @@ TEST_CASE("checkpoint.on_error = continue: a failed save warns, training goes on
   FailingEpoch obs(dir, 2, EIO);
   const Config t_cfg = small_config(dir, "continue");
   Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &obs);
-  REQUIRE(t.fit().ending == FitResult::Ending::Completed);
+  REQUIRE(test_util::fit_in_run_dir(t).ending == FitResult::Ending::Completed);
   int warnings = 0;
   for (const std::string& m : obs.messages)
     if (m.rfind("warning: " + dir + "/", 0) == 0 && m.find("Input/output error") != std::string::npos &&

@@ -24,8 +24,10 @@
 #include "engine/idx.h"
 #include "engine/report.h"
 #include "engine/run_control.h"
+#include "engine/run_directory.h"
 #include "engine/run_lock.h"
 #include "engine/models/registry.h"
+#include "engine/process_settings.h"
 
 namespace fs = std::filesystem;
 using namespace engine;
@@ -284,7 +286,7 @@ void print_test(const EvalResult& t) {
               static_cast<long long>(t.count));
 }
 
-int run_training(Trainer& trainer, const Args& a, ConsoleObserver&) {
+int run_training(Trainer& trainer, RunDirectory& run_dir, const Args& a, ConsoleObserver&) {
   StopPlan stop;
   stop.after_epochs = a.stop_after_epochs;
   stop.time_limit_seconds = a.time_limit;
@@ -292,7 +294,7 @@ int run_training(Trainer& trainer, const Args& a, ConsoleObserver&) {
   g_run.store(&trainer.control());
   FitResult r;
   try {
-    r = trainer.fit(stop);
+    r = run_dir.fit(stop);
   } catch (const CheckpointWriteError& e) {
     // checkpoint.on_error = stop: the previous checkpoint is intact, so the same command
     // resumes from it once the disk is fixed.
@@ -344,8 +346,9 @@ int cmd_train(const Args& a) {
   ConsoleObserver obs;
   const std::string last = (fs::path(cfg.checkpoint.dir) / "last.h5").string();
   const bool resume = !a.fresh && fs::exists(last);
+  apply_process_settings(cfg);  // cuda.deterministic is process-wide
   Trainer trainer(cfg, device, make_model(cfg), &obs);
-  trainer.use_run_lock(std::move(lock));
+  RunDirectory run_dir(trainer, std::move(lock));
   std::cout << "training " << cfg.model.name << " (" << trainer.model().parameter_count()
             << " parameters) on " << device.str() << ", run dir " << cfg.checkpoint.dir << "\n";
   if (resume) {
@@ -362,7 +365,7 @@ int cmd_train(const Args& a) {
   } else if (a.fresh && fs::exists(last)) {
     std::cout << "--fresh: starting over (the existing checkpoints will be overwritten)\n";
   }
-  return run_training(trainer, a, obs);
+  return run_training(trainer, run_dir, a, obs);
 }
 
 int cmd_resume(const Args& a) {
@@ -384,8 +387,9 @@ int cmd_resume(const Args& a) {
   install_signal_handlers();
   RunDirLock lock = lock_run_dir(cfg.checkpoint.dir);
   ConsoleObserver obs;
+  apply_process_settings(cfg);  // cuda.deterministic is process-wide
   Trainer trainer(cfg, device, make_model(cfg), &obs);
-  trainer.use_run_lock(std::move(lock));
+  RunDirectory run_dir(trainer, std::move(lock));
   StateReport r;
   try {
     r = trainer.restore(ckpt, a.non_strict ? LoadMode::NonStrict : LoadMode::Strict);
@@ -396,7 +400,7 @@ int cmd_resume(const Args& a) {
   std::cout << "resuming from epoch " << trainer.epochs_done() << " (saved on "
             << ckpt.meta.saved_on << ", now on " << device.str() << "), run dir "
             << cfg.checkpoint.dir << "\n";
-  return run_training(trainer, a, obs);
+  return run_training(trainer, run_dir, a, obs);
 }
 
 int cmd_eval(const Args& a) {
@@ -410,6 +414,7 @@ int cmd_eval(const Args& a) {
   if (a.limit) j["data"]["test_limit"] = *a.limit;
   Config cfg = config_from_json(j, path + " (stored config)");
   const Device device = resolve_device(cfg.device);
+  apply_process_settings(cfg);  // cuda.deterministic is process-wide
   Trainer trainer(cfg, device, make_model(cfg), nullptr, SplitsNeeded::TestOnly);
   Model& model = trainer.model();
   const StateReport r = compare_state(model.state(), ckpt.groups.at("model"));

@@ -17,6 +17,7 @@
 
 #include "engine/config.h"
 #include "engine/models/registry.h"
+#include "engine/run_directory.h"
 #include "engine/trainer.h"
 
 namespace {
@@ -64,7 +65,8 @@ int main(int argc, char** argv) {
     engine::Trainer trainer(cfg, engine::resolve_device(cfg.device), engine::make_model(cfg), &killer);
     const std::string last = (std::filesystem::path(cfg.checkpoint.dir) / "last.h5").string();
     if (std::filesystem::exists(last)) trainer.resume_from(last, engine::LoadMode::Strict);
-    trainer.fit();
+    engine::RunDirectory run_dir(trainer);
+    run_dir.fit();
   } catch (const std::exception& e) {
     die(e.what());
   }
