@@ -4,6 +4,9 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <array>
+#include <deque>
+#include <functional>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -53,18 +56,26 @@ void block_signals_on_this_thread() {
 }  // namespace
 
 struct RunDirectory::Impl {
-  // One checkpoint to write: the state as it was when requested (in the snapshot buffer).
+  // One file to write, in the order asked: a checkpoint (its state as it was when asked,
+  // in the snapshot buffer) or a small text file (metrics.jsonl, with the TensorBoard events).
   struct Job {
     std::string path;
-    CheckpointKind kind;
-    Checkpoint state;
-    std::size_t record;
+    CheckpointKind kind = CheckpointKind::Last;
+    std::shared_ptr<const Checkpoint> state;  // null: a metrics job
+    std::size_t record = 0;
     Clock::time_point requested;
+    // metrics job
+    std::string text;
+    std::vector<EpochMetrics> history;
+    std::optional<EvalResult> test;
+    // What the state was taken at (see save()): equal keys, equal state.
+    std::array<int64_t, 3> taken_at{};
   };
   // A finished job, reported on the training thread (observer calls, warnings, errors).
   struct Outcome {
     std::string path;
     CheckpointKind kind;
+    bool checkpoint;
     std::exception_ptr error;
   };
 
@@ -91,32 +102,42 @@ struct RunDirectory::Impl {
     block_signals_on_this_thread();
     std::unique_lock<std::mutex> g(mutex);
     for (;;) {
-      wake.wait(g, [this] { return job.has_value() || quit; });
-      if (!job) return;  // quit, nothing left to write
+      wake.wait(g, [this] { return !queue.empty() || quit; });
+      if (queue.empty()) return;  // quit, and nothing left to write
+      const Job j = queue.front();
       g.unlock();
-      run_job(*job);
+      run_job(j);
       g.lock();
-      job.reset();  // releases the snapshot buffer for the next save
+      queue.pop_front();  // the snapshot buffer is free once no checkpoint job holds it
       idle.notify_all();
     }
   }
 
-  // Serialise, CRC, write, fsync, rename, fsync the directory (save_checkpoint), verify,
-  // rotate milestones: on the writer thread, or on the training thread without async.
+  // A checkpoint: serialise, CRC, write, fsync, rename, fsync the directory
+  // (save_checkpoint), verify, rotate milestones. Metrics: metrics.jsonl, TensorBoard.
+  // On the writer thread, or on the training thread without checkpoint.async.
   void run_job(const Job& j) {
     const auto t0 = Clock::now();
     std::exception_ptr error;
     try {
-      save_checkpoint(j.path, j.state);
-      if (cfg.checkpoint.verify) verify_saved_checkpoint(j.path, j.state, *prototype);
-      if (j.kind == CheckpointKind::Milestone) rotate_milestones();
+      if (j.state) {
+        save_checkpoint(j.path, *j.state);
+        if (cfg.checkpoint.verify) verify_saved_checkpoint(j.path, *j.state, *prototype);
+        if (j.kind == CheckpointKind::Milestone) rotate_milestones();
+      } else {
+        // Replaced like a checkpoint: a crash leaves the old or the new file, never a torn one.
+        write_file_atomically(j.path, j.text);
+        if (cfg.logging.tensorboard) tfevents::write_run_events(dir, j.history, j.test);
+      }
     } catch (...) {
       error = std::current_exception();
     }
     std::lock_guard<std::mutex> g(mutex);
-    records[j.record].total_seconds = seconds_since(j.requested);
-    slowest_write = std::max(slowest_write, seconds_since(t0));
-    outcomes.push_back({j.path, j.kind, error});
+    if (j.state) {
+      records[j.record].total_seconds = seconds_since(j.requested);
+      slowest_write = std::max(slowest_write, seconds_since(t0));
+    }
+    outcomes.push_back({j.path, j.kind, j.state != nullptr, error});
   }
 
   // Keep the newest keep_last milestones, plus those named in keep_epochs.
@@ -138,9 +159,29 @@ struct RunDirectory::Impl {
     }
   }
 
-  void wait_idle() {
+  // The queued checkpoint that still holds the snapshot buffer, if any (mutex held).
+  const Job* pending_checkpoint() const {
+    for (auto it = queue.rbegin(); it != queue.rend(); ++it)
+      if (it->state) return &*it;
+    return nullptr;
+  }
+
+  void wait_until(const std::function<bool()>& done) {
     std::unique_lock<std::mutex> g(mutex);
-    idle.wait(g, [this] { return !job.has_value(); });
+    idle.wait(g, done);
+  }
+
+  // Runs `j` now (no writer thread) or queues it.
+  void submit(Job j) {
+    {
+      std::lock_guard<std::mutex> g(mutex);
+      if (writer.joinable()) {
+        queue.push_back(std::move(j));
+        wake.notify_all();
+        return;
+      }
+    }
+    run_job(j);
   }
 
   // On the training thread: the observer hears of completed saves; a failed one is a
@@ -154,7 +195,7 @@ struct RunDirectory::Impl {
     }
     for (const Outcome& o : done) {
       if (!o.error) {
-        trainer.observer().on_checkpoint(o.path, o.kind);
+        if (o.checkpoint) trainer.observer().on_checkpoint(o.path, o.kind);
         continue;
       }
       try {
@@ -174,10 +215,10 @@ struct RunDirectory::Impl {
   }
 
   // The state into the snapshot buffer: host tensors kept from save to save (reallocated
-  // only when a shape changes). Only called while no job is in flight.
-  Checkpoint copy_into_buffer(const Checkpoint& live) {
-    Checkpoint c = live;  // meta, config and scalars by value; tensors replaced below
-    for (auto& [group, d] : c.groups) {
+  // only when a shape changes). Only called while no queued job holds the buffer.
+  std::shared_ptr<const Checkpoint> copy_into_buffer(const Checkpoint& live) {
+    auto c = std::make_shared<Checkpoint>(live);  // meta, config and scalars by value; tensors below
+    for (auto& [group, d] : c->groups) {
       auto& bufs = buffers[group];
       for (auto& [key, t] : d.tensors) {
         Tensor& b = bufs[key];
@@ -199,11 +240,11 @@ struct RunDirectory::Impl {
 
   mutable std::mutex mutex;  // guards what follows
   std::condition_variable wake, idle;
-  std::optional<Job> job;  // the save in flight
+  std::deque<Job> queue;  // front: the job being written
   bool quit = false;
   std::vector<Outcome> outcomes;
   std::vector<SaveRecord> records;
-  double slowest_write = -1;  // seconds of the slowest write + verification so far
+  double slowest_write = -1;  // seconds of the slowest checkpoint write + verification so far
 
   std::thread writer;  // last: started once everything above exists
 };
@@ -227,47 +268,61 @@ std::vector<SaveRecord> RunDirectory::saves() const {
 void RunDirectory::save(Trainer& trainer, CheckpointKind kind) {
   Impl& m = *impl_;
   const auto t0 = Clock::now();
-  m.wait_idle();  // at most one save in flight: this wait is stall
-  m.report_outcomes();
   const std::string file = file_for(kind, trainer.epochs_done());
-  Impl::Job job{path(file), kind, m.copy_into_buffer(trainer.snapshot()), 0, t0};
+  // Saves in a row with nothing trained between them (last.h5, then best.h5 or a
+  // milestone, at an epoch's end) hold the same state: they share one snapshot.
+  const std::array<int64_t, 3> taken_at{trainer.global_step(), trainer.epochs_done(), trainer.step_in_epoch()};
+  std::shared_ptr<const Checkpoint> state;
+  {
+    std::lock_guard<std::mutex> g(m.mutex);
+    if (const Impl::Job* p = m.pending_checkpoint(); p && p->taken_at == taken_at) state = p->state;
+  }
+  if (!state) {
+    // One snapshot buffer: a save still holding it is waited for (that wait is stall).
+    m.wait_until([&m] { return m.pending_checkpoint() == nullptr; });
+    state = m.copy_into_buffer(trainer.snapshot());
+  }
+  m.report_outcomes();  // an earlier save's failure surfaces here at the latest
   SaveRecord record;
   record.file = file;
   // An end-of-epoch save follows the epoch's ++epoch; a mid-epoch one is in the next.
   record.epoch = trainer.epochs_done() + (kind == CheckpointKind::MidEpoch ? 1 : 0);
   record.global_step = trainer.global_step();
   record.stall_seconds = seconds_since(t0);
+  Impl::Job job;
+  job.path = path(file);
+  job.kind = kind;
+  job.state = std::move(state);
+  job.requested = t0;
+  job.taken_at = taken_at;
   {
     std::lock_guard<std::mutex> g(m.mutex);
     job.record = m.records.size();
     m.records.push_back(record);
-    if (m.writer.joinable()) {
-      m.job.emplace(std::move(job));
-      m.wake.notify_all();
-      return;
-    }
   }
-  m.run_job(job);  // checkpoint.async off: the whole save is stall
-  {
+  const bool inline_write = !m.writer.joinable();
+  m.submit(std::move(job));
+  if (inline_write) {
     std::lock_guard<std::mutex> g(m.mutex);
-    m.records[job.record].stall_seconds = seconds_since(t0);
+    m.records.back().stall_seconds = seconds_since(t0);  // checkpoint.async off: all of it
   }
-  m.report_outcomes();
+  if (inline_write) m.report_outcomes();
 }
 
 void RunDirectory::after_step(Trainer&) { impl_->report_outcomes(); }
 
-void RunDirectory::finish(Trainer&) {
-  impl_->wait_idle();
-  impl_->report_outcomes();
+void RunDirectory::flush(Trainer&) {
+  Impl& m = *impl_;
+  m.wait_until([&m] { return m.queue.empty(); });
+  m.report_outcomes();
 }
 
 double RunDirectory::save_estimate(const Trainer& trainer) const {
   Impl& m = *impl_;
   {
     std::lock_guard<std::mutex> g(m.mutex);
-    // A save in flight is waited for first, so two may stand between a stop and its end.
-    if (m.slowest_write >= 0) return 1.25 * m.slowest_write * (m.job ? 2 : 1);
+    // What is queued is written first: the stop's own save comes after it.
+    if (m.slowest_write >= 0) return 1.25 * m.slowest_write * static_cast<double>(1 + m.queue.size());
   }
   // Before the first save, from the state's size: written, fsynced, reloaded through the
   // parser process and compared at 50 MB/s at least, plus a fixed 0.1 s for the parser
@@ -283,7 +338,7 @@ double RunDirectory::save_estimate(const Trainer& trainer) const {
 
 void RunDirectory::record_metrics(Trainer& trainer, const std::optional<EvalResult>& test) {
   Impl& m = *impl_;
-  std::vector<SaveRecord> saves = this->saves();
+  const std::vector<SaveRecord> saves = this->saves();
   std::string text;
   for (const EpochMetrics& e : trainer.history()) {
     nlohmann::json j = {{"epoch", e.epoch}};
@@ -299,14 +354,15 @@ void RunDirectory::record_metrics(Trainer& trainer, const std::optional<EvalResu
   if (test)
     text += nlohmann::json{{"test_loss", test->loss}, {"test_acc", test->accuracy}, {"test_count", test->count}}.dump() +
             "\n";
-  // Replaced like a checkpoint: a crash leaves the old or the new file, never a torn one.
-  try {
-    write_file_atomically(path("metrics.jsonl"), text);
-    if (m.cfg.logging.tensorboard) tfevents::write_run_events(m.dir, trainer.history(), test);
-  } catch (const CheckpointWriteError& e) {
-    if (!m.continue_after_write_failure()) throw;
-    m.warn_write_failure(e);
-  }
+  // Written after the checkpoints asked before it, in order, like them off this thread.
+  Impl::Job job;
+  job.path = path("metrics.jsonl");
+  job.text = std::move(text);
+  job.history = trainer.history();
+  job.test = test;
+  const bool inline_write = !m.writer.joinable();
+  m.submit(std::move(job));
+  if (inline_write) m.report_outcomes();
 }
 
 }  // namespace engine

@@ -261,12 +261,12 @@ FitResult Trainer::fit(const StopPlan& stop, RunSink* sink) {
   } catch (...) {
     // The saves in flight complete (or fail) before the error leaves; the first error wins.
     if (sink_) try {
-        sink_->finish(*this);
+        sink_->flush(*this);
       } catch (...) {
       }
     throw;
   }
-  if (sink_) sink_->finish(*this);
+  if (sink_) sink_->flush(*this);
   return result;
 }
 
@@ -436,6 +436,8 @@ void Trainer::train_epoch(bool& interrupted) {
     if (!epoch_done && ((cfg_.checkpoint.every_n_steps &&
                          global_step_ % *cfg_.checkpoint.every_n_steps == 0) || halt || checkpoint_asked))
       save(CheckpointKind::MidEpoch);
+    // A checkpoint request wants a file it can count on: complete before the message.
+    if (checkpoint_asked && !halt && !epoch_done && sink_) sink_->flush(*this);
     if (checkpoint_asked && !halt)
       observer_->on_message(epoch_done ? "checkpoint requested: last.h5 is written at the end of epoch " +
                                              std::to_string(epoch_ + 1)

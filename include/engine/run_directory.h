@@ -44,7 +44,7 @@ class RunDirectory final : public RunSink {
   // removes what a writer that died there left behind (temporary files, hidden old
   // versions): the lock proves no other writer is at work. `trainer` must outlive this.
   explicit RunDirectory(Trainer& trainer, std::optional<RunDirLock> lock = std::nullopt);
-  // Waits for a save in flight (its error, if any, is lost: call finish() or fit()).
+  // Waits for the saves in flight (their errors, if any, are lost: call flush() or fit()).
   ~RunDirectory() override;
   RunDirectory(const RunDirectory&) = delete;
   RunDirectory& operator=(const RunDirectory&) = delete;
@@ -62,7 +62,7 @@ class RunDirectory final : public RunSink {
   void record_metrics(Trainer& trainer, const std::optional<EvalResult>& test) override;
   void after_step(Trainer& trainer) override;
   double save_estimate(const Trainer& trainer) const override;
-  void finish(Trainer& trainer) override;
+  void flush(Trainer& trainer) override;
 
  private:
   struct Impl;

@@ -104,8 +104,9 @@ class RunSink {
   virtual void after_step(Trainer&) {}
   // Seconds from requesting a save until it is complete, as the time limit must assume.
   virtual double save_estimate(const Trainer& trainer) const = 0;
-  // fit() returns: every save requested is complete when this returns; throws like save().
-  virtual void finish(Trainer& trainer) = 0;
+  // Every save requested is complete when this returns (fit() calls it before it returns
+  // or throws, and after a checkpoint request); throws like save().
+  virtual void flush(Trainer& trainer) = 0;
 };
 
 class Trainer {
@@ -130,7 +131,7 @@ class Trainer {
 
   // Runs the remaining epochs from the current state, handing checkpoints and metrics
   // to `sink` (RunDirectory::fit passes itself; null: nothing is written). Before it
-  // returns, or throws, sink->finish() has completed every save requested.
+  // returns, or throws, sink->flush() has completed every save requested.
   FitResult fit(const StopPlan& stop = {}, RunSink* sink = nullptr);
 
   // A host's own loop. train_step() runs one optimizer step of the current epoch
