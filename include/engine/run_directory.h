@@ -4,7 +4,8 @@
 // writes metrics.jsonl and the TensorBoard events, and tells the time limit what a save
 // costs. With checkpoint.async (the default) a writer thread serialises, writes, fsyncs,
 // renames and verifies each checkpoint while training goes on; the training thread only
-// copies the state into a reusable snapshot buffer (docs/checkpoint-format.md, "Saving").
+// copies the state into a reusable snapshot buffer, and waits only while the previous
+// checkpoint still holds that buffer.
 //
 //   Trainer trainer(cfg, device, make_model(cfg), &observer);
 //   RunDirectory run(trainer);      // takes <run-dir>/.lock; RunDirBusy when taken
