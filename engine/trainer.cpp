@@ -54,6 +54,14 @@ void accept_resized_buffer_at_epoch_boundary(std::map<std::string, StateDict>& g
   buf->second = Tensor::zeros(live_buffer.shape(), live_buffer.dtype());
 }
 
+// Files written before trainer/epoch_elapsed_seconds existed lack it: they load as if the
+// partial epoch had taken no time so far (its epoch_seconds counts this session only).
+void fill_in_keys_of_older_files(std::map<std::string, StateDict>& groups) {
+  auto g = groups.find("trainer");
+  if (g != groups.end() && !g->second.empty() && !g->second.scalars.count("epoch_elapsed_seconds"))
+    g->second.scalars["epoch_elapsed_seconds"] = 0.0;
+}
+
 // Says why a mid-epoch checkpoint's loss buffer of another size cannot be taken over.
 void explain_resized_buffer_mid_epoch(StateReport& report, const std::map<std::string, StateDict>& groups) {
   for (std::string& m : report.mismatched) {
@@ -97,6 +105,7 @@ class Trainer::CounterState : public Stateful {
     d.scalars["best_epoch"] = t_.best_epoch_;
     d.scalars["epochs_without_improvement"] = t_.epochs_without_improvement_;
     d.scalars["monitor"] = t_.cfg_.train.early_stopping.monitor;
+    d.scalars["epoch_elapsed_seconds"] = t_.epoch_elapsed_seconds();
     d.tensors["epoch_sample_loss"] = t_.epoch_sample_loss_;
     return d;
   }
@@ -112,6 +121,7 @@ class Trainer::CounterState : public Stateful {
     t_.best_metric_ = in.get_real("best_metric");
     t_.best_epoch_ = in.get_int("best_epoch");
     t_.epochs_without_improvement_ = in.get_int("epochs_without_improvement");
+    t_.epoch_elapsed_before_ = in.get_real("epoch_elapsed_seconds");
     t_.epoch_sample_loss_.copy_from(in.get_tensor("epoch_sample_loss"));
   }
 
@@ -472,6 +482,13 @@ void Trainer::train_epoch(bool& interrupted) {
   }
 }
 
+double Trainer::epoch_elapsed_seconds() const {
+  // The clock runs from the epoch's first step in this session (prepare_epoch); before
+  // that step, only the earlier sessions' part counts.
+  const bool running = step_in_epoch_ > 0 && permutation_offset_.has_value();
+  return epoch_elapsed_before_ + (running ? seconds_since(epoch_clock_) : 0.0);
+}
+
 std::optional<bool> Trainer::finish_epoch(double seconds, EpochMetrics& m, Interruptible when) {
   const int64_t n = data_->get(Split::Train).count;
   m.train_loss = ENGINE_DISPATCH(device_, reduce_sum, n, epoch_sample_loss_.f32()) / static_cast<double>(n);
@@ -484,7 +501,8 @@ std::optional<bool> Trainer::finish_epoch(double seconds, EpochMetrics& m, Inter
   m.val_acc = val.accuracy;
   m.lr = scheduler_->lr();
   m.loss_scale = scaler_->scale();
-  m.epoch_seconds = seconds;
+  m.epoch_seconds = epoch_elapsed_before_ + seconds;  // the part before a mid-epoch resume too
+  epoch_elapsed_before_ = 0;
   scheduler_->step();
   ++epoch_;
   step_in_epoch_ = 0;
@@ -671,6 +689,7 @@ StateReport Trainer::restore(const Checkpoint& ckpt, LoadMode mode) {
   auto comps = components();
   std::map<std::string, StateDict> groups = ckpt.groups;  // shares the tensors
   accept_resized_buffer_at_epoch_boundary(groups, epoch_sample_loss_);
+  fill_in_keys_of_older_files(groups);
   std::vector<StateDict> expected;
   for (auto& [name, comp] : comps) {
     expected.push_back(comp->state());

@@ -247,6 +247,11 @@ class Trainer {
   // The epoch whose permutation_ is derived (its shuffle offset), and when it began.
   std::optional<uint64_t> permutation_offset_;
   std::chrono::steady_clock::time_point epoch_clock_;
+  // Seconds the current epoch trained in earlier sessions (before a mid-epoch resume),
+  // saved as trainer/epoch_elapsed_seconds so that epoch_seconds counts the whole epoch.
+  double epoch_elapsed_before_ = 0;
+  // This epoch's training seconds so far, all sessions (0 at an epoch boundary).
+  double epoch_elapsed_seconds() const;
 
   // Workspaces.
   Tensor batch_x_, batch_labels_, permutation_, sample_correct_, eval_loss_, eval_correct_;
