@@ -142,14 +142,14 @@ engine_layer(nn
 engine_layer(train
   SOURCES engine/train/*.cpp
   PREFIXES train=engine/train
-  HEADERS inference.h run_control.h run_lock.h trainer.h)
+  HEADERS epoch_metrics.h inference.h process_settings.h run_control.h trainer.h)
 
 # The run directory (engine/run/): what owns <run-dir>, above the trainer. Created once
 # the folder holds sources.
 engine_layer(run
   SOURCES engine/run/*.cpp
   PREFIXES run=engine/run
-  HEADERS)
+  HEADERS run_directory.h run_lock.h)
 
 # ---- Checks: every file is in exactly one layer. ----------------------------------------
 file(GLOB_RECURSE _public RELATIVE ${PROJECT_SOURCE_DIR}/include/engine CONFIGURE_DEPENDS

@@ -4,6 +4,7 @@
 #include "io/atomic_file.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,6 +26,29 @@ namespace {
 
 }  // namespace
 
+ScopedSigxfszBlock::ScopedSigxfszBlock() {
+  sigset_t only;
+  sigemptyset(&only);
+  sigaddset(&only, SIGXFSZ);
+  pthread_sigmask(SIG_BLOCK, &only, &previous_);
+  was_blocked_ = sigismember(&previous_, SIGXFSZ) == 1;
+}
+
+ScopedSigxfszBlock::~ScopedSigxfszBlock() {
+  if (!was_blocked_) {
+    sigset_t pending;
+    sigemptyset(&pending);
+    if (sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ) == 1) {
+      sigset_t only;
+      sigemptyset(&only);
+      sigaddset(&only, SIGXFSZ);
+      const timespec now{0, 0};
+      (void)sigtimedwait(&only, nullptr, &now);
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+}
+
 int write_fully_at(int fd, const unsigned char* data, std::size_t n, off_t offset) {
   while (n > 0) {
     const ssize_t w = file_ops::pwrite(fd, data, n, offset);
@@ -39,6 +63,7 @@ int write_fully_at(int fd, const unsigned char* data, std::size_t n, off_t offse
 }
 
 void atomic_write(const std::string& path, const std::function<int(int)>& write_content) {
+  const ScopedSigxfszBlock no_sigxfsz;  // EFBIG, not death, past `ulimit -f`
   const std::size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);

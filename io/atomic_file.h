@@ -1,5 +1,6 @@
 // Private to io/: atomic, durable replacement of a file (checkpoints, metrics.jsonl).
 #pragma once
+#include <signal.h>
 #include <sys/types.h>
 
 #include <cstddef>
@@ -7,6 +8,22 @@
 #include <string>
 
 namespace engine {
+
+// While one lives, SIGXFSZ is blocked on the calling thread, so that a write past the
+// file size limit (RLIMIT_FSIZE, `ulimit -f`) fails with EFBIG, a disk error like any
+// other, instead of killing the process: the library does not depend on its host's
+// signal dispositions. A SIGXFSZ raised meanwhile is consumed before the mask is put back.
+class ScopedSigxfszBlock {
+ public:
+  ScopedSigxfszBlock();
+  ~ScopedSigxfszBlock();
+  ScopedSigxfszBlock(const ScopedSigxfszBlock&) = delete;
+  ScopedSigxfszBlock& operator=(const ScopedSigxfszBlock&) = delete;
+
+ private:
+  sigset_t previous_;
+  bool was_blocked_ = false;
+};
 
 // pwrite of all `n` bytes at `offset` (through file_ops); 0 or the errno of the failure.
 int write_fully_at(int fd, const unsigned char* data, std::size_t n, off_t offset);

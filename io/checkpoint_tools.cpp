@@ -129,11 +129,11 @@ std::string compare_scalars(const Scalar& a, const Scalar& b, bool& differs) {
   return "series max abs diff " + fmt_short(largest);
 }
 
-// Wall-clock measurements (metrics series named *_seconds) differ between runs with the
+// Wall-clock measurements (metrics series and trainer scalars named *_seconds) differ between runs with the
 // same state, so diff lists them without counting them.
 bool is_wall_clock(const std::string& group, const std::string& key) {
   const std::string suffix = "_seconds";
-  return group == "metrics" && key.size() > suffix.size() &&
+  return (group == "metrics" || group == "trainer") && key.size() > suffix.size() &&
          key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 

@@ -456,6 +456,7 @@ Config config_from_json(const json& j, const std::string& origin) {
                                                (*keep)[i], 1, kInt64Max));
   }
   r.boolean("checkpoint.verify", ck.verify);
+  r.boolean("checkpoint.async", ck.async);
   r.choice("checkpoint.on_error", ck.on_error, {SaveErrorPolicy::Stop, SaveErrorPolicy::Continue});
 
   r.boolean("logging.tensorboard", c.logging.tensorboard);
@@ -612,6 +613,7 @@ json config_to_json(const Config& c) {
       {"every_n_steps", nullable(c.checkpoint.every_n_steps)},
       {"keep_epochs", json(c.checkpoint.keep_epochs)},
       {"verify", c.checkpoint.verify},
+      {"async", c.checkpoint.async},
       {"on_error", to_string(c.checkpoint.on_error)},
   };
   j["logging"] = {{"tensorboard", c.logging.tensorboard}};

@@ -159,4 +159,22 @@ void sweep_leftovers_once(const std::string& dir) {
   ::closedir(d);
 }
 
+int sweep_dead_writers(const std::string& dir) {
+  int removed = 0;
+  const long self = static_cast<long>(getpid());
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      bool temporary = false;
+      const long pid = leftover_pid(name, temporary);
+      if (pid <= 0 || pid == self) continue;
+      if (::unlink((dir + "/" + name).c_str()) == 0) ++removed;
+    }
+    ::closedir(d);
+  }
+  // io/tfevents.cpp writes its events there under one fixed temporary name.
+  if (::unlink((dir + "/tensorboard/.events-rewrite.tmp").c_str()) == 0) ++removed;
+  return removed;
+}
+
 }  // namespace engine

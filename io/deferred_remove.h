@@ -28,4 +28,11 @@ std::string replaced_version_name(const std::string& dir_prefix, const std::stri
 // process.
 void sweep_leftovers_once(const std::string& dir);
 
+// For the holder of the run directory's lock (engine/run_lock.h), which proves that no
+// other writer is at work there: removes now, whatever their age or pid, the temporary
+// files and hidden old versions that writers which died left in `dir` (SIGKILL, SIGXFSZ,
+// a power cut), and the TensorBoard rewrite's temporary in dir/tensorboard. This
+// process's own files are left alone. Returns how many were removed.
+int sweep_dead_writers(const std::string& dir);
+
 }  // namespace engine

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
+#include "run_dir_util.h"
 #include "engine/checkpoint.h"
 #include "engine/device.h"
 #include "engine/models/registry.h"
@@ -234,7 +235,9 @@ TEST_CASE("one writer per run directory: a second train or resume is refused at 
   const std::string dir = fresh_dir("cli_lock");
   Background holder(small_run(dir));
   REQUIRE(holder.pid() > 0);
-  REQUIRE(holder.wait_for("epoch 1/4"));  // last.h5 and best.h5 exist
+  REQUIRE(holder.wait_for("epoch 1/4"));
+  REQUIRE(wait_for_checkpoint(dir + "/best.h5", 16));  // last.h5 and best.h5 exist (checkpoint.async)
+  REQUIRE(wait_for_checkpoint(dir + "/last.h5", 16));
   const std::string pid = "pid " + std::to_string(holder.pid());
   for (const std::string& cmd : {small_run(dir), "resume " + dir + "/last.h5"}) {
     CAPTURE(cmd);

@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "run_dir_util.h"
 #include "cli_util.h"
 #include "engine/checkpoint.h"
 #include "engine/idx.h"
@@ -88,7 +89,7 @@ TEST_CASE("Classifier: 4 threads give the single-threaded bits and the trainer's
   c.train.epochs = 1;
   c.checkpoint.dir = fresh_dir("embedding_classifier");
   Trainer trainer(c, Device::cpu(), make_model(c));
-  const FitResult fit = trainer.fit();
+  const FitResult fit = test_util::fit_in_run_dir(trainer);
   REQUIRE(fit.test);
 
   const Classifier clf(c.checkpoint.dir + "/best.h5", Device::cpu(), make_model);

@@ -8,6 +8,7 @@
 #include <memory>
 #include <set>
 
+#include "run_dir_util.h"
 #include "cli_util.h"
 #include "engine/checkpoint.h"
 #include "engine/models/fashion_cnn.h"
@@ -72,7 +73,7 @@ EvalResult check_resume_bit_exact(Config base, const std::function<std::unique_p
   base.train.epochs = 2;
   Config ca = base;
   ca.checkpoint.dir = fresh_dir(name + "_straight");
-  const FitResult ra = make(ca)->fit();
+  const FitResult ra = test_util::fit_in_run_dir(*make(ca));
   REQUIRE(ra.epochs_done == 2);
   REQUIRE(ra.test);
 
@@ -88,7 +89,7 @@ EvalResult check_resume_bit_exact(Config base, const std::function<std::unique_p
   auto b = make(cb);
   CHECK(b->resume_from(after_one, LoadMode::Strict).clean());
   CHECK(b->epochs_done() == 1);
-  const FitResult rb = b->fit();
+  const FitResult rb = test_util::fit_in_run_dir(*b);
   expect_identical(ca.checkpoint.dir + "/last.h5", cb.checkpoint.dir + "/last.h5");
   REQUIRE(rb.test);
   CHECK(rb.test->loss == ra.test->loss);
@@ -160,7 +161,7 @@ TEST_CASE("an MLP of another shape learns a dataset of its own through the same 
   c.checkpoint.dir = fresh_dir("models_synthetic_fit");
   auto t = synthetic_trainer(c);
   CHECK(t->model().input_shape() == ImageShape{2, 4, 4});
-  const FitResult r = t->fit();
+  const FitResult r = test_util::fit_in_run_dir(*t);
   REQUIRE(r.test);
   CHECK(r.test->count == 48);
   CHECK(r.test->confusion.size() == 3);

@@ -11,6 +11,7 @@
 #include "cli_util.h"
 #include "engine/checkpoint.h"
 #include "run_compare.h"
+#include "run_dir_util.h"
 
 using namespace test_util;
 
@@ -62,6 +63,9 @@ TEST_CASE("a second Ctrl-C exits at once; last.h5 stays sound") {
   Background run_bg(small_run(b));
   REQUIRE(run_bg.pid() > 0);
   REQUIRE(run_bg.wait_for("epoch 1/4"));
+  // The epoch's line is printed while its last.h5 may still be on the writer thread
+  // (checkpoint.async): wait until it is complete, as its observer would hear.
+  REQUIRE(wait_for_checkpoint(b + "/last.h5", 16));
   const auto t0 = std::chrono::steady_clock::now();
   ::kill(run_bg.pid(), SIGINT);
   ::usleep(100000);  // two pending SIGINTs would merge into one

@@ -99,3 +99,32 @@ TEST_CASE("the number of CPU threads does not change a single bit") {
   REQUIRE(r.exit_code == 0);
   expect_same_run(reference_run(), b);
 }
+
+TEST_CASE("after a mid-epoch resume, epoch_seconds counts the whole epoch, the part before the resume included") {
+  if (!dataset_available()) return;
+  // 16 steps per epoch; killed after step 14 (saved there), resumed for the last 2 steps.
+  const std::string extra = " --set checkpoint.every_n_steps=7";
+  const std::string b = fresh_dir("resume_epoch_seconds");
+  const std::string cmd = small_run(b) + extra;
+  RunResult r = run_killed_after_step(14, cmd);
+  INFO(r.output);
+  REQUIRE(r.signal == 9);
+  const engine::Checkpoint ck = engine::load_checkpoint(b + "/last.h5");
+  REQUIRE(ck.groups.at("trainer").get_int("step_in_epoch") == 14);
+  const double before_resume = ck.groups.at("trainer").get_real("epoch_elapsed_seconds");
+  CHECK(before_resume > 0);
+  r = run(cmd);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::vector<double> resumed = column(b, "epoch_seconds");
+  const std::vector<double> uninterrupted = column(reference_run(extra), "epoch_seconds");
+  REQUIRE(resumed.size() == uninterrupted.size());
+  CAPTURE(resumed[0]);
+  CAPTURE(uninterrupted[0]);
+  // The 14 steps before the kill are in epoch 1's time: counting only the 2 after the
+  // resume gave about an eighth of an uninterrupted epoch.
+  CHECK(resumed[0] >= before_resume);
+  CHECK(resumed[0] >= 0.5 * uninterrupted[0]);
+  // The state is still that of an uninterrupted run.
+  expect_same_run(reference_run(extra), b);
+}

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "run_dir_util.h"
 #include "cli_util.h"
 #include "engine/checkpoint.h"
 #include "train/restore_testing.h"
@@ -315,7 +316,7 @@ TEST_CASE("a stop request belongs to its run: a second fit() in the same process
   const Config first_cfg = tiny_config(dir + "/a");
   Trainer first(first_cfg, Device::cpu(), make_model(first_cfg));
   first.control().request_stop();  // before fit(): honoured by this run
-  FitResult r = first.fit();
+  FitResult r = test_util::fit_in_run_dir(first);
   CHECK(r.ending == FitResult::Ending::Stopped);
   CHECK(r.stop_cause == FitResult::StopCause::Requested);
   CHECK(first.global_step() == 1);
@@ -323,18 +324,18 @@ TEST_CASE("a stop request belongs to its run: a second fit() in the same process
   // The same trainer goes on, and another trainer in this process trains in full.
   StopPlan one_epoch;
   one_epoch.after_epochs = 1;
-  r = first.fit(one_epoch);
+  r = test_util::fit_in_run_dir(first, one_epoch);
   CHECK(r.stop_cause == FitResult::StopCause::EpochLimit);
   CHECK(first.global_step() == 8);
   const Config second_cfg = tiny_config(dir + "/b");
   Trainer second(second_cfg, Device::cpu(), make_model(second_cfg));
-  r = second.fit();
+  r = test_util::fit_in_run_dir(second);
   CHECK(r.ending == FitResult::Ending::Completed);
   CHECK(second.global_step() == 16);
   REQUIRE(r.test.has_value());
-  // fit() takes the run directory's lock: a writer holding it in this process blocks it.
+  // A RunDirectory takes the run directory's lock: a writer holding it in this process blocks it.
   RunDirLock held = RunDirLock::acquire(dir + "/a");
-  CHECK_THROWS_AS(first.fit(), RunDirBusy);
+  CHECK_THROWS_AS(test_util::fit_in_run_dir(first), RunDirBusy);
 }
 
 TEST_CASE("Ctrl-C during validation or the test evaluation stops there; the run resumes bit-exactly") {
@@ -342,7 +343,7 @@ TEST_CASE("Ctrl-C during validation or the test evaluation stops there; the run 
   const std::string dir = fresh_dir("run_control_eval_stop");
   const Config reference_cfg = tiny_config(dir + "/ref");
   Trainer reference(reference_cfg, Device::cpu(), make_model(reference_cfg));
-  const FitResult ref = reference.fit();
+  const FitResult ref = test_util::fit_in_run_dir(reference);
   REQUIRE(ref.test.has_value());
 
   for (auto when : {StopAt::When::EndOfEpochSteps, StopAt::When::EndOfLastEpoch}) {
@@ -354,7 +355,7 @@ TEST_CASE("Ctrl-C during validation or the test evaluation stops there; the run 
       const Config t_cfg = tiny_config(run);
       Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &observer);
       observer.trainer = &t;
-      const FitResult r = t.fit();
+      const FitResult r = test_util::fit_in_run_dir(t);
       INFO(observer.messages);
       CHECK(r.ending == FitResult::Ending::Stopped);
       CHECK(r.stop_cause == FitResult::StopCause::Requested);
@@ -369,7 +370,7 @@ TEST_CASE("Ctrl-C during validation or the test evaluation stops there; the run 
     const Config resumed_cfg = tiny_config(run);
     Trainer resumed(resumed_cfg, Device::cpu(), make_model(resumed_cfg));
     resumed.resume_from(run + "/last.h5", LoadMode::Strict);
-    const FitResult r = resumed.fit();
+    const FitResult r = test_util::fit_in_run_dir(resumed);
     CHECK(r.ending == FitResult::Ending::Completed);
     REQUIRE(r.test.has_value());
     CHECK(r.test->loss == ref.test->loss);

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "run_dir_util.h"
 #include "cli_util.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
@@ -151,7 +152,9 @@ TEST_CASE("the message names the step") {
         path + ": cannot fsync directory " + dir + ": Input/output error (the previous file was put back)");
 }
 
-TEST_CASE("a real EFBIG (RLIMIT_FSIZE, SIGXFSZ ignored) keeps the previous file") {
+TEST_CASE("a real EFBIG (RLIMIT_FSIZE), SIGXFSZ ignored or not, keeps the previous file") {
+ for (const auto disposition : {SIG_IGN, SIG_DFL}) {
+  CAPTURE(disposition == SIG_IGN);
   const std::string dir = test_util::fresh_dir("save_faults_efbig");
   const std::string path = dir + "/last.h5";
   save_checkpoint(path, state(1.0f));
@@ -162,7 +165,8 @@ TEST_CASE("a real EFBIG (RLIMIT_FSIZE, SIGXFSZ ignored) keeps the previous file"
   const pid_t child = fork();
   if (child == 0) {
     alarm(20);
-    signal(SIGXFSZ, SIG_IGN);
+    // SIG_DFL kills a process that writes past the limit, unless the writer blocks it.
+    signal(SIGXFSZ, disposition);
     const rlimit limit{8192, 8192};
     if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(2);
     bool write_error = false;
@@ -187,6 +191,7 @@ TEST_CASE("a real EFBIG (RLIMIT_FSIZE, SIGXFSZ ignored) keeps the previous file"
   CHECK(read_bytes(path) == before);
   verify_checkpoint_file(path);
   CHECK(hidden_in(dir).empty());
+ }
 }
 
 TEST_CASE("write_file_atomically replaces a file whole, or leaves it as it was") {
@@ -214,8 +219,13 @@ const char* const kSmall[][2] = {
     {"data.batch_size", "64"},   {"train.epochs", "3"},         {"checkpoint.every_n_epochs", "null"},
 };
 
-Config small_config(const std::string& run_dir, const std::string& on_error) {
+enum class Writer { Async, TrainingThread };
+
+// `Writer::TrainingThread` where a test arms a fault for one epoch from the observer: the
+// epoch's saves must then happen before the next epoch begins, on the training thread.
+Config small_config(const std::string& run_dir, const std::string& on_error, Writer writer = Writer::Async) {
   nlohmann::json j = default_config_json();
+  j["checkpoint"]["async"] = writer == Writer::Async;
   j["device"] = "cpu";
   j["data"]["dir"] = test_util::data_dir();
   for (const auto& kv : kSmall) apply_override(j, std::string(kv[0]) + "=" + kv[1]);
@@ -261,7 +271,7 @@ const std::string& reference_run() {
     const std::string d = test_util::fresh_dir("save_faults_reference");
     const Config t_cfg = small_config(d, "stop");
     Trainer t(t_cfg, Device::cpu(), make_model(t_cfg));
-    if (t.fit().ending != FitResult::Ending::Completed) throw std::runtime_error("the reference run did not complete");
+    if (test_util::fit_in_run_dir(t).ending != FitResult::Ending::Completed) throw std::runtime_error("the reference run did not complete");
     return d;
   }();
   return dir;
@@ -280,10 +290,10 @@ TEST_CASE("checkpoint.on_error = stop: a failed save stops the run; it resumes b
   const std::string dir = test_util::fresh_dir("save_faults_stop");
   {
     FailingEpoch obs(dir, 2, ENOSPC);
-    const Config t_cfg = small_config(dir, "stop");
+    const Config t_cfg = small_config(dir, "stop", Writer::TrainingThread);
     Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &obs);
     bool write_error = false;
-    const std::string msg = error_of([&] { t.fit(); }, &write_error);
+    const std::string msg = error_of([&] { test_util::fit_in_run_dir(t); }, &write_error);
     obs.stop_failing();
     INFO(msg);
     CHECK(write_error);
@@ -298,7 +308,7 @@ TEST_CASE("checkpoint.on_error = stop: a failed save stops the run; it resumes b
   Trainer resumed(resumed_cfg, Device::cpu(), make_model(resumed_cfg));
   resumed.resume_from(dir + "/last.h5", LoadMode::Strict);
   CHECK(resumed.epochs_done() == 1);
-  REQUIRE(resumed.fit().ending == FitResult::Ending::Completed);
+  REQUIRE(test_util::fit_in_run_dir(resumed).ending == FitResult::Ending::Completed);
   expect_identical(reference_run() + "/last.h5", dir + "/last.h5");
   CHECK(test_util::read_lines(dir + "/metrics.jsonl").size() == test_util::read_lines(reference_run() + "/metrics.jsonl").size());
 }
@@ -307,9 +317,9 @@ TEST_CASE("checkpoint.on_error = continue: a failed save warns, training goes on
   if (!test_util::dataset_available()) return;
   const std::string dir = test_util::fresh_dir("save_faults_continue");
   FailingEpoch obs(dir, 2, EIO);
-  const Config t_cfg = small_config(dir, "continue");
+  const Config t_cfg = small_config(dir, "continue", Writer::TrainingThread);
   Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &obs);
-  REQUIRE(t.fit().ending == FitResult::Ending::Completed);
+  REQUIRE(test_util::fit_in_run_dir(t).ending == FitResult::Ending::Completed);
   int warnings = 0;
   for (const std::string& m : obs.messages)
     if (m.rfind("warning: " + dir + "/", 0) == 0 && m.find("Input/output error") != std::string::npos &&
@@ -330,8 +340,8 @@ TEST_CASE("engine train exits 3 when the file size limit refuses a save, and the
   REQUIRE(run(cmd + " --stop-after-epochs 1").exit_code == 0);
   const auto before = read_bytes(dir + "/last.h5");
   // A real EFBIG: a 1 MiB file size limit (bash's ulimit -f counts 1024-byte blocks),
-  // SIGXFSZ ignored as a batch system would.
-  const std::string limited = "bash -c 'trap \"\" XFSZ; ulimit -f 1024; exec \"$0\" \"$@\"' " + test_util::engine_bin() +
+  // SIGXFSZ left at its default disposition (death), which the engine must not depend on.
+  const std::string limited = "bash -c 'ulimit -f 1024; exec \"$0\" \"$@\"' " + test_util::engine_bin() +
                               " " + cmd + " 2>&1";
   FILE* f = popen(limited.c_str(), "r");
   REQUIRE(f);
@@ -351,4 +361,82 @@ TEST_CASE("engine train exits 3 when the file size limit refuses a save, and the
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("resuming from epoch 1") != std::string::npos);
   expect_identical(reference_run() + "/last.h5", dir + "/last.h5");
+}
+
+TEST_CASE("checkpoint.async: a save the disk refuses surfaces at the next step or at the end, and keeps the previous file") {
+  if (!test_util::dataset_available()) return;
+  const std::string dir = test_util::fresh_dir("save_faults_async");
+  // Every write fails from epoch 2 on, until fit() has returned: epoch 2's last.h5 fails
+  // on the writer thread, and the training thread hears of it at its next step at the latest.
+  class FailFromEpoch2 : public TrainerObserver {
+   public:
+    explicit FailFromEpoch2(std::string d) : dir_(std::move(d)) {}
+    void on_epoch_begin(int64_t epoch, int64_t, int64_t) override {
+      if (epoch != 2) return;
+      run->flush(*trainer);  // epoch 1's files are complete before the disk "fills up"
+      last_before = read_bytes(dir_ + "/last.h5");
+      fault.emplace(file_ops::Fault{Step::Write, ENOSPC, 0, -1});
+    }
+    std::optional<file_ops::ScopedFault> fault;
+    std::vector<unsigned char> last_before;
+    RunDirectory* run = nullptr;
+    Trainer* trainer = nullptr;
+
+   private:
+    std::string dir_;
+  } obs(dir);
+  const Config t_cfg = small_config(dir, "stop", Writer::Async);
+  Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &obs);
+  RunDirectory run(t);
+  obs.run = &run;
+  obs.trainer = &t;
+  bool write_error = false;
+  const std::string msg = error_of([&] { run.fit(); }, &write_error);
+  obs.fault.reset();
+  INFO(msg);
+  CHECK(write_error);
+  CHECK(msg.rfind(dir + "/last.h5: cannot write temporary file", 0) == 0);
+  CHECK(msg.find("No space left on device") != std::string::npos);
+  CHECK(t.epochs_done() == 2);
+  CHECK(t.global_step() <= 2 * 8 + 1);  // at most one step of epoch 3 before it surfaced
+  REQUIRE(!obs.last_before.empty());
+  CHECK(read_bytes(dir + "/last.h5") == obs.last_before);
+  CHECK(hidden_in(dir).empty());
+}
+
+TEST_CASE("a save on the writer thread writes the same bytes as one on the training thread") {
+  if (!test_util::dataset_available()) return;
+  const std::string dir = test_util::fresh_dir("save_faults_same_bytes");
+  const Config c = small_config(dir, "stop", Writer::Async);
+  // created_utc has a resolution of one second: both saves fall in one second in one of a
+  // few tries.
+  bool same_second = false;
+  for (int attempt = 0; attempt < 5 && !same_second; ++attempt) {
+    Trainer t(c, Device::cpu(), make_model(c));
+    t.control().request_stop();  // one step, then a mid-epoch last.h5 from the writer thread
+    REQUIRE(test_util::fit_in_run_dir(t).stop_cause == FitResult::StopCause::Requested);
+    t.save_checkpoint(dir + "/direct.h5");  // the same state, written on this thread
+    same_second = load_checkpoint(dir + "/direct.h5").meta.created_utc == load_checkpoint(dir + "/last.h5").meta.created_utc;
+    if (same_second) CHECK(read_bytes(dir + "/direct.h5") == read_bytes(dir + "/last.h5"));
+  }
+  CHECK(same_second);
+}
+
+TEST_CASE("taking a run directory removes what writers that died left there, at once") {
+  if (!test_util::dataset_available()) return;
+  const std::string dir = test_util::fresh_dir("save_faults_leftovers");
+  fs::create_directories(dir + "/tensorboard");
+  // A dead writer's temporary (fresh: a SIGXFSZ or a SIGKILL a moment ago), a hidden old
+  // version, and TensorBoard's temporary; a live process's pid (ours, the parent's) too:
+  // the lock proves it writes nowhere here.
+  const std::string parent = std::to_string(getppid());
+  const std::vector<std::string> leftovers = {".last.h5.tmp.999999", ".best.h5.old.999998.3", ".metrics.jsonl.tmp." + parent,
+                                              "tensorboard/.events-rewrite.tmp"};
+  for (const std::string& f : leftovers) std::ofstream(dir + "/" + f) << std::string(4096, 'x');
+  std::ofstream(dir + "/notes.txt") << "the user's";
+  const Config c = small_config(dir, "stop");
+  Trainer t(c, Device::cpu(), make_model(c));
+  { RunDirectory take(t); }
+  for (const std::string& f : leftovers) CHECK_MESSAGE(!fs::exists(dir + "/" + f), f);
+  CHECK(fs::exists(dir + "/notes.txt"));
 }

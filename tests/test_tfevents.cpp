@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "io/crc32c.h"
-#include "train/tfevents.h"
+#include "run/tfevents.h"
 #include "scratch_dir.h"
 
 namespace fs = std::filesystem;

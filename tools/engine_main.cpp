@@ -31,7 +31,9 @@
 #include "engine/inference.h"
 #include "engine/models/registry.h"
 #include "report/report.h"
+#include "engine/process_settings.h"
 #include "engine/run_control.h"
+#include "engine/run_directory.h"
 #include "engine/run_lock.h"
 #include "engine/trainer.h"
 
@@ -507,8 +509,9 @@ class TrainingSession {
   }
 
   Trainer& start() {
+    apply_process_settings(cfg_);  // cuda.deterministic is process-wide
     trainer_ = std::make_unique<Trainer>(cfg_, device_, make_model(cfg_), &observer_);
-    trainer_->use_run_lock(std::move(*lock_));
+    run_dir_ = std::make_unique<RunDirectory>(*trainer_, std::move(*lock_));
     lock_.reset();
     return *trainer_;
   }
@@ -538,7 +541,7 @@ class TrainingSession {
     g_run.store(&t.control());
     FitResult r;
     try {
-      r = t.fit(stop);
+      r = run_dir_->fit(stop);
     } catch (const CheckpointWriteError& e) {
       // checkpoint.on_error = stop: the previous checkpoint is intact, so the same command
       // resumes from it once the disk is fixed.
@@ -567,6 +570,7 @@ class TrainingSession {
   std::optional<RunDirLock> lock_;
   ConsoleObserver observer_;
   std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<RunDirectory> run_dir_;  // after trainer_: it writes the trainer's state, so it goes first
 };
 
 int cmd_train(const TrainOptions& a) {

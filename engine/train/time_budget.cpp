@@ -19,19 +19,11 @@ void TimeBudget::record_step(double seconds) {
   step_ = step_ < 0 ? seconds : std::max(seconds, 0.95 * step_ + 0.05 * seconds);
 }
 
-void TimeBudget::record_save(double seconds) { save_ = std::max(save_, seconds); }
-
 void TimeBudget::record_eval(double seconds, int64_t images) {
   if (images > 0) eval_per_image_ = std::max(eval_per_image_, seconds / static_cast<double>(images));
 }
 
 double TimeBudget::step_estimate() const { return step_ < 0 ? 0 : 1.25 * step_; }
-
-double TimeBudget::save_estimate() const {
-  // Before the first save: a 5 MB checkpoint written, fsynced, reloaded and checked
-  // takes well under a second on any disk a run would use.
-  return save_ < 0 ? 1.0 : 1.25 * save_;
-}
 
 double TimeBudget::eval_estimate(int64_t images, int batch_size) const {
   if (eval_per_image_ >= 0) return 1.25 * eval_per_image_ * static_cast<double>(images);
@@ -40,6 +32,8 @@ double TimeBudget::eval_estimate(int64_t images, int batch_size) const {
   return step_estimate() * batches / 2;
 }
 
-bool TimeBudget::fits(double seconds) const { return seconds + save_estimate() + margin() <= remaining(); }
+bool TimeBudget::fits(double seconds, double save_seconds) const {
+  return seconds + save_seconds + margin() <= remaining();
+}
 
 }  // namespace engine

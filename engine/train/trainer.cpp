@@ -6,23 +6,18 @@
 #include <cmath>
 #include <cstring>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <stdexcept>
 
 #include "nn/dispatch.h"
-#include "io/atomic_file.h"
-#include "train/tfevents.h"
 #include "train/restore_testing.h"
+#include "train/save_verification.h"
 #include "train/time_budget.h"
-#include "kernels/cuda/settings.h"
 
 namespace engine {
 
-namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -31,14 +26,6 @@ double seconds_since(Clock::time_point t0) {
 }
 
 bool lower_is_better(MonitorMetric monitor) { return monitor == MonitorMetric::ValLoss; }
-// A save the disk refused left the previous file in place; checkpoint.on_error says
-// whether training goes on without this save (the next one retries) or stops.
-bool survive_write_failure(const Config& cfg, TrainerObserver& observer, const CheckpointWriteError& e) {
-  if (cfg.checkpoint.on_error != SaveErrorPolicy::Continue) return false;
-  observer.on_message(std::string("warning: ") + e.what() +
-                      "; training goes on (checkpoint.on_error = continue), the next save retries");
-  return true;
-}
 
 }  // namespace
 
@@ -47,19 +34,6 @@ void (*after_component_load)(const std::string& group) = nullptr;
 }
 
 namespace {
-
-// Times a save for the run's time budget (when it has one).
-class SaveTimer {
- public:
-  explicit SaveTimer(TimeBudget* budget) : budget_(budget), t0_(Clock::now()) {}
-  ~SaveTimer() {
-    if (budget_) budget_->record_save(seconds_since(t0_));
-  }
-
- private:
-  TimeBudget* budget_;
-  Clock::time_point t0_;
-};
 
 // The partial-epoch loss buffer (trainer/epoch_sample_loss) has one entry per training
 // image. At an epoch boundary it holds nothing (the next epoch starts by zeroing it), so
@@ -78,6 +52,14 @@ void accept_resized_buffer_at_epoch_boundary(std::map<std::string, StateDict>& g
       buf->second.dtype() != live_buffer.dtype())
     return;
   buf->second = Tensor::zeros(live_buffer.shape(), live_buffer.dtype());
+}
+
+// Files written before trainer/epoch_elapsed_seconds existed lack it: they load as if the
+// partial epoch had taken no time so far (its epoch_seconds counts this session only).
+void fill_in_keys_of_older_files(std::map<std::string, StateDict>& groups) {
+  auto g = groups.find("trainer");
+  if (g != groups.end() && !g->second.empty() && !g->second.scalars.count("epoch_elapsed_seconds"))
+    g->second.scalars["epoch_elapsed_seconds"] = 0.0;
 }
 
 // Says why a mid-epoch checkpoint's loss buffer of another size cannot be taken over.
@@ -123,6 +105,7 @@ class Trainer::CounterState : public Stateful {
     d.scalars["best_epoch"] = t_.best_epoch_;
     d.scalars["epochs_without_improvement"] = t_.epochs_without_improvement_;
     d.scalars["monitor"] = std::string(to_string(t_.cfg_.train.early_stopping.monitor));
+    d.scalars["epoch_elapsed_seconds"] = t_.epoch_elapsed_seconds();
     d.tensors["epoch_sample_loss"] = t_.epoch_sample_loss_;
     return d;
   }
@@ -138,6 +121,7 @@ class Trainer::CounterState : public Stateful {
     t_.best_metric_ = in.get_real("best_metric");
     t_.best_epoch_ = in.get_int("best_epoch");
     t_.epochs_without_improvement_ = in.get_int("epochs_without_improvement");
+    t_.epoch_elapsed_before_ = in.get_real("epoch_elapsed_seconds");
     t_.epoch_sample_loss_.copy_from(in.get_tensor("epoch_sample_loss"));
   }
 
@@ -158,12 +142,7 @@ class Trainer::MetricsState : public Stateful {
     std::vector<double> epochs;
     for (const EpochMetrics& m : t_.history_) epochs.push_back(static_cast<double>(m.epoch));
     d.scalars["epoch"] = epochs;
-    series("train_loss", &EpochMetrics::train_loss);
-    series("val_loss", &EpochMetrics::val_loss);
-    series("val_acc", &EpochMetrics::val_acc);
-    series("lr", &EpochMetrics::lr);
-    series("loss_scale", &EpochMetrics::loss_scale);
-    series("epoch_seconds", &EpochMetrics::epoch_seconds);
+    for (const EpochMetricField& f : epoch_metric_fields()) series(f.name, f.member);
     return d;
   }
   void load_state(const StateDict& in) override {
@@ -178,12 +157,7 @@ class Trainer::MetricsState : public Stateful {
       for (std::size_t i = 0; i < h.size(); ++i) h[i].*field = v[i];
     };
     for (std::size_t i = 0; i < h.size(); ++i) h[i].epoch = static_cast<int64_t>(epochs[i]);
-    fill("train_loss", &EpochMetrics::train_loss);
-    fill("val_loss", &EpochMetrics::val_loss);
-    fill("val_acc", &EpochMetrics::val_acc);
-    fill("lr", &EpochMetrics::lr);
-    fill("loss_scale", &EpochMetrics::loss_scale);
-    fill("epoch_seconds", &EpochMetrics::epoch_seconds);
+    for (const EpochMetricField& f : epoch_metric_fields()) fill(f.name, f.member);
     t_.history_ = std::move(h);
   }
 
@@ -197,7 +171,8 @@ Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, Traine
                  SplitsNeeded splits, std::unique_ptr<Dataset> data)
     : cfg_(std::move(cfg)), device_(device), observer_(observer ? observer : &silent_),
       data_(std::move(data)), rng_(cfg_.seed), model_(std::move(model)) {
-  kernels::cuda::set_deterministic(cfg_.cuda.deterministic);
+  // cfg.cuda.deterministic is process-wide: the host applies
+  // it (apply_process_settings, engine/process_settings.h), not each Trainer.
   if (!model_) throw std::invalid_argument("Trainer: no model given");
   if (!data_) data_ = make_dataset(cfg_.data, device_);
   if (data_->device() != device_)
@@ -277,23 +252,36 @@ Shape Trainer::batch_shape(int64_t n) const {
 
 // ---- training ------------------------------------------------------------------------
 
-FitResult Trainer::fit(const StopPlan& stop) {
-  FitResult result;
-  fs::create_directories(cfg_.checkpoint.dir);
-  // One writer per run directory, for the whole run (run_lock.h).
-  std::optional<RunDirLock> own_lock;
-  if (!run_lock_ || !fs::equivalent(run_lock_->dir(), cfg_.checkpoint.dir))
-    own_lock = RunDirLock::acquire(cfg_.checkpoint.dir);
-  // The requests and the deadline belong to this run: whatever is left of them when it
-  // returns does not reach the next fit().
+FitResult Trainer::fit(const StopPlan& stop, RunSink* sink) {
+  // The sink, the requests and the deadline belong to this run: whatever is left of
+  // them when it returns does not reach the next fit().
   struct RunScope {
     Trainer& t;
     ~RunScope() {
+      t.sink_ = nullptr;
       t.time_budget_.reset();
       t.control_.clear_stop();
       t.control_.take_checkpoint_request();
     }
   } run_scope{*this};
+  sink_ = sink;
+  FitResult result;
+  try {
+    result = fit_loop(stop);
+  } catch (...) {
+    // The saves in flight complete (or fail) before the error leaves; the first error wins.
+    if (sink_) try {
+        sink_->flush(*this);
+      } catch (...) {
+      }
+    throw;
+  }
+  if (sink_) sink_->flush(*this);
+  return result;
+}
+
+FitResult Trainer::fit_loop(const StopPlan& stop) {
+  FitResult result;
   if (stop.time_limit_seconds)
     time_budget_ = std::make_unique<TimeBudget>(stop.time_limit_from.value_or(Clock::now()),
                                                 *stop.time_limit_seconds);
@@ -330,7 +318,8 @@ FitResult Trainer::fit(const StopPlan& stop) {
   if (result.ending != FitResult::Ending::Stopped) {
     if (stop_early) result.ending = FitResult::Ending::EarlyStopped;
     if (time_budget_ && !time_budget_->fits(time_budget_->eval_estimate(data_->get(Split::Test).count,
-                                                                        cfg_.data.batch_size))) {
+                                                                        cfg_.data.batch_size),
+                                            save_estimate())) {
       observer_->on_message("time limit: training is complete and saved in last.h5, but the test "
                             "evaluation would overrun; run the same command again to evaluate");
       return stopped(FitResult::StopCause::TimeLimit);
@@ -344,12 +333,10 @@ FitResult Trainer::fit(const StopPlan& stop) {
                             "last.h5; run the same command again to evaluate");
       return stopped(FitResult::StopCause::Requested);
     }
-    write_metrics_jsonl(result.test);
+    record_metrics(result.test);
   }
   return result;
 }
-
-void Trainer::use_run_lock(RunDirLock lock) { run_lock_ = std::move(lock); }
 
 bool Trainer::out_of_time(bool last_step_of_epoch) {
   double need = time_budget_->step_estimate();
@@ -357,8 +344,8 @@ bool Trainer::out_of_time(bool last_step_of_epoch) {
   // (last.h5, and best.h5 or a milestone; the stop's own save is counted by fits()).
   if (last_step_of_epoch)
     need += time_budget_->eval_estimate(data_->get(Split::Val).count, cfg_.data.batch_size) +
-            2 * time_budget_->save_estimate();
-  return !time_budget_->fits(need);
+            2 * save_estimate();
+  return !time_budget_->fits(need, save_estimate());
 }
 
 std::string Trainer::time_limit_message() const {
@@ -449,6 +436,7 @@ void Trainer::train_epoch(bool& interrupted) {
     const auto step_t0 = Clock::now();
     run_step();
     if (time_budget_) time_budget_->record_step(seconds_since(step_t0));
+    if (sink_) sink_->after_step(*this);
 
     const bool epoch_done = step_in_epoch_ == steps;
     const bool halt = control_.stop_requested();
@@ -458,6 +446,8 @@ void Trainer::train_epoch(bool& interrupted) {
     if (!epoch_done && ((cfg_.checkpoint.every_n_steps &&
                          global_step_ % *cfg_.checkpoint.every_n_steps == 0) || halt || checkpoint_asked))
       save(CheckpointKind::MidEpoch);
+    // A checkpoint request wants a file it can count on: complete before the message.
+    if (checkpoint_asked && !halt && !epoch_done && sink_) sink_->flush(*this);
     if (checkpoint_asked && !halt)
       observer_->on_message(epoch_done ? "checkpoint requested: last.h5 is written at the end of epoch " +
                                              std::to_string(epoch_ + 1)
@@ -492,6 +482,13 @@ void Trainer::train_epoch(bool& interrupted) {
   }
 }
 
+double Trainer::epoch_elapsed_seconds() const {
+  // The clock runs from the epoch's first step in this session (prepare_epoch); before
+  // that step, only the earlier sessions' part counts.
+  const bool running = step_in_epoch_ > 0 && permutation_offset_.has_value();
+  return epoch_elapsed_before_ + (running ? seconds_since(epoch_clock_) : 0.0);
+}
+
 std::optional<bool> Trainer::finish_epoch(double seconds, EpochMetrics& m, Interruptible when) {
   const int64_t n = data_->get(Split::Train).count;
   m.train_loss = ENGINE_DISPATCH(device_, reduce_sum, n, epoch_sample_loss_.f32()) / static_cast<double>(n);
@@ -504,7 +501,8 @@ std::optional<bool> Trainer::finish_epoch(double seconds, EpochMetrics& m, Inter
   m.val_acc = val.accuracy;
   m.lr = scheduler_->lr();
   m.loss_scale = scaler_->scale();
-  m.epoch_seconds = seconds;
+  m.epoch_seconds = epoch_elapsed_before_ + seconds;  // the part before a mid-epoch resume too
+  epoch_elapsed_before_ = 0;
   scheduler_->step();
   ++epoch_;
   step_in_epoch_ = 0;
@@ -556,7 +554,7 @@ void Trainer::end_epoch(double seconds, bool& stop_early, bool& interrupted) {
   if ((every && epoch_ % *every == 0) ||
       std::count(cfg_.checkpoint.keep_epochs.begin(), cfg_.checkpoint.keep_epochs.end(), epoch_))
     save(CheckpointKind::Milestone);
-  write_metrics_jsonl(std::nullopt);
+  record_metrics(std::nullopt);
   observer_->on_epoch_end(m);
   if (stop_early)
     observer_->on_message(std::string("early stopping: ") + to_string(es.monitor) + " has not improved for " +
@@ -678,10 +676,6 @@ Tensor Trainer::logits(Split split, int64_t n) {
 
 // ---- checkpoints ---------------------------------------------------------------------
 
-std::string Trainer::run_path(const std::string& file) const {
-  return (fs::path(cfg_.checkpoint.dir) / file).string();
-}
-
 Checkpoint Trainer::snapshot() const {
   Checkpoint c;
   c.meta.saved_on = device_.str();
@@ -695,6 +689,7 @@ StateReport Trainer::restore(const Checkpoint& ckpt, LoadMode mode) {
   auto comps = components();
   std::map<std::string, StateDict> groups = ckpt.groups;  // shares the tensors
   accept_resized_buffer_at_epoch_boundary(groups, epoch_sample_loss_);
+  fill_in_keys_of_older_files(groups);
   std::vector<StateDict> expected;
   for (auto& [name, comp] : comps) {
     expected.push_back(comp->state());
@@ -749,93 +744,19 @@ StateReport Trainer::resume_from(const std::string& path, LoadMode mode) {
 }
 
 void Trainer::save(CheckpointKind kind) {
-  std::string file;
-  switch (kind) {
-    case CheckpointKind::Last:
-    case CheckpointKind::MidEpoch: file = "last.h5"; break;
-    case CheckpointKind::Best: file = "best.h5"; break;
-    case CheckpointKind::Milestone: {
-      char name[32];
-      std::snprintf(name, sizeof name, "epoch_%04lld.h5", static_cast<long long>(epoch_));
-      file = name;
-      break;
-    }
-  }
-  const SaveTimer timed(time_budget_.get());
-  const std::string path = run_path(file);
-  try {
-    save_checkpoint(path);
-  } catch (const CheckpointWriteError& e) {
-    if (!survive_write_failure(cfg_, *observer_, e)) throw;
-    return;
-  }
-  observer_->on_checkpoint(path, kind);
-  if (kind != CheckpointKind::Milestone) return;
-  // Rotation: keep the newest keep_last milestones, plus those named in keep_epochs.
-  std::vector<std::pair<int64_t, fs::path>> milestones;
-  for (const auto& entry : fs::directory_iterator(cfg_.checkpoint.dir)) {
-    const std::string f = entry.path().filename().string();
-    long long e = 0;
-    char tail[8] = {0};
-    if (std::sscanf(f.c_str(), "epoch_%lld.%3s", &e, tail) == 2 && std::string(tail) == "h5" &&
-        f.size() == 13)
-      milestones.emplace_back(e, entry.path());
-  }
-  std::sort(milestones.rbegin(), milestones.rend());
-  int64_t kept = 0;
-  for (auto& [e, p] : milestones) {
-    const bool pinned = std::count(cfg_.checkpoint.keep_epochs.begin(),
-                                   cfg_.checkpoint.keep_epochs.end(), e) > 0;
-    if (pinned) continue;
-    if (kept++ >= cfg_.checkpoint.keep_last) fs::remove(p);
-  }
+  if (sink_) sink_->save(*this, kind);
 }
+
+void Trainer::record_metrics(const std::optional<EvalResult>& test) {
+  if (sink_) sink_->record_metrics(*this, test);
+}
+
+double Trainer::save_estimate() const { return sink_ ? sink_->save_estimate(*this) : 0.0; }
 
 void Trainer::save_checkpoint(const std::string& path) {
-  engine::save_checkpoint(path, snapshot());
-  if (cfg_.checkpoint.verify) verify_saved(path);
-}
-
-void Trainer::verify_saved(const std::string& path) {
-  const Checkpoint reloaded = load_checkpoint(path);
-  const std::unique_ptr<Model> fresh_model = model_->new_instance();
-  Model& fresh = *fresh_model;
-  fresh.to(device_);
-  fresh.set_precision(compute_precision());  // the same math as the live model, or the bits differ
-  const StateDict& model_state = reloaded.groups.at("model");
-  const StateReport r = compare_state(fresh.state(), model_state);
-  if (!r.clean())
-    throw CheckpointError(path + ": verification failed: model state differs (" + r.summary() + ")");
-  fresh.load_state(model_state);
-  const Split split = data_->get(Split::Val).count > 0 ? Split::Val : Split::Test;
-  const Tensor x = first_images(split, 64);
-  if (x.dim(0) == 0) return;
-  Rng unused(0);  // eval mode draws nothing
-  const std::vector<float> a = model_->forward(x, Mode::Eval, rng_).to_vector();
-  const std::vector<float> b = fresh.forward(x, Mode::Eval, unused).to_vector();
-  if (std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0)
-    throw CheckpointError(path + ": verification failed: the reloaded model's outputs differ from the live model's");
-}
-
-void Trainer::write_metrics_jsonl(const std::optional<EvalResult>& test) {
-  std::string text;
-  for (const EpochMetrics& m : history_) {
-    nlohmann::json j = {{"epoch", m.epoch},         {"train_loss", m.train_loss},
-                        {"val_loss", m.val_loss},   {"val_acc", m.val_acc},
-                        {"lr", m.lr},               {"loss_scale", m.loss_scale},
-                        {"epoch_seconds", m.epoch_seconds}};
-    text += j.dump() + "\n";
-  }
-  if (test)
-    text += nlohmann::json{{"test_loss", test->loss}, {"test_acc", test->accuracy},
-                           {"test_count", test->count}}.dump() + "\n";
-  // Replaced like a checkpoint: a crash leaves the old or the new file, never a torn one.
-  try {
-    write_file_atomically(run_path("metrics.jsonl"), text);
-  } catch (const CheckpointWriteError& e) {
-    if (!survive_write_failure(cfg_, *observer_, e)) throw;
-  }
-  if (cfg_.logging.tensorboard) tfevents::write_run_events(cfg_.checkpoint.dir, history_, test);
+  const Checkpoint state = snapshot();
+  engine::save_checkpoint(path, state);
+  if (cfg_.checkpoint.verify) verify_saved_checkpoint(path, state, *model_);
 }
 
 }  // namespace engine

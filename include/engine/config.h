@@ -87,6 +87,7 @@ struct CheckpointConfig {
   std::optional<int64_t> every_n_steps;       // mid-epoch last.h5; null = none
   std::vector<int64_t> keep_epochs;           // milestones never rotated away
   bool verify = true;                         // reload and compare after each save
+  bool async = true;                          // write saves on a writer thread (run_directory.h)
   // What training does when the disk refuses a save (CheckpointWriteError): Stop
   // (fit throws it; the CLI exits 3) or Continue (a warning; the next save retries).
   SaveErrorPolicy on_error = SaveErrorPolicy::Stop;

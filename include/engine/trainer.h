@@ -1,8 +1,10 @@
 // The public training API: everything the `engine` CLI does is a call here, so the
 // library can be embedded (docs/embedding.md). A Trainer owns the model it is given,
 // the dataset, optimizer, scheduler, loss scaler, RNG, counters and metrics history,
-// all exposed through the uniform state interface, and writes/reads checkpoints of all
-// of it plus any state groups the host registers.
+// all exposed through the uniform state interface, and snapshots/restores all of it
+// plus any state groups the host registers. It writes no file of its own: fit() hands
+// its checkpoints and metrics to a RunSink (engine/run_directory.h keeps a run
+// directory), and save_checkpoint() writes one file when a host asks.
 #pragma once
 #include <array>
 #include <chrono>
@@ -20,22 +22,10 @@
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/model.h"
+#include "engine/epoch_metrics.h"
 #include "engine/run_control.h"
-#include "engine/run_lock.h"
 
 namespace engine {
-
-struct EpochMetrics {
-  int64_t epoch = 0;  // 1-based
-  double train_loss = 0, val_loss = 0, val_acc = 0, lr = 0, loss_scale = 1, epoch_seconds = 0;
-};
-
-struct EvalResult {
-  double loss = 0;      // mean cross-entropy
-  double accuracy = 0;  // in [0, 1]
-  int64_t count = 0;
-  std::vector<std::vector<int64_t>> confusion;  // [true][predicted], classes x classes
-};
 
 // What one train_step() did.
 struct StepResult {
@@ -94,6 +84,30 @@ struct FitResult {
 };
 
 class TimeBudget;
+class Trainer;
+
+// Where fit() keeps its run: the checkpoints at the points the loop chooses and the
+// metrics after each epoch. engine/run_directory.h implements it for <run-dir>; without
+// one, fit() writes nothing (a data-parallel rank other than 0, a host that saves itself).
+// Every method is called on the thread that runs fit().
+class RunSink {
+ public:
+  virtual ~RunSink() = default;
+  // A checkpoint of the trainer's state as it is now. May return once the state is
+  // copied and write it later; throws CheckpointWriteError when the run must stop
+  // (checkpoint.on_error = stop), for this save's failure or an earlier one's.
+  virtual void save(Trainer& trainer, CheckpointKind kind) = 0;
+  // The history has a new epoch, or (with `test`) training is complete.
+  virtual void record_metrics(Trainer& trainer, const std::optional<EvalResult>& test) = 0;
+  // After every optimizer step: surfaces (throws, or warns) a failure of a save written
+  // in the background meanwhile.
+  virtual void after_step(Trainer&) {}
+  // Seconds from requesting a save until it is complete, as the time limit must assume.
+  virtual double save_estimate(const Trainer& trainer) const = 0;
+  // Every save requested is complete when this returns (fit() calls it before it returns
+  // or throws, and after a checkpoint request); throws like save().
+  virtual void flush(Trainer& trainer) = 0;
+};
 
 class Trainer {
  public:
@@ -110,17 +124,15 @@ class Trainer {
   Device device() const { return device_; }
   Model& model() { return *model_; }
   Dataset& dataset() { return *data_; }
+  TrainerObserver& observer() { return *observer_; }
   // Stop and checkpoint requests for this trainer's runs (async-signal-safe; the CLI's
   // SIGINT/SIGTERM/SIGUSR1 handlers reach it through an atomic pointer).
   RunControl& control() { return control_; }
-  // Hands over a lock already taken on cfg.checkpoint.dir (the CLI takes it before
-  // loading data, so a second writer is refused at once); without one, fit() takes it.
-  void use_run_lock(RunDirLock lock);
 
-  // Runs the remaining epochs from the current state, writing checkpoints and
-  // metrics.jsonl into cfg.checkpoint.dir, which it holds locked (RunDirLock) meanwhile;
-  // throws RunDirBusy when another writer holds it.
-  FitResult fit(const StopPlan& stop = {});
+  // Runs the remaining epochs from the current state, handing checkpoints and metrics
+  // to `sink` (RunDirectory::fit passes itself; null: nothing is written). Before it
+  // returns, or throws, sink->flush() has completed every save requested.
+  FitResult fit(const StopPlan& stop = {}, RunSink* sink = nullptr);
 
   // A host's own loop. train_step() runs one optimizer step of the current epoch
   // (shuffling when the epoch begins; at its last step, the end-of-epoch work of
@@ -135,7 +147,7 @@ class Trainer {
   bool early_stop_reached() const;
 
   // The whole state (snapshot()) written atomically to `path`, and reloaded and
-  // compared when checkpoint.verify is on.
+  // compared when checkpoint.verify is on (verify_saved_checkpoint).
   void save_checkpoint(const std::string& path);
 
   // Registers a host component's state as the checkpoint group `name` (letters, digits,
@@ -166,6 +178,10 @@ class Trainer {
   int64_t step_in_epoch() const { return step_in_epoch_; }
   double current_lr() const { return scheduler_->lr(); }
   const std::vector<EpochMetrics>& history() const { return history_; }
+  // The one precision rule: fp16 conv/GEMM math on CUDA when precision.mode is fp16,
+  // fp32 otherwise (the CPU backend is fp32). Every model instance that must compute
+  // the same bits as the trained one (verification, evaluation) is set to this.
+  Precision compute_precision() const;
 
  private:
   class CounterState;
@@ -188,12 +204,11 @@ class Trainer {
   // Time-limit check (run_control): true when the work ahead would overrun.
   bool out_of_time(bool last_step_of_epoch);
   std::string time_limit_message() const;
+  // Hands the state to the run's sink (nothing without one).
   void save(CheckpointKind kind);
-  void verify_saved(const std::string& path);
-  void write_metrics_jsonl(const std::optional<EvalResult>& test);
-  std::string run_path(const std::string& file) const;
-  // fp16 conv/GEMM math on CUDA when precision.mode is fp16; fp32 otherwise.
-  Precision compute_precision() const;
+  void record_metrics(const std::optional<EvalResult>& test);
+  double save_estimate() const;
+  FitResult fit_loop(const StopPlan& stop);
   // The first n images of a split, normalised, on the training device: [n, C, H, W].
   Tensor first_images(Split split, int64_t n);
   Shape batch_shape(int64_t n) const;
@@ -215,9 +230,9 @@ class Trainer {
   std::unique_ptr<MetricsState> metrics_state_;
   std::vector<std::pair<std::string, Stateful*>> host_groups_;
 
-  // Run control: requests from outside, the run directory's lock, the deadline.
+  // Run control: requests from outside, where the run goes, the deadline.
   RunControl control_;
-  std::optional<RunDirLock> run_lock_;
+  RunSink* sink_ = nullptr;                  // set while a fit() runs
   std::unique_ptr<TimeBudget> time_budget_;  // set while a fit() with a time limit runs
   FitResult::StopCause stop_cause_ = FitResult::StopCause::None;
 
@@ -232,6 +247,11 @@ class Trainer {
   // The epoch whose permutation_ is derived (its shuffle offset), and when it began.
   std::optional<uint64_t> permutation_offset_;
   std::chrono::steady_clock::time_point epoch_clock_;
+  // Seconds the current epoch trained in earlier sessions (before a mid-epoch resume),
+  // saved as trainer/epoch_elapsed_seconds so that epoch_seconds counts the whole epoch.
+  double epoch_elapsed_before_ = 0;
+  // This epoch's training seconds so far, all sessions (0 at an epoch boundary).
+  double epoch_elapsed_seconds() const;
 
   // Workspaces.
   Tensor batch_x_, batch_labels_, permutation_, sample_correct_, eval_loss_, eval_correct_;

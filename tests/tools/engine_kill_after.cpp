@@ -1,8 +1,8 @@
 // Test-only stand-in for a power cut: `engine_kill_after N train CONFIG.json [options]`
 // does what `engine train` does with those options (config file, --set, --device,
 // --run-dir, resume from <run-dir>/last.h5 when present) and SIGKILLs itself right after
-// global step N, after any checkpoint due at that step: no cleanup, no flush of anything
-// the trainer has not written. Built from tests/ only; the shipped CLI has no such flag.
+// global step N, once any checkpoint due by then is on disk (the writer thread of
+// checkpoint.async is waited for): no cleanup, no flush of anything else. Built from tests/ only; the shipped CLI has no such flag.
 #include <unistd.h>
 
 #include <csignal>
@@ -17,6 +17,7 @@
 
 #include "engine/config.h"
 #include "engine/models/registry.h"
+#include "engine/run_directory.h"
 #include "engine/trainer.h"
 
 namespace {
@@ -31,12 +32,17 @@ class KillAfterStep : public engine::TrainerObserver {
   explicit KillAfterStep(int64_t step) : step_(step) {}
   void on_step_end(int64_t global_step) override {
     if (global_step != step_) return;
+    if (run && trainer) run->flush(*trainer);
     std::fflush(nullptr);
     ::kill(::getpid(), SIGKILL);
   }
 
  private:
   int64_t step_;
+
+ public:
+  engine::RunDirectory* run = nullptr;
+  engine::Trainer* trainer = nullptr;
 };
 
 }  // namespace
@@ -64,7 +70,10 @@ int main(int argc, char** argv) {
     engine::Trainer trainer(cfg, engine::resolve_device(cfg.device), engine::make_model(cfg), &killer);
     const std::string last = (std::filesystem::path(cfg.checkpoint.dir) / "last.h5").string();
     if (std::filesystem::exists(last)) trainer.resume_from(last, engine::LoadMode::Strict);
-    trainer.fit();
+    engine::RunDirectory run_dir(trainer);
+    killer.run = &run_dir;
+    killer.trainer = &trainer;
+    run_dir.fit();
   } catch (const std::exception& e) {
     die(e.what());
   }

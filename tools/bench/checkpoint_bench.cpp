@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "engine/models/registry.h"
+#include "engine/run_directory.h"
 #include "engine/trainer.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
@@ -121,7 +122,7 @@ int main(int argc, char** argv) {
     const auto t_setup = Clock::now();
     engine::Trainer trainer(cfg, engine::Device::cpu(), engine::make_model(cfg));
     trainer.control().request_stop();  // fit() runs one step, writes a mid-epoch last.h5, and stops
-    trainer.fit();
+    engine::RunDirectory(trainer).fit();
     if (trainer.global_step() != 1) die("expected one training step, got " + std::to_string(trainer.global_step()));
     const double setup_ms = ms_since(t_setup);
 

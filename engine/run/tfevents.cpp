@@ -1,4 +1,4 @@
-#include "train/tfevents.h"
+#include "run/tfevents.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "engine/checkpoint.h"
+#include "io/atomic_file.h"
 #include "io/crc32c.h"
 
 namespace engine::tfevents {
@@ -59,11 +61,13 @@ std::string host_name() {
   return buf;
 }
 
+// A disk's refusal, like a checkpoint's: checkpoint.on_error decides what follows.
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw std::runtime_error(path + ": cannot write TensorBoard events (" + what + ")");
+  throw CheckpointWriteError(path + ": cannot write TensorBoard events (" + what + ")");
 }
 
 void write_file_synced(const std::string& path, const std::string& bytes) {
+  const ScopedSigxfszBlock no_sigxfsz;  // EFBIG, not death, past `ulimit -f`
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail(path, std::strerror(errno));
   std::size_t done = 0;
@@ -71,8 +75,9 @@ void write_file_synced(const std::string& path, const std::string& bytes) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      const std::string err = std::strerror(errno);
+      const std::string err = std::strerror(n < 0 ? errno : EIO);
       ::close(fd);
+      ::unlink(path.c_str());
       fail(path, err);
     }
     done += static_cast<std::size_t>(n);
@@ -80,9 +85,14 @@ void write_file_synced(const std::string& path, const std::string& bytes) {
   if (::fsync(fd) != 0) {
     const std::string err = std::strerror(errno);
     ::close(fd);
+    ::unlink(path.c_str());
     fail(path, err);
   }
-  if (::close(fd) != 0) fail(path, std::strerror(errno));
+  if (::close(fd) != 0) {
+    const std::string err = std::strerror(errno);
+    ::unlink(path.c_str());
+    fail(path, err);
+  }
 }
 
 void fsync_dir(const fs::path& dir) {
@@ -130,14 +140,9 @@ std::string run_events(double start_time, const std::vector<EpochMetrics>& histo
   double t = start_time;
   for (const EpochMetrics& m : history) {
     t += m.epoch_seconds;
-    auto f = [](double v) { return static_cast<float>(v); };
-    out += frame_record(scalars_event(t, m.epoch,
-                                      {{"train_loss", f(m.train_loss)},
-                                       {"val_loss", f(m.val_loss)},
-                                       {"val_acc", f(m.val_acc)},
-                                       {"lr", f(m.lr)},
-                                       {"loss_scale", f(m.loss_scale)},
-                                       {"epoch_seconds", f(m.epoch_seconds)}}));
+    std::vector<Scalar> values;
+    for (const EpochMetricField& f : epoch_metric_fields()) values.push_back({f.name, static_cast<float>(m.*f.member)});
+    out += frame_record(scalars_event(t, m.epoch, values));
   }
   if (test) {
     const int64_t step = history.empty() ? 0 : history.back().epoch;

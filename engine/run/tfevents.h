@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/trainer.h"
+#include "engine/epoch_metrics.h"
 
 namespace engine::tfevents {
 
@@ -26,7 +26,7 @@ struct Scalar {
 std::string scalars_event(double wall_time, int64_t step, const std::vector<Scalar>& values);
 
 // The complete event stream of a run: the file-version record, one event per epoch
-// (step = epoch; train_loss, val_loss, val_acc, lr, loss_scale, epoch_seconds) and,
+// (step = epoch; the fields of epoch_metric_fields(), as tags) and,
 // when given, test_loss and test_acc at the last epoch's step. Wall times are
 // start_time plus the cumulative epoch_seconds, so the bytes for the epochs already
 // written never change when the history grows.
@@ -37,7 +37,7 @@ std::string run_events(double start_time, const std::vector<EpochMetrics>& histo
 // history, atomically (temporary file, fsync, rename, directory fsync). The file name,
 // and with it start_time, is kept from an existing event file in that directory, so a
 // resumed run extends its file instead of adding a second one; a resumed run therefore
-// neither duplicates nor loses epochs. Returns the path; throws std::runtime_error
+// neither duplicates nor loses epochs. Returns the path; throws CheckpointWriteError
 // naming the file on failure.
 std::string write_run_events(const std::string& run_dir, const std::vector<EpochMetrics>& history,
                              const std::optional<EvalResult>& test);

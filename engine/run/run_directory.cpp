@@ -1,0 +1,368 @@
+#include "engine/run_directory.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <array>
+#include <deque>
+#include <functional>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "train/save_verification.h"
+#include "io/atomic_file.h"
+#include "io/deferred_remove.h"
+#include "run/tfevents.h"
+
+namespace engine {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string file_for(CheckpointKind kind, int64_t epochs_done) {
+  switch (kind) {
+    case CheckpointKind::Last:
+    case CheckpointKind::MidEpoch: return "last.h5";
+    case CheckpointKind::Best: return "best.h5";
+    case CheckpointKind::Milestone: {
+      char name[32];
+      std::snprintf(name, sizeof name, "epoch_%04lld.h5", static_cast<long long>(epochs_done));
+      return name;
+    }
+  }
+  return "last.h5";
+}
+
+// The writer thread takes no asynchronous signal: the CLI's handlers run on the training
+// thread, and SIGXFSZ stays blocked so that a write past `ulimit -f` fails with EFBIG.
+void block_signals_on_this_thread() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGHUP, SIGQUIT, SIGXFSZ, SIGPIPE}) sigaddset(&set, sig);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+}  // namespace
+
+struct RunDirectory::Impl {
+  // One file to write, in the order asked: a checkpoint (its state as it was when asked,
+  // in the snapshot buffer) or a small text file (metrics.jsonl, with the TensorBoard events).
+  struct Job {
+    std::string path;
+    CheckpointKind kind = CheckpointKind::Last;
+    std::shared_ptr<const Checkpoint> state;  // null: a metrics job
+    std::size_t record = 0;
+    Clock::time_point requested;
+    // metrics job
+    std::string text;
+    std::vector<EpochMetrics> history;
+    std::optional<EvalResult> test;
+    // What the state was taken at (see save()): equal keys, equal state.
+    std::array<int64_t, 3> taken_at{};
+  };
+  // A finished job, reported on the training thread (observer calls, warnings, errors).
+  struct Outcome {
+    std::string path;
+    CheckpointKind kind;
+    bool checkpoint;
+    std::exception_ptr error;
+  };
+
+  Impl(Trainer& t, std::optional<RunDirLock> given)
+      : trainer(t), cfg(t.config()), dir(cfg.checkpoint.dir), prototype(t.model().new_instance()) {
+    fs::create_directories(dir);
+    // One writer per run directory, for as long as this lives (run_lock.h).
+    if (given && fs::equivalent(given->dir(), dir)) lock.emplace(std::move(*given));
+    else lock.emplace(RunDirLock::acquire(dir));
+    sweep_dead_writers(dir);
+    if (cfg.checkpoint.async) writer = std::thread([this] { writer_loop(); });
+  }
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> g(mutex);
+      quit = true;
+    }
+    wake.notify_all();
+    if (writer.joinable()) writer.join();
+  }
+
+  void writer_loop() {
+    block_signals_on_this_thread();
+    std::unique_lock<std::mutex> g(mutex);
+    for (;;) {
+      wake.wait(g, [this] { return !queue.empty() || quit; });
+      if (queue.empty()) return;  // quit, and nothing left to write
+      const Job j = queue.front();
+      g.unlock();
+      run_job(j);
+      g.lock();
+      queue.pop_front();  // the snapshot buffer is free once no checkpoint job holds it
+      idle.notify_all();
+    }
+  }
+
+  // A checkpoint: serialise, CRC, write, fsync, rename, fsync the directory
+  // (save_checkpoint), verify, rotate milestones. Metrics: metrics.jsonl, TensorBoard.
+  // On the writer thread, or on the training thread without checkpoint.async.
+  void run_job(const Job& j) {
+    const auto t0 = Clock::now();
+    std::exception_ptr error;
+    try {
+      if (j.state) {
+        save_checkpoint(j.path, *j.state);
+        if (cfg.checkpoint.verify) verify_saved_checkpoint(j.path, *j.state, *prototype);
+        if (j.kind == CheckpointKind::Milestone) rotate_milestones();
+      } else {
+        // Replaced like a checkpoint: a crash leaves the old or the new file, never a torn one.
+        write_file_atomically(j.path, j.text);
+        if (cfg.logging.tensorboard) tfevents::write_run_events(dir, j.history, j.test);
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> g(mutex);
+    if (j.state) {
+      records[j.record].total_seconds = seconds_since(j.requested);
+      slowest_write = std::max(slowest_write, seconds_since(t0));
+    }
+    outcomes.push_back({j.path, j.kind, j.state != nullptr, error});
+  }
+
+  // Keep the newest keep_last milestones, plus those named in keep_epochs.
+  void rotate_milestones() {
+    std::vector<std::pair<int64_t, fs::path>> milestones;
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      const std::string f = entry.path().filename().string();
+      long long e = 0;
+      char tail[8] = {0};
+      if (std::sscanf(f.c_str(), "epoch_%lld.%3s", &e, tail) == 2 && std::string(tail) == "h5" && f.size() == 13)
+        milestones.emplace_back(e, entry.path());
+    }
+    std::sort(milestones.rbegin(), milestones.rend());
+    int64_t kept = 0;
+    for (auto& [e, p] : milestones) {
+      const auto& pinned = cfg.checkpoint.keep_epochs;
+      if (std::count(pinned.begin(), pinned.end(), e) > 0) continue;
+      if (kept++ >= cfg.checkpoint.keep_last) fs::remove(p);
+    }
+  }
+
+  // The queued checkpoint that still holds the snapshot buffer, if any (mutex held).
+  const Job* pending_checkpoint() const {
+    for (auto it = queue.rbegin(); it != queue.rend(); ++it)
+      if (it->state) return &*it;
+    return nullptr;
+  }
+
+  void wait_until(const std::function<bool()>& done) {
+    std::unique_lock<std::mutex> g(mutex);
+    idle.wait(g, done);
+  }
+
+  // Runs `j` now (no writer thread) or queues it.
+  void submit(Job j) {
+    {
+      std::lock_guard<std::mutex> g(mutex);
+      if (writer.joinable()) {
+        queue.push_back(std::move(j));
+        wake.notify_all();
+        return;
+      }
+    }
+    run_job(j);
+  }
+
+  // On the training thread: the observer hears of completed saves; a failed one is a
+  // warning (checkpoint.on_error = continue) or thrown (stop; and always for a failed
+  // verification, which is not the disk's refusal but a wrong file).
+  void report_outcomes() {
+    std::vector<Outcome> done;
+    {
+      std::lock_guard<std::mutex> g(mutex);
+      done.swap(outcomes);
+    }
+    for (const Outcome& o : done) {
+      if (!o.error) {
+        if (o.checkpoint) trainer.observer().on_checkpoint(o.path, o.kind);
+        continue;
+      }
+      try {
+        std::rethrow_exception(o.error);
+      } catch (const CheckpointWriteError& e) {
+        if (!continue_after_write_failure()) throw;
+        warn_write_failure(e);
+      }
+    }
+  }
+
+  // The one reading of checkpoint.on_error.
+  bool continue_after_write_failure() const { return cfg.checkpoint.on_error == SaveErrorPolicy::Continue; }
+  void warn_write_failure(const CheckpointWriteError& e) {
+    trainer.observer().on_message(std::string("warning: ") + e.what() +
+                                  "; training goes on (checkpoint.on_error = continue), the next save retries");
+  }
+
+  // The state into the snapshot buffer: host tensors kept from save to save (reallocated
+  // only when a shape changes). Only called while no queued job holds the buffer.
+  std::shared_ptr<const Checkpoint> copy_into_buffer(const Checkpoint& live) {
+    auto c = std::make_shared<Checkpoint>(live);  // meta, config and scalars by value; tensors below
+    for (auto& [group, d] : c->groups) {
+      auto& bufs = buffers[group];
+      for (auto& [key, t] : d.tensors) {
+        Tensor& b = bufs[key];
+        if (!b.defined() || b.shape() != t.shape() || b.dtype() != t.dtype()) b = Tensor::empty(t.shape(), t.dtype());
+        if (t.numel() > 0) b.copy_from(t);
+        t = b;
+      }
+    }
+    return c;
+  }
+
+  Trainer& trainer;
+  const Config cfg;
+  const std::string dir;
+  std::optional<RunDirLock> lock;
+  const std::unique_ptr<Model> prototype;  // the writer's: verification builds its instances from it
+  std::map<std::string, std::map<std::string, Tensor>> buffers;  // training thread only
+  std::optional<double> state_bytes;  // for the first save's estimate
+
+  mutable std::mutex mutex;  // guards what follows
+  std::condition_variable wake, idle;
+  std::deque<Job> queue;  // front: the job being written
+  bool quit = false;
+  std::vector<Outcome> outcomes;
+  std::vector<SaveRecord> records;
+  double slowest_write = -1;  // seconds of the slowest checkpoint write + verification so far
+
+  std::thread writer;  // last: started once everything above exists
+};
+
+RunDirectory::RunDirectory(Trainer& trainer, std::optional<RunDirLock> lock)
+    : impl_(std::make_unique<Impl>(trainer, std::move(lock))) {}
+
+RunDirectory::~RunDirectory() = default;
+
+FitResult RunDirectory::fit(const StopPlan& stop) { return impl_->trainer.fit(stop, this); }
+
+const std::string& RunDirectory::dir() const { return impl_->dir; }
+
+std::string RunDirectory::path(const std::string& file) const { return (fs::path(impl_->dir) / file).string(); }
+
+std::vector<SaveRecord> RunDirectory::saves() const {
+  std::lock_guard<std::mutex> g(impl_->mutex);
+  return impl_->records;
+}
+
+void RunDirectory::save(Trainer& trainer, CheckpointKind kind) {
+  Impl& m = *impl_;
+  const auto t0 = Clock::now();
+  const std::string file = file_for(kind, trainer.epochs_done());
+  // Saves in a row with nothing trained between them (last.h5, then best.h5 or a
+  // milestone, at an epoch's end) hold the same state: they share one snapshot.
+  const std::array<int64_t, 3> taken_at{trainer.global_step(), trainer.epochs_done(), trainer.step_in_epoch()};
+  std::shared_ptr<const Checkpoint> state;
+  {
+    std::lock_guard<std::mutex> g(m.mutex);
+    if (const Impl::Job* p = m.pending_checkpoint(); p && p->taken_at == taken_at) state = p->state;
+  }
+  if (!state) {
+    // One snapshot buffer: a save still holding it is waited for (that wait is stall).
+    m.wait_until([&m] { return m.pending_checkpoint() == nullptr; });
+    state = m.copy_into_buffer(trainer.snapshot());
+  }
+  m.report_outcomes();  // an earlier save's failure surfaces here at the latest
+  SaveRecord record;
+  record.file = file;
+  // An end-of-epoch save follows the epoch's ++epoch; a mid-epoch one is in the next.
+  record.epoch = trainer.epochs_done() + (kind == CheckpointKind::MidEpoch ? 1 : 0);
+  record.global_step = trainer.global_step();
+  record.stall_seconds = seconds_since(t0);
+  Impl::Job job;
+  job.path = path(file);
+  job.kind = kind;
+  job.state = std::move(state);
+  job.requested = t0;
+  job.taken_at = taken_at;
+  {
+    std::lock_guard<std::mutex> g(m.mutex);
+    job.record = m.records.size();
+    m.records.push_back(record);
+  }
+  const bool inline_write = !m.writer.joinable();
+  m.submit(std::move(job));
+  if (inline_write) {
+    std::lock_guard<std::mutex> g(m.mutex);
+    m.records.back().stall_seconds = seconds_since(t0);  // checkpoint.async off: all of it
+  }
+  if (inline_write) m.report_outcomes();
+}
+
+void RunDirectory::after_step(Trainer&) { impl_->report_outcomes(); }
+
+void RunDirectory::flush(Trainer&) {
+  Impl& m = *impl_;
+  m.wait_until([&m] { return m.queue.empty(); });
+  m.report_outcomes();
+}
+
+double RunDirectory::save_estimate(const Trainer& trainer) const {
+  Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> g(m.mutex);
+    // What is queued is written first: the stop's own save comes after it.
+    if (m.slowest_write >= 0) return 1.25 * m.slowest_write * static_cast<double>(1 + m.queue.size());
+  }
+  // Before the first save, from the state's size: written, fsynced, reloaded through the
+  // parser process and compared at 50 MB/s at least, plus a fixed 0.1 s for the parser
+  // process and the directory fsync. A 5 MB state: 0.2 s (this once assumed 1 s).
+  if (!m.state_bytes) {
+    double bytes = 0;
+    for (const auto& [group, d] : trainer.snapshot().groups)
+      for (const auto& [key, t] : d.tensors) bytes += static_cast<double>(t.nbytes());
+    m.state_bytes = bytes;
+  }
+  return 0.1 + *m.state_bytes / 50e6;
+}
+
+void RunDirectory::record_metrics(Trainer& trainer, const std::optional<EvalResult>& test) {
+  Impl& m = *impl_;
+  const std::vector<SaveRecord> saves = this->saves();
+  std::string text;
+  for (const EpochMetrics& e : trainer.history()) {
+    nlohmann::json j = {{"epoch", e.epoch}};
+    for (const EpochMetricField& f : epoch_metric_fields()) j[f.name] = e.*f.member;
+    // What each save of this epoch made the training thread wait (this process's saves).
+    nlohmann::json stalls = nlohmann::json::array();
+    for (const SaveRecord& s : saves)
+      if (s.epoch == e.epoch)
+        stalls.push_back({{"file", s.file}, {"global_step", s.global_step}, {"stall_seconds", s.stall_seconds}});
+    if (!stalls.empty()) j["saves"] = stalls;
+    text += j.dump() + "\n";
+  }
+  if (test)
+    text += nlohmann::json{{"test_loss", test->loss}, {"test_acc", test->accuracy}, {"test_count", test->count}}.dump() +
+            "\n";
+  // Written after the checkpoints asked before it, in order, like them off this thread.
+  Impl::Job job;
+  job.path = path("metrics.jsonl");
+  job.text = std::move(text);
+  job.history = trainer.history();
+  job.test = test;
+  const bool inline_write = !m.writer.joinable();
+  m.submit(std::move(job));
+  if (inline_write) m.report_outcomes();
+}
+
+}  // namespace engine

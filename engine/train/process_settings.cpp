@@ -1,0 +1,9 @@
+#include "engine/process_settings.h"
+
+#include "kernels/cuda/settings.h"
+
+namespace engine {
+
+void apply_process_settings(const Config& cfg) { kernels::cuda::set_deterministic(cfg.cuda.deterministic); }
+
+}  // namespace engine
