@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/chunk_tree.h"
 #include "kernels/ops.h"
 
 namespace engine::kernels::cpu {
@@ -173,6 +174,12 @@ void dropout_backward(int64_t n, const float* dy, const uint8_t* keep, float p, 
 
 void cross_entropy(int n, int classes, const float* logits, const int32_t* labels,
                    float grad_scale, float* dlogits, float* sample_loss, float* sample_correct) {
+  cross_entropy_part(n, n, classes, logits, labels, grad_scale, dlogits, sample_loss, sample_correct);
+}
+
+void cross_entropy_part(int n, int batch_total, int classes, const float* logits,
+                        const int32_t* labels, float grad_scale, float* dlogits,
+                        float* sample_loss, float* sample_correct) {
   // One exp per logit (the reference takes two: one for the sum, one for the softmax):
   // the exponentials are kept and the softmax is e_k / sum.
 #pragma omp parallel
@@ -197,7 +204,7 @@ void cross_entropy(int n, int classes, const float* logits, const int32_t* label
       const double inv_sum = 1.0 / sum;
       float* d = dlogits + static_cast<int64_t>(i) * classes;
       for (int k = 0; k < classes; ++k)
-        d[k] = static_cast<float>((e[k] * inv_sum - (k == label ? 1.0 : 0.0)) * grad_scale / n);
+        d[k] = static_cast<float>((e[k] * inv_sum - (k == label ? 1.0 : 0.0)) * grad_scale / batch_total);
     }
   }
 }
@@ -244,6 +251,99 @@ void unscale_check(int64_t n, float* grad, float inv_scale, int32_t* found_inf) 
   for (int64_t i = 0; i < n; ++i)
     if (unscale_element(grad[i], inv_scale)) found = 1;
   if (found) *found_inf = 1;
+}
+
+// ---- batch norm by chunks: per (channel, chunk) sums in the order of the unchunked
+// op (samples in sequence, 16-lane plane sums), then the fixed tree over the chunks.
+
+void batchnorm_chunk_sums(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
+                          double* sum_tree) {
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < s.c; ++c) {
+    double part[kTreeChunks];
+    for (int k = 0; k < chunks; ++k) {
+      double sum = 0.0;
+      for (int n = bounds[k]; n < bounds[k + 1]; ++n) {
+        const float* xp = x + (static_cast<int64_t>(n) * s.c + c) * s.hw;
+        sum += plane_sum(s.hw, [xp](int i) { return xp[i]; });
+      }
+      part[k] = sum;
+    }
+    sum_tree[c] = tree_sum(part, chunks);
+  }
+}
+
+void batchnorm_chunk_centered_squares(const BatchNormShape& s, int chunks, const int* bounds,
+                                      const float* x, const float* mean, double* sq_tree) {
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < s.c; ++c) {
+    const float mean_f = mean[c];
+    double part[kTreeChunks];
+    for (int k = 0; k < chunks; ++k) {
+      double sq = 0.0;
+      for (int n = bounds[k]; n < bounds[k + 1]; ++n) {
+        const float* xp = x + (static_cast<int64_t>(n) * s.c + c) * s.hw;
+        sq += plane_sum(s.hw, [xp, mean_f](int i) {
+          const float d = xp[i] - mean_f;
+          return d * d;
+        });
+      }
+      part[k] = sq;
+    }
+    sq_tree[c] = tree_sum(part, chunks);
+  }
+}
+
+void batchnorm_scale_shift(const BatchNormShape& s, const float* x, const float* scale,
+                           const float* shift, float* y) {
+  const int64_t planes = static_cast<int64_t>(s.n) * s.c;
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < planes; ++p) {
+    const int c = static_cast<int>(p % s.c);
+    const float a = scale[c], b = shift[c];
+    const float* xp = x + p * s.hw;
+    float* yp = y + p * s.hw;
+    for (int i = 0; i < s.hw; ++i) yp[i] = xp[i] * a + b;
+  }
+}
+
+void batchnorm_backward_chunk_sums(const BatchNormShape& s, int chunks, const int* bounds,
+                                   const float* x, const float* dy, const float* mean,
+                                   double* sum_dy_tree, double* sum_dy_xc_tree) {
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < s.c; ++c) {
+    const float m = mean[c];
+    double p_dy[kTreeChunks], p_xc[kTreeChunks];
+    for (int k = 0; k < chunks; ++k) {
+      double sum_dy = 0.0, sum_dy_xc = 0.0;
+      for (int n = bounds[k]; n < bounds[k + 1]; ++n) {
+        const int64_t off = (static_cast<int64_t>(n) * s.c + c) * s.hw;
+        const float* dp = dy + off;
+        const float* xp = x + off;
+        sum_dy += plane_sum(s.hw, [dp](int i) { return dp[i]; });
+        sum_dy_xc += plane_sum(s.hw, [dp, xp, m](int i) { return dp[i] * (xp[i] - m); });
+      }
+      p_dy[k] = sum_dy;
+      p_xc[k] = sum_dy_xc;
+    }
+    sum_dy_tree[c] = tree_sum(p_dy, chunks);
+    sum_dy_xc_tree[c] = tree_sum(p_xc, chunks);
+  }
+}
+
+void batchnorm_backward_apply(const BatchNormShape& s, const float* x, const float* dy,
+                              const float* mean, const float* k, const float* mean_dy,
+                              const float* proj, float* dx) {
+  const int64_t planes = static_cast<int64_t>(s.n) * s.c;
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < planes; ++p) {
+    const int c = static_cast<int>(p % s.c);
+    const float kc = k[c], md = mean_dy[c], m = mean[c], pr = proj[c];
+    const float* xp = x + p * s.hw;
+    const float* dp = dy + p * s.hw;
+    float* o = dx + p * s.hw;
+    for (int i = 0; i < s.hw; ++i) o[i] = kc * (dp[i] - md - (xp[i] - m) * pr);
+  }
 }
 
 }  // namespace engine::kernels::cpu
