@@ -311,7 +311,10 @@ Tensor MaxPool2x2::backward(const Tensor& dy, InputGrad) {
 // ---- Flatten ------------------------------------------------------------------
 Tensor Flatten::forward(const Tensor& x, Mode, Rng&) {
   in_shape_ = x.shape();
-  return x.reshape({x.dim(0), x.numel() / x.dim(0)});
+  // Per-sample size from the shape, not numel / N: a rank may hold no sample of a batch.
+  int64_t features = 1;
+  for (int d = 1; d < x.rank(); ++d) features *= x.dim(d);
+  return x.reshape({x.dim(0), features});
 }
 
 Tensor Flatten::backward(const Tensor& dy, InputGrad) { return dy.reshape(in_shape_); }
@@ -325,7 +328,8 @@ Tensor Dropout::forward(const Tensor& x, Mode mode, Rng& rng) {
   // The draws belong to the global batch: element i of sample j takes the output at
   // first + j * per_sample + i, whichever rank computes sample j.
   const int64_t n = x.rank() > 0 ? x.dim(0) : 0;
-  const uint64_t per_sample = n > 0 ? static_cast<uint64_t>(x.numel() / n) : 0;
+  uint64_t per_sample = 1;
+  for (int d = 1; d < x.rank(); ++d) per_sample *= static_cast<uint64_t>(x.dim(d));
   const LocalChunks l = local_chunks(batch_chunks_, n, name_);
   require_one_process(batch_chunks_, x.device(), name_);
   const uint64_t first = rng.take(RngStream::Dropout, static_cast<uint64_t>(l.global_batch) * per_sample);
