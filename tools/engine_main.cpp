@@ -320,6 +320,24 @@ nlohmann::json apply_sets(nlohmann::json j, const std::vector<std::string>& sets
   return j;
 }
 
+// Data-parallel runs under mpirun/srun (docs/distributed.md). Until the run directory
+// is split out of the Trainer, ranks > 0 print nothing and write their (identical)
+// checkpoints to a private scratch directory, removed at exit: rank 0 owns the run dir.
+struct RankOutputGuard {
+  std::string scratch;
+  RankOutputGuard(const Collective& c, Config& cfg) {
+    if (c.rank() == 0) return;
+    if (!std::freopen("/dev/null", "w", stdout)) fail("rank " + std::to_string(c.rank()) + ": cannot silence stdout");
+    scratch = (fs::temp_directory_path() / ("engine-rank" + std::to_string(c.rank()) + "-" + std::to_string(::getpid()))).string();
+    cfg.checkpoint.dir = scratch;
+    cfg.logging.tensorboard = false;
+  }
+  ~RankOutputGuard() {
+    std::error_code ec;
+    if (!scratch.empty()) fs::remove_all(scratch, ec);
+  }
+};
+
 int cmd_train(const Args& a) {
   if (a.help) { std::cout << kTrainHelp; return 0; }
   if (a.positional.size() != 1) fail("train needs exactly one CONFIG.json (see engine train --help)", 2);
@@ -338,13 +356,16 @@ int cmd_train(const Args& a) {
   if (!a.device.empty()) j["device"] = a.device;
   if (!a.run_dir.empty()) j["checkpoint"]["dir"] = a.run_dir;
   Config cfg = config_from_json(j, path);
+  const std::unique_ptr<Collective> comm = make_process_collective(detect_launch());  // mpirun/srun: MPI
+  const std::string last = (fs::path(cfg.checkpoint.dir) / "last.h5").string();
+  const RankOutputGuard rank_output(*comm, cfg);
   const Device device = resolve_device(cfg.device);
   install_signal_handlers();
   RunDirLock lock = lock_run_dir(cfg.checkpoint.dir);
   ConsoleObserver obs;
-  const std::string last = (fs::path(cfg.checkpoint.dir) / "last.h5").string();
   const bool resume = !a.fresh && fs::exists(last);
-  Trainer trainer(cfg, device, make_model(cfg), &obs);
+  Trainer trainer(cfg, device, make_model(cfg), &obs, SplitsNeeded::All, nullptr, comm.get());
+  if (comm->size() > 1) std::cout << "data-parallel on " << comm->size() << " ranks (" << comm->name() << ")\n";
   trainer.use_run_lock(std::move(lock));
   std::cout << "training " << cfg.model.name << " (" << trainer.model().parameter_count()
             << " parameters) on " << device.str() << ", run dir " << cfg.checkpoint.dir << "\n";
