@@ -334,3 +334,33 @@ TEST_CASE("the MLP trains bit-identically on 1, 2, 4 and 8 ranks and in one proc
 TEST_CASE("the CNN (synchronised batch norm, dropout) trains bit-identically on 1, 2, 4 and 8 ranks") {
   check_world_sizes(Arch::Cnn);
 }
+
+TEST_CASE("a state taken mid-epoch on 4 ranks continues on 2 ranks and in one process like a straight run") {
+  // Straight: 7 steps in one process (epoch 1 has 5 steps of the MLP run).
+  auto straight = make_trainer(Arch::Mlp, nullptr);
+  for (int i = 0; i < 7; ++i) straight->train_step();
+  const Checkpoint want = straight->snapshot();
+
+  // 3 steps on 4 ranks (mid-epoch), then the rest elsewhere.
+  std::vector<Checkpoint> mid(4);
+  run_ranks(4, [&](int rank, Collective& comm) {
+    auto t = make_trainer(Arch::Mlp, &comm);
+    for (int i = 0; i < 3; ++i) t->train_step();
+    mid[rank] = t->snapshot();
+  });
+  for (int rank = 1; rank < 4; ++rank) expect_same_state(mid[0], mid[rank]);
+
+  std::vector<Checkpoint> on_two(2);
+  run_ranks(2, [&](int rank, Collective& comm) {
+    auto t = make_trainer(Arch::Mlp, &comm);
+    REQUIRE(t->restore(mid[0], LoadMode::Strict).clean());
+    for (int i = 0; i < 4; ++i) t->train_step();
+    on_two[rank] = t->snapshot();
+  });
+  for (const Checkpoint& c : on_two) expect_same_state(want, c);
+
+  auto one = make_trainer(Arch::Mlp, nullptr);
+  REQUIRE(one->restore(mid[0], LoadMode::Strict).clean());
+  for (int i = 0; i < 4; ++i) one->train_step();
+  expect_same_state(want, one->snapshot());
+}
