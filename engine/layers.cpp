@@ -6,6 +6,7 @@
 
 #include "engine/batch_chunks.h"
 #include "engine/dispatch.h"
+#include "kernels/batchnorm_math.h"
 #include "kernels/chunk_tree.h"
 
 namespace engine {
@@ -200,48 +201,48 @@ Tensor BatchNorm2d::backward(const Tensor& dy, InputGrad) {
 }
 
 // Synchronised batch norm on the CPU: the statistics of the whole global batch, each
-// sum the fixed tree over its chunks (same formulas as cpu::batchnorm_forward_train).
+// sum the fixed tree over its chunks. In one process the fused op; across ranks the
+// same steps with the sums completed in between (the same bits: kernels/batchnorm_math.h).
 void BatchNorm2d::forward_train_chunks(const Tensor& x) {
   BatchNormShape s{static_cast<int>(x.dim(0)), channels_, static_cast<int>(x.dim(2) * x.dim(3))};
   const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
+  if (!batch_chunks_ || !batch_chunks_->distributed()) {
+    cpu::batchnorm_forward_train_chunks(s, l.chunks, l.bounds, x.f32(), weight_.value.f32(), bias_.value.f32(),
+                                        eps_, momentum_, running_mean_.f32(), running_var_.f32(),
+                                        save_mean_.f32(), save_invstd_.f32(), y_.f32());
+    return;
+  }
   const double m = static_cast<double>(l.global_batch) * s.hw;
   const std::size_t c_n = static_cast<std::size_t>(channels_);
   std::vector<double> sum(c_n), sq(c_n);
   cpu::batchnorm_chunk_sums(s, l.chunks, l.bounds, x.f32(), sum.data());
   complete_tree(batch_chunks_, sum.data(), channels_);
-  std::vector<double> mean(c_n);
   std::vector<float> mean_f(c_n), scale(c_n), shift(c_n);
-  for (std::size_t c = 0; c < c_n; ++c) {
-    mean[c] = sum[c] / m;
-    mean_f[c] = static_cast<float>(mean[c]);
-  }
+  for (std::size_t c = 0; c < c_n; ++c) mean_f[c] = static_cast<float>(bn_mean(sum[c], m));
   // Centred second pass: no catastrophic cancellation for large means.
   cpu::batchnorm_chunk_centered_squares(s, l.chunks, l.bounds, x.f32(), mean_f.data(), sq.data());
   complete_tree(batch_chunks_, sq.data(), channels_);
-  const float* gamma = weight_.value.f32();
-  const float* beta = bias_.value.f32();
-  float* running_mean = running_mean_.f32();
-  float* running_var = running_var_.f32();
   for (std::size_t c = 0; c < c_n; ++c) {
-    const double var = sq[c] / m;  // biased: used to normalise
-    const double invstd = 1.0 / std::sqrt(var + eps_);
-    // y = x * scale + shift, folded once per channel.
-    scale[c] = static_cast<float>(invstd * gamma[c]);
-    shift[c] = static_cast<float>(beta[c] - mean[c] * invstd * gamma[c]);
-    const double unbiased = m > 1 ? sq[c] / (m - 1) : var;
-    running_mean[c] = static_cast<float>((1.0 - momentum_) * running_mean[c] + momentum_ * mean[c]);
-    running_var[c] = static_cast<float>((1.0 - momentum_) * running_var[c] + momentum_ * unbiased);
-    save_mean_.f32()[c] = mean_f[c];
-    save_invstd_.f32()[c] = static_cast<float>(invstd);
+    const BnForwardFactors f = bn_forward_finish(sum[c], sq[c], m, weight_.value.f32()[c], bias_.value.f32()[c],
+                                                 eps_, momentum_, running_mean_.f32()[c], running_var_.f32()[c]);
+    scale[c] = f.scale;
+    shift[c] = f.shift;
+    save_mean_.f32()[c] = f.save_mean;
+    save_invstd_.f32()[c] = f.save_invstd;
   }
   cpu::batchnorm_scale_shift(s, x.f32(), scale.data(), shift.data(), y_.f32());
 }
 
-// The backward of synchronised batch norm: sums over the global batch by the tree
-// (same formulas as cpu::batchnorm_backward).
+// The backward of synchronised batch norm: sums over the global batch by the tree.
 void BatchNorm2d::backward_chunks(const Tensor& dy, Tensor& dx) {
   BatchNormShape s{static_cast<int>(x_.dim(0)), channels_, static_cast<int>(x_.dim(2) * x_.dim(3))};
   const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
+  if (!batch_chunks_ || !batch_chunks_->distributed()) {
+    cpu::batchnorm_backward_chunks(s, l.chunks, l.bounds, x_.f32(), dy.f32(), weight_.value.f32(),
+                                   save_mean_.f32(), save_invstd_.f32(), dx.f32(), weight_.grad.f32(),
+                                   bias_.grad.f32());
+    return;
+  }
   const double m = static_cast<double>(l.global_batch) * s.hw;
   const std::size_t c_n = static_cast<std::size_t>(channels_);
   // [sum(dy) | sum(dy * (x - mean))], completed in one exchange.
@@ -250,16 +251,14 @@ void BatchNorm2d::backward_chunks(const Tensor& dy, Tensor& dx) {
                                      sums.data(), sums.data() + c_n);
   complete_tree(batch_chunks_, sums.data(), 2 * channels_);
   std::vector<float> k(c_n), mean_dy(c_n), proj(c_n);
-  const float* gamma = weight_.value.f32();
   for (std::size_t c = 0; c < c_n; ++c) {
-    const float invstd = save_invstd_.f32()[c];
-    const double sum_dy = sums[c], sum_dy_xhat = sums[c_n + c] * invstd;
-    // dx = k * (dy - mean(dy) - xhat * mean(dy*xhat)), k = gamma * invstd
-    k[c] = gamma[c] * invstd;
-    mean_dy[c] = static_cast<float>(sum_dy / m);
-    proj[c] = static_cast<float>(sum_dy_xhat / m * invstd);  // per unit of (x - mean)
-    weight_.grad.f32()[c] = static_cast<float>(sum_dy_xhat);
-    bias_.grad.f32()[c] = static_cast<float>(sum_dy);
+    const BnBackwardFactors f =
+        bn_backward_finish(sums[c], sums[c_n + c], m, weight_.value.f32()[c], save_invstd_.f32()[c]);
+    k[c] = f.k;
+    mean_dy[c] = f.mean_dy;
+    proj[c] = f.proj;
+    weight_.grad.f32()[c] = f.dgamma;
+    bias_.grad.f32()[c] = f.dbeta;
   }
   cpu::batchnorm_backward_apply(s, x_.f32(), dy.f32(), save_mean_.f32(), k.data(), mean_dy.data(),
                                 proj.data(), dx.f32());

@@ -66,19 +66,23 @@ void linear_backward(const LinearShape& s, const float* x, const float* w, const
 
 // dW by fixed blocks of output rows (in parallel); inside a block, one GEMM per chunk
 // into a per-thread partial, then the fixed tree over the chunk partials while they are
-// still in cache. dx and db per chunk, as in linear_backward.
+// still in cache. The block height depends only on the layer's shape (never on the
+// number of local chunks or threads), so every rank makes the same GEMM calls.
+// dx and db per chunk, as in linear_backward.
 void linear_backward_chunks(const LinearShape& s, int chunks, const int* bounds, const float* x,
                             const float* w, const float* dy, float* dx, float* dw_tree,
                             double* db_tree) {
   blas_single_threaded();
-  const int max_rows = (s.out + kBatchChunks - 1) / kBatchChunks + 1;
+  // The 8 partials of a block within ~256 KB (L2).
+  constexpr int64_t kBlockFloats = 65536;
+  const int rows = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(s.out, kBlockFloats / (kTreeChunks * static_cast<int64_t>(s.in)))));
+  const int blocks = (s.out + rows - 1) / rows;
 #pragma omp parallel
   {
-    float* parts = thread_scratch(0, static_cast<std::size_t>(chunks) * max_rows * s.in);
+    float* parts = thread_scratch(0, static_cast<std::size_t>(chunks) * rows * s.in);
 #pragma omp for schedule(static)
-    for (int block = 0; block < kBatchChunks; ++block) {
-      const int o0 = chunk_begin(s.out, block), o1 = chunk_begin(s.out, block + 1);
-      if (o1 == o0) continue;
+    for (int block = 0; block < blocks; ++block) {
+      const int o0 = block * rows, o1 = std::min(s.out, o0 + rows);
       const int64_t len = static_cast<int64_t>(o1 - o0) * s.in;
       for (int c = 0; c < chunks; ++c) {
         const int n0 = bounds[c], n1 = bounds[c + 1];

@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/batchnorm_math.h"
 #include "kernels/chunk_tree.h"
 #include "kernels/ops.h"
 
@@ -418,6 +419,45 @@ void batchnorm_backward_apply(const BatchNormShape& s, const float* x, const flo
         dx[j] = static_cast<float>(static_cast<double>(k[c]) * (dy[j] - static_cast<double>(mean_dy[c]) -
                                                                 xc * proj[c]));
       }
+}
+
+void batchnorm_forward_train_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
+                                    const float* gamma, const float* beta, float eps, float momentum,
+                                    float* running_mean, float* running_var, float* save_mean,
+                                    float* save_invstd, float* y) {
+  const double m = static_cast<double>(s.n) * s.hw;
+  std::vector<double> sum(s.c), sq(s.c);
+  std::vector<float> mean(s.c), scale(s.c), shift(s.c);
+  batchnorm_chunk_sums(s, chunks, bounds, x, sum.data());
+  for (int c = 0; c < s.c; ++c) mean[c] = static_cast<float>(bn_mean(sum[c], m));
+  batchnorm_chunk_centered_squares(s, chunks, bounds, x, mean.data(), sq.data());
+  for (int c = 0; c < s.c; ++c) {
+    const BnForwardFactors f =
+        bn_forward_finish(sum[c], sq[c], m, gamma[c], beta[c], eps, momentum, running_mean[c], running_var[c]);
+    scale[c] = f.scale;
+    shift[c] = f.shift;
+    save_mean[c] = f.save_mean;
+    save_invstd[c] = f.save_invstd;
+  }
+  batchnorm_scale_shift(s, x, scale.data(), shift.data(), y);
+}
+
+void batchnorm_backward_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
+                               const float* dy, const float* gamma, const float* save_mean,
+                               const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
+  const double m = static_cast<double>(s.n) * s.hw;
+  std::vector<double> sum_dy(s.c), sum_dy_xc(s.c);
+  std::vector<float> k(s.c), mean_dy(s.c), proj(s.c);
+  batchnorm_backward_chunk_sums(s, chunks, bounds, x, dy, save_mean, sum_dy.data(), sum_dy_xc.data());
+  for (int c = 0; c < s.c; ++c) {
+    const BnBackwardFactors f = bn_backward_finish(sum_dy[c], sum_dy_xc[c], m, gamma[c], save_invstd[c]);
+    k[c] = f.k;
+    mean_dy[c] = f.mean_dy;
+    proj[c] = f.proj;
+    dgamma[c] = f.dgamma;
+    dbeta[c] = f.dbeta;
+  }
+  batchnorm_backward_apply(s, x, dy, save_mean, k.data(), mean_dy.data(), proj.data(), dx);
 }
 
 }  // namespace engine::kernels::ref

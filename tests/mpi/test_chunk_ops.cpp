@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "gradcheck.h"
+#include "kernels/batchnorm_math.h"
 #include "kernels/chunk_tree.h"
 #include "kernels/ops.h"
 
@@ -500,5 +501,77 @@ TEST_CASE("ref chunked backward ops match finite differences") {
     CHECK_GRAD("bn dx", gradcheck::check(loss, x.data(), static_cast<int64_t>(nx), dx.data()));
     CHECK_GRAD("bn dgamma", gradcheck::check(loss, gamma.data(), s.c, dgamma.data()));
     CHECK_GRAD("bn dbeta", gradcheck::check(loss, beta.data(), s.c, dbeta.data()));
+  }
+}
+
+TEST_CASE("fused one-process batch norm = its separate steps with kernels/batchnorm_math.h, bit for bit; cpu ~ ref") {
+  std::mt19937 g(16);
+  for (const BatchNormShape& s : kBn) {
+    CAPTURE(s.n);
+    CAPTURE(s.c);
+    const std::size_t nx = static_cast<std::size_t>(s.n) * s.c * s.hw;
+    auto x = uniform(nx, g, -1, 1);
+    for (float& v : x) v = 1.0f + 2.0f * v;
+    const auto dy = uniform(nx, g, -1, 1), gamma = uniform(s.c, g, 0.5f, 1.5f), beta = uniform(s.c, g, -1, 1);
+    const Share all = whole(s.n);
+    const double m = static_cast<double>(s.n) * s.hw;
+    const float eps = 1e-5f, momentum = 0.1f;
+
+    std::vector<float> rm(s.c, 0.1f), rv(s.c, 0.9f), sm(s.c), si(s.c), y(nx);
+    cpu::batchnorm_forward_train_chunks(s, all.chunks, all.bounds.data(), x.data(), gamma.data(), beta.data(), eps,
+                                        momentum, rm.data(), rv.data(), sm.data(), si.data(), y.data());
+    // The steps, as BatchNorm2d runs them across ranks.
+    std::vector<double> sum(s.c), sq(s.c);
+    std::vector<float> mean(s.c), scale(s.c), shift(s.c), rm2(s.c, 0.1f), rv2(s.c, 0.9f), sm2(s.c), si2(s.c), y2(nx);
+    cpu::batchnorm_chunk_sums(s, all.chunks, all.bounds.data(), x.data(), sum.data());
+    for (int c = 0; c < s.c; ++c) mean[c] = static_cast<float>(engine::kernels::bn_mean(sum[c], m));
+    cpu::batchnorm_chunk_centered_squares(s, all.chunks, all.bounds.data(), x.data(), mean.data(), sq.data());
+    for (int c = 0; c < s.c; ++c) {
+      const auto f = engine::kernels::bn_forward_finish(sum[c], sq[c], m, gamma[c], beta[c], eps, momentum, rm2[c], rv2[c]);
+      scale[c] = f.scale;
+      shift[c] = f.shift;
+      sm2[c] = f.save_mean;
+      si2[c] = f.save_invstd;
+    }
+    cpu::batchnorm_scale_shift(s, x.data(), scale.data(), shift.data(), y2.data());
+    check_bits("bn fused y", y, y2);
+    check_bits("bn fused running mean", rm, rm2);
+    check_bits("bn fused running var", rv, rv2);
+    check_bits("bn fused save mean", sm, sm2);
+    check_bits("bn fused save invstd", si, si2);
+    // Against the reference batch norm (the unchunked definition).
+    std::vector<float> rm3(s.c, 0.1f), rv3(s.c, 0.9f), sm3(s.c), si3(s.c), y3(nx);
+    ref::batchnorm_forward_train(s, x.data(), gamma.data(), beta.data(), eps, momentum, rm3.data(), rv3.data(),
+                                 sm3.data(), si3.data(), y3.data());
+    check_close("bn fused y vs ref", y, y3, [&](std::size_t j) { return 1e-5 * (1.0 + std::fabs(y3[j])); });
+
+    std::vector<float> dx(nx), dg(s.c), db(s.c), dx2(nx), dg2(s.c), db2(s.c);
+    cpu::batchnorm_backward_chunks(s, all.chunks, all.bounds.data(), x.data(), dy.data(), gamma.data(), sm.data(),
+                                   si.data(), dx.data(), dg.data(), db.data());
+    std::vector<double> sdy(s.c), sxc(s.c);
+    std::vector<float> k(s.c), mdy(s.c), proj(s.c);
+    cpu::batchnorm_backward_chunk_sums(s, all.chunks, all.bounds.data(), x.data(), dy.data(), sm.data(), sdy.data(),
+                                       sxc.data());
+    for (int c = 0; c < s.c; ++c) {
+      const auto f = engine::kernels::bn_backward_finish(sdy[c], sxc[c], m, gamma[c], si[c]);
+      k[c] = f.k;
+      mdy[c] = f.mean_dy;
+      proj[c] = f.proj;
+      dg2[c] = f.dgamma;
+      db2[c] = f.dbeta;
+    }
+    cpu::batchnorm_backward_apply(s, x.data(), dy.data(), sm.data(), k.data(), mdy.data(), proj.data(), dx2.data());
+    check_bits("bn fused dx", dx, dx2);
+    check_bits("bn fused dgamma", dg, dg2);
+    check_bits("bn fused dbeta", db, db2);
+    std::vector<float> dx3(nx), dg3(s.c), db3(s.c);
+    ref::batchnorm_backward(s, x.data(), dy.data(), gamma.data(), sm.data(), si.data(), dx3.data(), dg3.data(),
+                            db3.data());
+    check_close("bn fused dx vs ref", dx, dx3, [&](std::size_t j) { return 1e-5 * (1.0 + std::fabs(dx3[j])); });
+    // The ref fused op is the ref steps: close to the cpu one.
+    std::vector<float> rdx(nx), rdg(s.c), rdb(s.c);
+    ref::batchnorm_backward_chunks(s, all.chunks, all.bounds.data(), x.data(), dy.data(), gamma.data(), sm.data(),
+                                   si.data(), rdx.data(), rdg.data(), rdb.data());
+    check_close("bn ref fused dx", rdx, dx3, [&](std::size_t j) { return 1e-5 * (1.0 + std::fabs(dx3[j])); });
   }
 }
