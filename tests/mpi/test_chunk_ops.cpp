@@ -12,6 +12,7 @@
 // ~40 standard deviations of the rounding walk and far below a missing or doubled term
 // (test_kernels.cpp explains the margins).
 #include <doctest/doctest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -574,4 +575,55 @@ TEST_CASE("fused one-process batch norm = its separate steps with kernels/batchn
                                    si.data(), rdx.data(), rdg.data(), rdb.data());
     check_close("bn ref fused dx", rdx, dx3, [&](std::size_t j) { return 1e-5 * (1.0 + std::fabs(dx3[j])); });
   }
+}
+
+TEST_CASE("chunked conv, linear and batch norm give the same bits with 1, 2 and 3 threads") {
+  std::mt19937 g(17);
+  const ConvShape cs{13, 3, 6, 5, 7, 3, 3, 1};
+  const LinearShape ls{24, 3136, 16};
+  const BatchNormShape bs{13, 7, 30};
+  const auto cx = uniform(static_cast<std::size_t>(cs.n) * cs.c * cs.h * cs.w, g, -1, 1);
+  const auto cw = uniform(static_cast<std::size_t>(cs.k) * cs.c * 9, g, -0.3f, 0.3f);
+  const auto cdy = uniform(static_cast<std::size_t>(cs.n) * cs.k * cs.out_h() * cs.out_w(), g, -1, 1);
+  const auto lx = uniform(static_cast<std::size_t>(ls.n) * ls.in, g, -1, 1);
+  const auto lw = uniform(static_cast<std::size_t>(ls.out) * ls.in, g, -0.1f, 0.1f);
+  const auto ldy = uniform(static_cast<std::size_t>(ls.n) * ls.out, g, -1, 1);
+  const auto bx = uniform(static_cast<std::size_t>(bs.n) * bs.c * bs.hw, g, -1, 1);
+  const auto bdy = uniform(bx.size(), g, -1, 1), gamma = uniform(bs.c, g, 0.5f, 1.5f), beta = uniform(bs.c, g, -1, 1);
+  auto run = [&] {
+    std::vector<float> out;
+    auto add = [&](const std::vector<float>& v) { out.insert(out.end(), v.begin(), v.end()); };
+    Share a = whole(cs.n);
+    std::vector<float> dx(cx.size()), dw(cw.size());
+    std::vector<double> db(cs.k);
+    cpu::conv2d_backward_chunks(cs, a.chunks, a.bounds.data(), cx.data(), cw.data(), cdy.data(), dx.data(), dw.data(), db.data());
+    add(dx);
+    add(dw);
+    for (double d : db) out.push_back(static_cast<float>(d));
+    a = whole(ls.n);
+    std::vector<float> ldx(lx.size()), ldw(lw.size());
+    std::vector<double> ldb(ls.out);
+    cpu::linear_backward_chunks(ls, a.chunks, a.bounds.data(), lx.data(), lw.data(), ldy.data(), ldx.data(), ldw.data(), ldb.data());
+    add(ldx);
+    add(ldw);
+    a = whole(bs.n);
+    std::vector<float> rm(bs.c, 0), rv(bs.c, 1), sm(bs.c), si(bs.c), y(bx.size()), bdx(bx.size()), dg(bs.c), dbb(bs.c);
+    cpu::batchnorm_forward_train_chunks(bs, a.chunks, a.bounds.data(), bx.data(), gamma.data(), beta.data(), 1e-5f, 0.1f,
+                                        rm.data(), rv.data(), sm.data(), si.data(), y.data());
+    cpu::batchnorm_backward_chunks(bs, a.chunks, a.bounds.data(), bx.data(), bdy.data(), gamma.data(), sm.data(), si.data(),
+                                   bdx.data(), dg.data(), dbb.data());
+    add(y);
+    add(rv);
+    add(bdx);
+    add(dg);
+    return out;
+  };
+  omp_set_num_threads(1);
+  const auto one = run();
+  for (int t : {2, 3}) {
+    CAPTURE(t);
+    omp_set_num_threads(t);
+    check_bits("threads", run(), one);
+  }
+  omp_set_num_threads(2);
 }
