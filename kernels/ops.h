@@ -33,9 +33,11 @@ struct PoolShape {
 
 namespace ref {
 #include "kernels/op_signatures.inc"
+#include "kernels/chunk_ops.inc"
 }
 namespace cpu {
 #include "kernels/op_signatures.inc"
+#include "kernels/chunk_ops.inc"
 }
 namespace cuda {
 #include "kernels/op_signatures.inc"

@@ -26,6 +26,7 @@
 
 #include "engine/build_info.h"
 #include "engine/checkpoint.h"
+#include "engine/collective.h"
 #include "engine/config.h"
 #include "engine/dataset.h"
 #include "engine/inference.h"
@@ -502,17 +503,30 @@ bool test_result_recorded(const std::string& run_dir) {
 // signal handlers, the lock, the trainer, restoring, "already complete", and the run.
 class TrainingSession {
  public:
+  // Under mpirun/srun every rank builds a session; rank 0 alone prints and owns the run
+  // directory (its lock, checkpoints, metrics), the other ranks train silently and write
+  // nothing (docs/distributed.md).
   TrainingSession(Config cfg, const RunOptions& o)
-      : opts_(o), cfg_(std::move(cfg)), device_(resolve_device(cfg_.device)) {
+      : opts_(o), cfg_(std::move(cfg)), comm_(make_process_collective(detect_launch())),
+        device_(resolve_device(cfg_.device)) {
+    if (!writes_run_dir() && !std::freopen("/dev/null", "w", stdout))
+      fail("rank " + std::to_string(comm_->rank()) + ": cannot silence stdout");
     install_signal_handlers();
-    lock_.emplace(lock_run_dir(cfg_.checkpoint.dir));
+    if (writes_run_dir()) lock_.emplace(lock_run_dir(cfg_.checkpoint.dir));
   }
+
+  // Rank 0, or the only process.
+  bool writes_run_dir() const { return comm_->rank() == 0; }
 
   Trainer& start() {
     apply_process_settings(cfg_);  // cuda.deterministic is process-wide
-    trainer_ = std::make_unique<Trainer>(cfg_, device_, make_model(cfg_), &observer_);
-    run_dir_ = std::make_unique<RunDirectory>(*trainer_, std::move(*lock_));
-    lock_.reset();
+    trainer_ = std::make_unique<Trainer>(cfg_, device_, make_model(cfg_), &observer_, SplitsNeeded::All,
+                                         nullptr, comm_.get());
+    if (comm_->size() > 1) std::cout << "data-parallel on " << comm_->size() << " ranks (" << comm_->name() << ")\n";
+    if (writes_run_dir()) {
+      run_dir_ = std::make_unique<RunDirectory>(*trainer_, std::move(*lock_));
+      lock_.reset();
+    }
     return *trainer_;
   }
 
@@ -541,7 +555,7 @@ class TrainingSession {
     g_run.store(&t.control());
     FitResult r;
     try {
-      r = run_dir_->fit(stop);
+      r = run_dir_ ? run_dir_->fit(stop) : t.fit(stop);
     } catch (const CheckpointWriteError& e) {
       // checkpoint.on_error = stop: the previous checkpoint is intact, so the same command
       // resumes from it once the disk is fixed.
@@ -566,6 +580,7 @@ class TrainingSession {
  private:
   RunOptions opts_;
   Config cfg_;
+  std::unique_ptr<Collective> comm_;  // outlives the trainer, which uses it
   Device device_;
   std::optional<RunDirLock> lock_;
   ConsoleObserver observer_;
@@ -586,7 +601,7 @@ int cmd_train(const TrainOptions& a) {
   TrainingSession session(resolve_config(j, path, a.run), a.run);
   const Config& cfg = session.config();
   const std::string last = (fs::path(cfg.checkpoint.dir) / "last.h5").string();
-  if (a.fresh) move_previous_run_aside(cfg.checkpoint.dir);
+  if (a.fresh && session.writes_run_dir()) move_previous_run_aside(cfg.checkpoint.dir);
   const bool resume = !a.fresh && fs::exists(last);
   Trainer& trainer = session.start();
   std::cout << "training " << cfg.model.name << " (" << trainer.model().parameter_count()

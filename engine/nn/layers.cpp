@@ -2,7 +2,11 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
+#include "engine/batch_chunks.h"
+#include "kernels/batchnorm_math.h"
+#include "kernels/chunk_tree.h"
 #include "nn/dispatch.h"
 
 namespace engine {
@@ -23,6 +27,48 @@ void expect_rank(const Tensor& x, int rank, const std::string& layer) {
     throw std::invalid_argument(layer + ": expected a rank-" + std::to_string(rank) +
                                 " input, got " + shape_str(x.shape()));
 }
+
+// On the CPU, every layer computes by the fixed chunks of the global batch
+// (kernels/chunk_ops.inc) and completes its cross-sample sums over the ranks
+// (BatchChunks::complete_tree). The CUDA path runs the unchunked ops: one process only.
+struct LocalChunks {
+  int chunks = kTreeChunks;
+  int bounds[kTreeChunks + 1];
+  int64_t global_batch = 0, local_begin = 0;
+};
+
+// The chunks of the n samples a layer was given: the trainer's plan, or the whole batch.
+LocalChunks local_chunks(const BatchChunks* plan, int64_t n, const std::string& layer) {
+  LocalChunks l;
+  if (!plan) {
+    for (int c = 0; c <= kTreeChunks; ++c) l.bounds[c] = tree_chunk_begin(n, c);
+    l.global_batch = n;
+    return l;
+  }
+  if (plan->local_count() != n)
+    throw std::logic_error(layer + ": given " + std::to_string(n) + " samples, the batch plan gives this rank " +
+                           std::to_string(plan->local_count()));
+  l.chunks = plan->chunks();
+  std::copy(plan->bounds(), plan->bounds() + l.chunks + 1, l.bounds);
+  l.global_batch = plan->global_batch();
+  l.local_begin = plan->local_begin();
+  return l;
+}
+
+void require_one_process(const BatchChunks* plan, Device d, const std::string& layer) {
+  if (plan && plan->distributed() && d.is_cuda())
+    throw std::logic_error(layer + ": the CUDA backend trains in one process only (no chunked CUDA ops yet)");
+}
+
+template <class T>
+void complete_tree(const BatchChunks* plan, T* v, int64_t n) {
+  if (plan) plan->complete_tree(v, n);
+}
+
+void store_rounded(const std::vector<double>& v, float* out) {
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<float>(v[i]);
+}
+
 }  // namespace
 
 // ---- Conv2d -------------------------------------------------------------------
@@ -49,11 +95,16 @@ Tensor Conv2d::forward(const Tensor& x, Mode, Rng&) {
               out_, kernel_, kernel_, pad_};
   ensure(y_, {s.n, s.k, s.out_h(), s.out_w()}, d);
   x_ = x;
-  if (precision_ == Precision::Fp16)  // on the CPU the fp16 op is the fp32 op
-    ENGINE_DISPATCH(d, conv2d_forward_f16, s, x.f32(), weight_.value.f32(), bias_.value.f32(),
-                    y_.f32());
-  else
-    ENGINE_DISPATCH(d, conv2d_forward, s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
+  require_one_process(batch_chunks_, d, name_);
+  if (d.is_cpu()) {  // fp32 (on the CPU the fp16 op is the fp32 op)
+    const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
+    cpu::conv2d_forward_chunks(s, l.chunks, l.bounds, x.f32(), weight_.value.f32(), bias_.value.f32(),
+                               y_.f32());
+  } else if (precision_ == Precision::Fp16) {
+    cuda::conv2d_forward_f16(s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
+  } else {
+    cuda::conv2d_forward(s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
+  }
   return y_;
 }
 
@@ -63,12 +114,22 @@ Tensor Conv2d::backward(const Tensor& dy, InputGrad need) {
               out_, kernel_, kernel_, pad_};
   float* dx = nullptr;
   if (need == InputGrad::Needed) dx = ensure(dx_, x_.shape(), d).f32();
-  if (precision_ == Precision::Fp16)
-    ENGINE_DISPATCH(d, conv2d_backward_f16, s, x_.f32(), weight_.value.f32(), dy.f32(), dx,
-                    weight_.grad.f32(), bias_.grad.f32());
-  else
-    ENGINE_DISPATCH(d, conv2d_backward, s, x_.f32(), weight_.value.f32(), dy.f32(), dx,
-                    weight_.grad.f32(), bias_.grad.f32());
+  require_one_process(batch_chunks_, d, name_);
+  if (d.is_cpu()) {
+    const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
+    std::vector<double> db(static_cast<std::size_t>(out_));
+    cpu::conv2d_backward_chunks(s, l.chunks, l.bounds, x_.f32(), weight_.value.f32(), dy.f32(), dx,
+                                weight_.grad.f32(), db.data());
+    complete_tree(batch_chunks_, weight_.grad.f32(), weight_.grad.numel());
+    complete_tree(batch_chunks_, db.data(), out_);
+    store_rounded(db, bias_.grad.f32());
+  } else if (precision_ == Precision::Fp16) {
+    cuda::conv2d_backward_f16(s, x_.f32(), weight_.value.f32(), dy.f32(), dx, weight_.grad.f32(),
+                              bias_.grad.f32());
+  } else {
+    cuda::conv2d_backward(s, x_.f32(), weight_.value.f32(), dy.f32(), dx, weight_.grad.f32(),
+                          bias_.grad.f32());
+  }
   return need == InputGrad::Needed ? dx_ : Tensor();
 }
 
@@ -111,9 +172,13 @@ Tensor BatchNorm2d::forward(const Tensor& x, Mode mode, Rng&) {
     x_ = x;
     ensure(save_mean_, {channels_}, d);
     ensure(save_invstd_, {channels_}, d);
-    ENGINE_DISPATCH(d, batchnorm_forward_train, s, x.f32(), weight_.value.f32(), bias_.value.f32(),
-                    eps_, momentum_, running_mean_.f32(), running_var_.f32(), save_mean_.f32(),
-                    save_invstd_.f32(), y_.f32());
+    require_one_process(batch_chunks_, d, name_);
+    if (d.is_cpu())
+      forward_train_chunks(x);
+    else
+      cuda::batchnorm_forward_train(s, x.f32(), weight_.value.f32(), bias_.value.f32(), eps_, momentum_,
+                                    running_mean_.f32(), running_var_.f32(), save_mean_.f32(),
+                                    save_invstd_.f32(), y_.f32());
     ++num_batches_tracked_;
   } else {
     ENGINE_DISPATCH(d, batchnorm_forward_eval, s, x.f32(), weight_.value.f32(), bias_.value.f32(),
@@ -126,10 +191,77 @@ Tensor BatchNorm2d::backward(const Tensor& dy, InputGrad) {
   const Device d = weight_.value.device();
   BatchNormShape s{static_cast<int>(x_.dim(0)), channels_, static_cast<int>(x_.dim(2) * x_.dim(3))};
   Tensor dx = dy;  // in place: batchnorm_backward allows dx == dy
-  ENGINE_DISPATCH(d, batchnorm_backward, s, x_.f32(), dy.f32(), weight_.value.f32(),
-                  save_mean_.f32(), save_invstd_.f32(), dx.f32(), weight_.grad.f32(),
-                  bias_.grad.f32());
+  require_one_process(batch_chunks_, d, name_);
+  if (d.is_cpu())
+    backward_chunks(dy, dx);
+  else
+    cuda::batchnorm_backward(s, x_.f32(), dy.f32(), weight_.value.f32(), save_mean_.f32(),
+                             save_invstd_.f32(), dx.f32(), weight_.grad.f32(), bias_.grad.f32());
   return dx;
+}
+
+// Synchronised batch norm on the CPU: the statistics of the whole global batch, each
+// sum the fixed tree over its chunks. In one process the fused op; across ranks the
+// same steps with the sums completed in between (the same bits: kernels/batchnorm_math.h).
+void BatchNorm2d::forward_train_chunks(const Tensor& x) {
+  BatchNormShape s{static_cast<int>(x.dim(0)), channels_, static_cast<int>(x.dim(2) * x.dim(3))};
+  const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
+  if (!batch_chunks_ || !batch_chunks_->distributed()) {
+    cpu::batchnorm_forward_train_chunks(s, l.chunks, l.bounds, x.f32(), weight_.value.f32(), bias_.value.f32(),
+                                        eps_, momentum_, running_mean_.f32(), running_var_.f32(),
+                                        save_mean_.f32(), save_invstd_.f32(), y_.f32());
+    return;
+  }
+  const double m = static_cast<double>(l.global_batch) * s.hw;
+  const std::size_t c_n = static_cast<std::size_t>(channels_);
+  std::vector<double> sum(c_n), sq(c_n);
+  cpu::batchnorm_chunk_sums(s, l.chunks, l.bounds, x.f32(), sum.data());
+  complete_tree(batch_chunks_, sum.data(), channels_);
+  std::vector<float> mean_f(c_n), scale(c_n), shift(c_n);
+  for (std::size_t c = 0; c < c_n; ++c) mean_f[c] = static_cast<float>(bn_mean(sum[c], m));
+  // Centred second pass: no catastrophic cancellation for large means.
+  cpu::batchnorm_chunk_centered_squares(s, l.chunks, l.bounds, x.f32(), mean_f.data(), sq.data());
+  complete_tree(batch_chunks_, sq.data(), channels_);
+  for (std::size_t c = 0; c < c_n; ++c) {
+    const BnForwardFactors f = bn_forward_finish(sum[c], sq[c], m, weight_.value.f32()[c], bias_.value.f32()[c],
+                                                 eps_, momentum_, running_mean_.f32()[c], running_var_.f32()[c]);
+    scale[c] = f.scale;
+    shift[c] = f.shift;
+    save_mean_.f32()[c] = f.save_mean;
+    save_invstd_.f32()[c] = f.save_invstd;
+  }
+  cpu::batchnorm_scale_shift(s, x.f32(), scale.data(), shift.data(), y_.f32());
+}
+
+// The backward of synchronised batch norm: sums over the global batch by the tree.
+void BatchNorm2d::backward_chunks(const Tensor& dy, Tensor& dx) {
+  BatchNormShape s{static_cast<int>(x_.dim(0)), channels_, static_cast<int>(x_.dim(2) * x_.dim(3))};
+  const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
+  if (!batch_chunks_ || !batch_chunks_->distributed()) {
+    cpu::batchnorm_backward_chunks(s, l.chunks, l.bounds, x_.f32(), dy.f32(), weight_.value.f32(),
+                                   save_mean_.f32(), save_invstd_.f32(), dx.f32(), weight_.grad.f32(),
+                                   bias_.grad.f32());
+    return;
+  }
+  const double m = static_cast<double>(l.global_batch) * s.hw;
+  const std::size_t c_n = static_cast<std::size_t>(channels_);
+  // [sum(dy) | sum(dy * (x - mean))], completed in one exchange.
+  std::vector<double> sums(2 * c_n);
+  cpu::batchnorm_backward_chunk_sums(s, l.chunks, l.bounds, x_.f32(), dy.f32(), save_mean_.f32(),
+                                     sums.data(), sums.data() + c_n);
+  complete_tree(batch_chunks_, sums.data(), 2 * channels_);
+  std::vector<float> k(c_n), mean_dy(c_n), proj(c_n);
+  for (std::size_t c = 0; c < c_n; ++c) {
+    const BnBackwardFactors f =
+        bn_backward_finish(sums[c], sums[c_n + c], m, weight_.value.f32()[c], save_invstd_.f32()[c]);
+    k[c] = f.k;
+    mean_dy[c] = f.mean_dy;
+    proj[c] = f.proj;
+    weight_.grad.f32()[c] = f.dgamma;
+    bias_.grad.f32()[c] = f.dbeta;
+  }
+  cpu::batchnorm_backward_apply(s, x_.f32(), dy.f32(), save_mean_.f32(), k.data(), mean_dy.data(),
+                                proj.data(), dx.f32());
 }
 
 // ---- ReLU ---------------------------------------------------------------------
@@ -178,7 +310,10 @@ Tensor MaxPool2x2::backward(const Tensor& dy, InputGrad) {
 // ---- Flatten ------------------------------------------------------------------
 Tensor Flatten::forward(const Tensor& x, Mode, Rng&) {
   in_shape_ = x.shape();
-  return x.reshape({x.dim(0), x.numel() / x.dim(0)});
+  // Per-sample size from the shape, not numel / N: a rank may hold no sample of a batch.
+  int64_t features = 1;
+  for (int d = 1; d < x.rank(); ++d) features *= x.dim(d);
+  return x.reshape({x.dim(0), features});
 }
 
 Tensor Flatten::backward(const Tensor& dy, InputGrad) { return dy.reshape(in_shape_); }
@@ -189,9 +324,16 @@ Tensor Dropout::forward(const Tensor& x, Mode mode, Rng& rng) {
   if (mode == Mode::Eval || p_ == 0.0f) return x;
   ensure(y_, x.shape(), x.device());
   ensure(keep_, x.shape(), x.device(), DType::U8);
-  const uint64_t offset = rng.take(RngStream::Dropout, static_cast<uint64_t>(x.numel()));
+  // The draws belong to the global batch: element i of sample j takes the output at
+  // first + j * per_sample + i, whichever rank computes sample j.
+  const int64_t n = x.rank() > 0 ? x.dim(0) : 0;
+  uint64_t per_sample = 1;
+  for (int d = 1; d < x.rank(); ++d) per_sample *= static_cast<uint64_t>(x.dim(d));
+  const LocalChunks l = local_chunks(batch_chunks_, n, name_);
+  require_one_process(batch_chunks_, x.device(), name_);
+  const uint64_t first = rng.take(RngStream::Dropout, static_cast<uint64_t>(l.global_batch) * per_sample);
   ENGINE_DISPATCH(x.device(), dropout_forward, x.numel(), x.f32(), p_, rng.stream(RngStream::Dropout),
-                  offset, y_.f32(), keep_.u8());
+                  first + static_cast<uint64_t>(l.local_begin) * per_sample, y_.f32(), keep_.u8());
   return y_;
 }
 
@@ -228,11 +370,16 @@ Tensor Linear::forward(const Tensor& x, Mode, Rng&) {
   LinearShape s{static_cast<int>(x.dim(0)), in_, out_};
   ensure(y_, {s.n, out_}, d);
   x_ = x;
-  if (precision_ == Precision::Fp16)  // on the CPU the fp16 op is the fp32 op
-    ENGINE_DISPATCH(d, linear_forward_f16, s, x.f32(), weight_.value.f32(), bias_.value.f32(),
-                    y_.f32());
-  else
-    ENGINE_DISPATCH(d, linear_forward, s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
+  require_one_process(batch_chunks_, d, name_);
+  if (d.is_cpu()) {  // fp32 (on the CPU the fp16 op is the fp32 op)
+    const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
+    cpu::linear_forward_chunks(s, l.chunks, l.bounds, x.f32(), weight_.value.f32(), bias_.value.f32(),
+                               y_.f32());
+  } else if (precision_ == Precision::Fp16) {
+    cuda::linear_forward_f16(s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
+  } else {
+    cuda::linear_forward(s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
+  }
   return y_;
 }
 
@@ -241,12 +388,22 @@ Tensor Linear::backward(const Tensor& dy, InputGrad need) {
   LinearShape s{static_cast<int>(x_.dim(0)), in_, out_};
   float* dx = nullptr;
   if (need == InputGrad::Needed) dx = ensure(dx_, x_.shape(), d).f32();
-  if (precision_ == Precision::Fp16)
-    ENGINE_DISPATCH(d, linear_backward_f16, s, x_.f32(), weight_.value.f32(), dy.f32(), dx,
-                    weight_.grad.f32(), bias_.grad.f32());
-  else
-    ENGINE_DISPATCH(d, linear_backward, s, x_.f32(), weight_.value.f32(), dy.f32(), dx,
-                    weight_.grad.f32(), bias_.grad.f32());
+  require_one_process(batch_chunks_, d, name_);
+  if (d.is_cpu()) {
+    const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
+    std::vector<double> db(static_cast<std::size_t>(out_));
+    cpu::linear_backward_chunks(s, l.chunks, l.bounds, x_.f32(), weight_.value.f32(), dy.f32(), dx,
+                                weight_.grad.f32(), db.data());
+    complete_tree(batch_chunks_, weight_.grad.f32(), weight_.grad.numel());
+    complete_tree(batch_chunks_, db.data(), out_);
+    store_rounded(db, bias_.grad.f32());
+  } else if (precision_ == Precision::Fp16) {
+    cuda::linear_backward_f16(s, x_.f32(), weight_.value.f32(), dy.f32(), dx, weight_.grad.f32(),
+                              bias_.grad.f32());
+  } else {
+    cuda::linear_backward(s, x_.f32(), weight_.value.f32(), dy.f32(), dx, weight_.grad.f32(),
+                          bias_.grad.f32());
+  }
   return need == InputGrad::Needed ? dx_ : Tensor();
 }
 

@@ -31,6 +31,11 @@ void SequentialModel::backward(const Tensor& dlogits) {
     g = layers_[i]->backward(g, i == 0 ? InputGrad::NotNeeded : InputGrad::Needed);
 }
 
+bool SequentialModel::set_batch_chunks(const BatchChunks* chunks) {
+  for (Layer* l : layers_) l->set_batch_chunks(chunks);
+  return true;
+}
+
 std::vector<Parameter*> SequentialModel::parameters() {
   std::vector<Parameter*> out;
   for (Layer* l : layers_)

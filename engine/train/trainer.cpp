@@ -11,6 +11,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "engine/batch_chunks.h"
 #include "nn/dispatch.h"
 #include "train/restore_testing.h"
 #include "train/save_verification.h"
@@ -168,12 +169,23 @@ class Trainer::MetricsState : public Stateful {
 // ---- construction ------------------------------------------------------------------
 
 Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, TrainerObserver* observer,
-                 SplitsNeeded splits, std::unique_ptr<Dataset> data)
+                 SplitsNeeded splits, std::unique_ptr<Dataset> data, Collective* collective)
     : cfg_(std::move(cfg)), device_(device), observer_(observer ? observer : &silent_),
       data_(std::move(data)), rng_(cfg_.seed), model_(std::move(model)) {
   // cfg.cuda.deterministic is process-wide: the host applies
   // it (apply_process_settings, engine/process_settings.h), not each Trainer.
   if (!model_) throw std::invalid_argument("Trainer: no model given");
+  if (collective) collective_ = collective;
+  if (collective_->size() > 1) {
+    require_valid_world_size(collective_->size());
+    if (device_.is_cuda())
+      throw std::invalid_argument("data-parallel training on " + std::to_string(collective_->size()) +
+                                  " ranks runs on the CPU only for now (device " + device_.str() +
+                                  "; the CUDA backend has no chunked ops yet)");
+    if (!model_->set_batch_chunks(nullptr))
+      throw std::invalid_argument("model " + model_->name() +
+                                  " does not support data-parallel training (Model::set_batch_chunks)");
+  }
   if (!data_) data_ = make_dataset(cfg_.data, device_);
   if (data_->device() != device_)
     throw std::invalid_argument("Trainer: the dataset holds its splits on " + data_->device().str() +
@@ -391,21 +403,36 @@ void Trainer::run_step() {
   const int classes = model_->num_classes();
   const int64_t start = step_in_epoch_ * batch;
   const int b = static_cast<int>(std::min<int64_t>(batch, n - start));
-  if (!batch_x_.defined() || batch_x_.dim(0) != b) {
-    batch_x_ = Tensor::empty(batch_shape(b), DType::F32, device_);
-    batch_labels_ = Tensor::empty({b}, DType::I32, device_);
-    dlogits_ = Tensor::empty({b, classes}, DType::F32, device_);
-    sample_correct_ = Tensor::empty({b}, DType::F32, device_);
+  // This rank's chunks of the batch (all of it in one process, docs/distributed.md).
+  const BatchChunks plan(b, collective_);
+  const int local = plan.local_count();
+  const int64_t first = start + plan.local_begin();
+  if (!batch_x_.defined() || batch_x_.dim(0) != local) {
+    batch_x_ = Tensor::empty(batch_shape(local), DType::F32, device_);
+    batch_labels_ = Tensor::empty({local}, DType::I32, device_);
+    dlogits_ = Tensor::empty({local, classes}, DType::F32, device_);
+    sample_correct_ = Tensor::empty({local}, DType::F32, device_);
   }
-  ENGINE_DISPATCH(device_, gather_batch, b, static_cast<int>(data_->sample_shape().numel()),
-                  train.images.u8(), train.labels.u8(), permutation_.i32() + start,
+  ENGINE_DISPATCH(device_, gather_batch, local, static_cast<int>(data_->sample_shape().numel()),
+                  train.images.u8(), train.labels.u8(), permutation_.i32() + first,
                   static_cast<float>(cfg_.data.mean), static_cast<float>(cfg_.data.std), batch_x_.f32(),
                   batch_labels_.i32());
+  struct PlanScope {
+    Model& m;
+    ~PlanScope() { m.set_batch_chunks(nullptr); }
+  } plan_scope{*model_};
+  model_->set_batch_chunks(&plan);
   Tensor logits = model_->forward(batch_x_, Mode::Train, rng_);
-  ENGINE_DISPATCH(device_, cross_entropy, b, classes, logits.f32(), batch_labels_.i32(),
-                  scaler_->loss_scale(), dlogits_.f32(), epoch_sample_loss_.f32() + start,
-                  sample_correct_.f32());
+  if (device_.is_cpu())  // the gradient of the mean over the global batch
+    kernels::cpu::cross_entropy_part(local, b, classes, logits.f32(), batch_labels_.i32(),
+                                     scaler_->loss_scale(), dlogits_.f32(), epoch_sample_loss_.f32() + first,
+                                     sample_correct_.f32());
+  else
+    kernels::cuda::cross_entropy(b, classes, logits.f32(), batch_labels_.i32(), scaler_->loss_scale(),
+                                 dlogits_.f32(), epoch_sample_loss_.f32() + start, sample_correct_.f32());
   model_->backward(dlogits_);
+  // Every rank holds every sample's loss (the state is the same on all ranks).
+  plan.gather_samples(epoch_sample_loss_.f32() + start);
   const bool found_inf = scaler_->unscale(model_->parameters());
   scaler_->update(found_inf);
   if (!found_inf) optimizer_->step();
@@ -628,26 +655,38 @@ std::optional<EvalResult> Trainer::evaluate_impl(Split split, const RunControl* 
   Tensor correct = Tensor::empty({d.count}, DType::F32, device_);
   Tensor predictions = Tensor::empty({d.count}, DType::I32);  // host
   Tensor x, labels;
+  struct PlanScope {
+    Model& m;
+    ~PlanScope() { m.set_batch_chunks(nullptr); }
+  } plan_scope{*model_};
   for (int64_t start = 0; start < d.count; start += batch) {
     if (stop && stop->stop_requested()) return std::nullopt;
     const int b = static_cast<int>(std::min<int64_t>(batch, d.count - start));
-    if (!x.defined() || x.dim(0) != b) {
-      x = Tensor::empty(batch_shape(b), DType::F32, device_);
-      labels = Tensor::empty({b}, DType::I32, device_);
+    // Each rank evaluates its chunks of the batch; the per-sample results are gathered.
+    const BatchChunks plan(b, collective_);
+    const int local = plan.local_count();
+    const int64_t first = start + plan.local_begin();
+    if (!x.defined() || x.dim(0) != local) {
+      x = Tensor::empty(batch_shape(local), DType::F32, device_);
+      labels = Tensor::empty({local}, DType::I32, device_);
     }
-    ENGINE_DISPATCH(device_, gather_batch, b, static_cast<int>(data_->sample_shape().numel()), d.images.u8(),
-                    d.labels.u8(), idx.i32() + start, static_cast<float>(cfg_.data.mean),
+    ENGINE_DISPATCH(device_, gather_batch, local, static_cast<int>(data_->sample_shape().numel()), d.images.u8(),
+                    d.labels.u8(), idx.i32() + first, static_cast<float>(cfg_.data.mean),
                     static_cast<float>(cfg_.data.std), x.f32(), labels.i32());
+    model_->set_batch_chunks(&plan);
     Tensor logits = model_->forward(x, Mode::Eval, rng_);
-    ENGINE_DISPATCH(device_, cross_entropy, b, classes, logits.f32(), labels.i32(), 1.0f, nullptr,
-                    losses.f32() + start, correct.f32() + start);
+    ENGINE_DISPATCH(device_, cross_entropy, local, classes, logits.f32(), labels.i32(), 1.0f, nullptr,
+                    losses.f32() + first, correct.f32() + first);
     const std::vector<float> z = logits.to_vector();
-    for (int i = 0; i < b; ++i) {
+    for (int i = 0; i < local; ++i) {
       int arg = 0;
       for (int k = 1; k < classes; ++k)
         if (z[i * classes + k] > z[i * classes + arg]) arg = k;
-      predictions.i32()[start + i] = arg;
+      predictions.i32()[first + i] = arg;
     }
+    plan.gather_samples(losses.f32() + start);
+    plan.gather_samples(correct.f32() + start);
+    plan.gather_samples(predictions.i32() + start);
   }
   r.loss = ENGINE_DISPATCH(device_, reduce_sum, d.count, losses.f32()) / static_cast<double>(d.count);
   r.accuracy = ENGINE_DISPATCH(device_, reduce_sum, d.count, correct.f32()) / static_cast<double>(d.count);

@@ -41,6 +41,8 @@ class BatchNorm2d : public Layer {
   void release_workspaces() override { x_ = y_ = Tensor(); }
 
  private:
+  void forward_train_chunks(const Tensor& x);
+  void backward_chunks(const Tensor& dy, Tensor& dx);
   int channels_;
   float eps_, momentum_;
   Parameter weight_, bias_;

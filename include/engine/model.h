@@ -49,6 +49,11 @@ class Model : public Stateful {
   virtual void backward(const Tensor& dlogits) = 0;
   virtual std::vector<Parameter*> parameters() = 0;
   int64_t parameter_count();
+  // Data-parallel training (engine/batch_chunks.h): the next forward/backward computes
+  // only this rank's chunks of the global batch and completes every cross-sample sum
+  // with the other ranks. Null: the input is the whole batch. Returns whether the model
+  // supports it (the default does not; the trainer then runs it in one process only).
+  virtual bool set_batch_chunks(const BatchChunks*) { return false; }
 
   // A new instance of the same architecture and settings (input shape, classes,
   // dropout...), on the CPU in fp32, with parameters not yet initialised: what a
@@ -72,6 +77,7 @@ class SequentialModel : public Model {
   Tensor forward(const Tensor& x, Mode mode, Rng& rng) override;
   void backward(const Tensor& dlogits) override;
   std::vector<Parameter*> parameters() override;
+  bool set_batch_chunks(const BatchChunks* chunks) override;
   StateDict state() const override;
   void load_state(const StateDict& in) override;
 

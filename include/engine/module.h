@@ -12,6 +12,8 @@
 
 namespace engine {
 
+class BatchChunks;
+
 enum class Mode { Train, Eval };
 // Whether backward must produce the input gradient (the first layer's is not needed).
 enum class InputGrad { Needed, NotNeeded };
@@ -39,11 +41,15 @@ class Layer {
   // Frees the activation and gradient buffers kept between forward and backward
   // (re-created on the next forward): lowers the peak while checkpoints are written.
   virtual void release_workspaces() {}
+  // The chunks of the global batch this process computes (engine/batch_chunks.h), for
+  // the next forward and backward; null: the input is the whole batch, in one process.
+  void set_batch_chunks(const BatchChunks* chunks) { batch_chunks_ = chunks; }
 
  protected:
   // (Re)allocates `t` when its shape, dtype or device differ; returns it.
   static Tensor& ensure(Tensor& t, const Shape& shape, Device device, DType dtype = DType::F32);
   std::string name_;
+  const BatchChunks* batch_chunks_ = nullptr;
 };
 
 // Initialises a parameter uniformly in [-bound, bound] from the RNG's init stream

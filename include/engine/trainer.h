@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/collective.h"
 #include "engine/dataset.h"
 #include "engine/optimizer.h"
 #include "engine/rng.h"
@@ -116,8 +117,14 @@ class Trainer {
   // trainer moves the model to `device` and initialises its parameters from the seed;
   // the model's input shape and classes must match the dataset's. Loads the data (all
   // splits, or only the test set) onto `device` at once, so missing files fail here.
+  //
+  // Data-parallel (docs/distributed.md): with a `collective` of W ranks (1, 2, 4 or 8;
+  // null: one process), data.batch_size is the global batch; each rank computes its
+  // chunks of every batch and the ranks complete the sums in a fixed order, so every
+  // rank holds the state of the one-process run, bit for bit. It must outlive the trainer.
   Trainer(Config cfg, Device device, std::unique_ptr<Model> model, TrainerObserver* observer = nullptr,
-          SplitsNeeded splits = SplitsNeeded::All, std::unique_ptr<Dataset> data = nullptr);
+          SplitsNeeded splits = SplitsNeeded::All, std::unique_ptr<Dataset> data = nullptr,
+          Collective* collective = nullptr);
   ~Trainer();
 
   const Config& config() const { return cfg_; }
@@ -252,6 +259,10 @@ class Trainer {
   double epoch_elapsed_before_ = 0;
   // This epoch's training seconds so far, all sessions (0 at an epoch boundary).
   double epoch_elapsed_seconds() const;
+
+  // The ranks of a data-parallel run (collective_ points at single_process_ in one process).
+  SingleProcessCollective single_process_;
+  Collective* collective_ = &single_process_;
 
   // Workspaces.
   Tensor batch_x_, batch_labels_, permutation_, sample_correct_, eval_loss_, eval_correct_;

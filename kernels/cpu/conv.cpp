@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/chunk_tree.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/ops.h"
 
@@ -64,9 +65,22 @@ int chunk_begin(int n, int chunk) {
   return static_cast<int>(static_cast<int64_t>(n) * chunk / kBatchChunks);
 }
 
+// The fixed chunks of an n-sample batch: bounds[0..kBatchChunks].
+struct StandardBounds {
+  int b[kBatchChunks + 1];
+  explicit StandardBounds(int n) {
+    for (int c = 0; c <= kBatchChunks; ++c) b[c] = chunk_begin(n, c);
+  }
+};
+
 }  // namespace
 
 void conv2d_forward(const ConvShape& s, const float* x, const float* w, const float* b, float* y) {
+  conv2d_forward_chunks(s, kBatchChunks, StandardBounds(s.n).b, x, w, b, y);
+}
+
+void conv2d_forward_chunks(const ConvShape& s, int chunks, const int* bounds, const float* x,
+                           const float* w, const float* b, float* y) {
   blas_single_threaded();
   const int64_t ohw = static_cast<int64_t>(s.out_h()) * s.out_w();
   const int crs = s.c * s.r * s.s;
@@ -76,8 +90,8 @@ void conv2d_forward(const ConvShape& s, const float* x, const float* w, const fl
     float* col = thread_scratch(0, static_cast<std::size_t>(crs * ohw * kSubBatch));
     float* out = thread_scratch(1, static_cast<std::size_t>(s.k * ohw * kSubBatch));
 #pragma omp for schedule(static)
-    for (int chunk = 0; chunk < kBatchChunks; ++chunk) {
-      const int c0 = chunk_begin(s.n, chunk), c1 = chunk_begin(s.n, chunk + 1);
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      const int c0 = bounds[chunk], c1 = bounds[chunk + 1];
       for (int n0 = c0; n0 < c1; n0 += kSubBatch) {
         const int nb = std::min(kSubBatch, c1 - n0);
         const int64_t ld = nb * ohw;
@@ -161,6 +175,78 @@ void conv2d_backward(const ConvShape& s, const float* x, const float* w, const f
       for (int chunk = 0; chunk < kBatchChunks; ++chunk) acc += db_chunks[chunk * s.k + k];
       db[k] = static_cast<float>(acc);
     }
+}
+
+// conv2d_backward over the given chunks; the chunk partials are summed over the fixed
+// tree (kernels/chunk_tree.h) instead of in sequence.
+void conv2d_backward_chunks(const ConvShape& s, int chunks, const int* bounds, const float* x,
+                            const float* w, const float* dy, float* dx, float* dw_tree,
+                            double* db_tree) {
+  blas_single_threaded();
+  const int64_t ohw = static_cast<int64_t>(s.out_h()) * s.out_w();
+  const int crs = s.c * s.r * s.s;
+  const int64_t in_size = static_cast<int64_t>(s.c) * s.h * s.w;
+  const int64_t wsize = static_cast<int64_t>(s.k) * crs;
+  float* dw_chunks = thread_scratch(2, static_cast<std::size_t>(chunks * wsize));
+  std::vector<double> db_chunks(static_cast<std::size_t>(chunks) * s.k, 0.0);
+#pragma omp parallel
+  {
+    float* col = thread_scratch(0, static_cast<std::size_t>(crs * ohw * kSubBatch));
+    float* dyc = thread_scratch(1, static_cast<std::size_t>(s.k * ohw * kSubBatch));
+#pragma omp for schedule(static)
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      const int c0 = bounds[chunk], c1 = bounds[chunk + 1];
+      float* dw_c = dw_chunks + chunk * wsize;
+      double* db_c = db_chunks.data() + static_cast<int64_t>(chunk) * s.k;
+      if (c1 == c0) std::fill(dw_c, dw_c + wsize, 0.0f);
+      for (int n0 = c0; n0 < c1; n0 += kSubBatch) {
+        const int nb = std::min(kSubBatch, c1 - n0);
+        const int64_t ld = nb * ohw;
+        // dy of the sub-batch as [K, nb*OHW], and its columns.
+        for (int j = 0; j < nb; ++j) {
+          for (int k = 0; k < s.k; ++k)
+            std::memcpy(dyc + k * ld + j * ohw, dy + ((n0 + j) * static_cast<int64_t>(s.k) + k) * ohw,
+                        sizeof(float) * ohw);
+          im2col(s, x + (n0 + j) * in_size, col + j * ohw, ld);
+        }
+        for (int k = 0; k < s.k; ++k) {
+          // 16 float lanes, then double: vectorisable, fixed order.
+          float lanes[16] = {};
+          const float* row = dyc + k * ld;
+          int64_t i = 0;
+          for (; i + 16 <= ld; i += 16)
+            for (int j = 0; j < 16; ++j) lanes[j] += row[i + j];
+          double acc = 0.0;
+          for (; i < ld; ++i) acc += row[i];
+          for (int j = 0; j < 16; ++j) acc += lanes[j];
+          db_c[k] += acc;
+        }
+        // dW_chunk[K, CRS] (+)= dy_c[K, nb*OHW] * col^T[nb*OHW, CRS]
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.k, crs, static_cast<int>(ld), 1.0f,
+                    dyc, static_cast<int>(ld), col, static_cast<int>(ld), n0 == c0 ? 0.0f : 1.0f,
+                    dw_c, crs);
+        if (dx) {
+          // col[CRS, nb*OHW] = W^T[CRS, K] * dy_c[K, nb*OHW]
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, crs, static_cast<int>(ld), s.k, 1.0f,
+                      w, crs, dyc, static_cast<int>(ld), 0.0f, col, static_cast<int>(ld));
+          for (int j = 0; j < nb; ++j) col2im(s, col + j * ohw, ld, dx + (n0 + j) * in_size);
+        }
+      }
+    }
+  }
+  // The tree over the chunk partials, by slices of the weight (same bits as per element).
+  constexpr int64_t kSlice = 4096;
+  const int64_t slices = (wsize + kSlice - 1) / kSlice;
+#pragma omp parallel for schedule(static)
+  for (int64_t sl = 0; sl < slices; ++sl) {
+    const int64_t j0 = sl * kSlice, len = std::min(kSlice, wsize - j0);
+    tree_sum_in_place(dw_chunks + j0, chunks, wsize, len);
+    std::memcpy(dw_tree + j0, dw_chunks + j0, sizeof(float) * len);
+  }
+  if (db_tree) {
+    tree_sum_in_place(db_chunks.data(), chunks, s.k, s.k);
+    std::copy(db_chunks.begin(), db_chunks.begin() + s.k, db_tree);
+  }
 }
 
 }  // namespace engine::kernels::cpu

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/batchnorm_math.h"
+#include "kernels/chunk_tree.h"
 #include "kernels/ops.h"
 
 namespace engine::kernels::cpu {
@@ -173,6 +175,12 @@ void dropout_backward(int64_t n, const float* dy, const uint8_t* keep, float p, 
 
 void cross_entropy(int n, int classes, const float* logits, const int32_t* labels,
                    float grad_scale, float* dlogits, float* sample_loss, float* sample_correct) {
+  cross_entropy_part(n, n, classes, logits, labels, grad_scale, dlogits, sample_loss, sample_correct);
+}
+
+void cross_entropy_part(int n, int batch_total, int classes, const float* logits,
+                        const int32_t* labels, float grad_scale, float* dlogits,
+                        float* sample_loss, float* sample_correct) {
   // One exp per logit (the reference takes two: one for the sum, one for the softmax):
   // the exponentials are kept and the softmax is e_k / sum.
 #pragma omp parallel
@@ -197,7 +205,7 @@ void cross_entropy(int n, int classes, const float* logits, const int32_t* label
       const double inv_sum = 1.0 / sum;
       float* d = dlogits + static_cast<int64_t>(i) * classes;
       for (int k = 0; k < classes; ++k)
-        d[k] = static_cast<float>((e[k] * inv_sum - (k == label ? 1.0 : 0.0)) * grad_scale / n);
+        d[k] = static_cast<float>((e[k] * inv_sum - (k == label ? 1.0 : 0.0)) * grad_scale / batch_total);
     }
   }
 }
@@ -244,6 +252,148 @@ void unscale_check(int64_t n, float* grad, float inv_scale, int32_t* found_inf) 
   for (int64_t i = 0; i < n; ++i)
     if (unscale_element(grad[i], inv_scale)) found = 1;
   if (found) *found_inf = 1;
+}
+
+// ---- batch norm by chunks: per (channel, chunk) sums in the order of the unchunked
+// op (samples in sequence, 16-lane plane sums), then the fixed tree over the chunks.
+// The per-channel helpers serve both the separate steps (data-parallel: sums exchanged
+// in between) and the fused one-process ops, so the two give the same bits.
+
+namespace {
+
+const float* bn_plane(const BatchNormShape& s, const float* t, int n, int c) {
+  return t + (static_cast<int64_t>(n) * s.c + c) * s.hw;
+}
+
+double bn_channel_sum(const BatchNormShape& s, int chunks, const int* bounds, const float* x, int c) {
+  double part[kTreeChunks];
+  for (int k = 0; k < chunks; ++k) {
+    double sum = 0.0;
+    for (int n = bounds[k]; n < bounds[k + 1]; ++n) {
+      const float* xp = bn_plane(s, x, n, c);
+      sum += plane_sum(s.hw, [xp](int i) { return xp[i]; });
+    }
+    part[k] = sum;
+  }
+  return tree_sum(part, chunks);
+}
+
+double bn_channel_centered_sq(const BatchNormShape& s, int chunks, const int* bounds, const float* x, int c,
+                              float mean) {
+  double part[kTreeChunks];
+  for (int k = 0; k < chunks; ++k) {
+    double sq = 0.0;
+    for (int n = bounds[k]; n < bounds[k + 1]; ++n) {
+      const float* xp = bn_plane(s, x, n, c);
+      sq += plane_sum(s.hw, [xp, mean](int i) {
+        const float d = xp[i] - mean;
+        return d * d;
+      });
+    }
+    part[k] = sq;
+  }
+  return tree_sum(part, chunks);
+}
+
+void bn_channel_scale_shift(const BatchNormShape& s, const float* x, int c, float a, float b, float* y) {
+  for (int n = 0; n < s.n; ++n) {
+    const int64_t off = (static_cast<int64_t>(n) * s.c + c) * s.hw;
+    for (int i = 0; i < s.hw; ++i) y[off + i] = x[off + i] * a + b;
+  }
+}
+
+void bn_channel_backward_sums(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
+                              const float* dy, int c, float mean, double& sum_dy_tree, double& sum_dy_xc_tree) {
+  double p_dy[kTreeChunks], p_xc[kTreeChunks];
+  for (int k = 0; k < chunks; ++k) {
+    double sum_dy = 0.0, sum_dy_xc = 0.0;
+    for (int n = bounds[k]; n < bounds[k + 1]; ++n) {
+      const float* dp = bn_plane(s, dy, n, c);
+      const float* xp = bn_plane(s, x, n, c);
+      sum_dy += plane_sum(s.hw, [dp](int i) { return dp[i]; });
+      sum_dy_xc += plane_sum(s.hw, [dp, xp, mean](int i) { return dp[i] * (xp[i] - mean); });
+    }
+    p_dy[k] = sum_dy;
+    p_xc[k] = sum_dy_xc;
+  }
+  sum_dy_tree = tree_sum(p_dy, chunks);
+  sum_dy_xc_tree = tree_sum(p_xc, chunks);
+}
+
+void bn_channel_backward_apply(const BatchNormShape& s, const float* x, const float* dy, int c, float mean,
+                               float k, float mean_dy, float proj, float* dx) {
+  for (int n = 0; n < s.n; ++n) {
+    const int64_t off = (static_cast<int64_t>(n) * s.c + c) * s.hw;
+    for (int i = 0; i < s.hw; ++i) dx[off + i] = k * (dy[off + i] - mean_dy - (x[off + i] - mean) * proj);
+  }
+}
+
+}  // namespace
+
+void batchnorm_chunk_sums(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
+                          double* sum_tree) {
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < s.c; ++c) sum_tree[c] = bn_channel_sum(s, chunks, bounds, x, c);
+}
+
+void batchnorm_chunk_centered_squares(const BatchNormShape& s, int chunks, const int* bounds,
+                                      const float* x, const float* mean, double* sq_tree) {
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < s.c; ++c) sq_tree[c] = bn_channel_centered_sq(s, chunks, bounds, x, c, mean[c]);
+}
+
+void batchnorm_scale_shift(const BatchNormShape& s, const float* x, const float* scale,
+                           const float* shift, float* y) {
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < s.c; ++c) bn_channel_scale_shift(s, x, c, scale[c], shift[c], y);
+}
+
+void batchnorm_backward_chunk_sums(const BatchNormShape& s, int chunks, const int* bounds,
+                                   const float* x, const float* dy, const float* mean,
+                                   double* sum_dy_tree, double* sum_dy_xc_tree) {
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < s.c; ++c)
+    bn_channel_backward_sums(s, chunks, bounds, x, dy, c, mean[c], sum_dy_tree[c], sum_dy_xc_tree[c]);
+}
+
+void batchnorm_backward_apply(const BatchNormShape& s, const float* x, const float* dy,
+                              const float* mean, const float* k, const float* mean_dy,
+                              const float* proj, float* dx) {
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < s.c; ++c) bn_channel_backward_apply(s, x, dy, c, mean[c], k[c], mean_dy[c], proj[c], dx);
+}
+
+void batchnorm_forward_train_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
+                                    const float* gamma, const float* beta, float eps, float momentum,
+                                    float* running_mean, float* running_var, float* save_mean,
+                                    float* save_invstd, float* y) {
+  const double m = static_cast<double>(s.n) * s.hw;
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < s.c; ++c) {
+    const double sum = bn_channel_sum(s, chunks, bounds, x, c);
+    const float mean_f = static_cast<float>(bn_mean(sum, m));
+    const double sq = bn_channel_centered_sq(s, chunks, bounds, x, c, mean_f);
+    const BnForwardFactors f =
+        bn_forward_finish(sum, sq, m, gamma[c], beta[c], eps, momentum, running_mean[c], running_var[c]);
+    save_mean[c] = f.save_mean;
+    save_invstd[c] = f.save_invstd;
+    bn_channel_scale_shift(s, x, c, f.scale, f.shift, y);
+  }
+}
+
+void batchnorm_backward_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
+                               const float* dy, const float* gamma, const float* save_mean,
+                               const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
+  const double m = static_cast<double>(s.n) * s.hw;
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < s.c; ++c) {
+    double sum_dy = 0.0, sum_dy_xc = 0.0;
+    bn_channel_backward_sums(s, chunks, bounds, x, dy, c, save_mean[c], sum_dy, sum_dy_xc);
+    const BnBackwardFactors f = bn_backward_finish(sum_dy, sum_dy_xc, m, gamma[c], save_invstd[c]);
+    bn_channel_backward_apply(s, x, dy, c, save_mean[c], f.k, f.mean_dy, f.proj, dx);
+    dgamma[c] = f.dgamma;
+    dbeta[c] = f.dbeta;
+  }
 }
 
 }  // namespace engine::kernels::cpu

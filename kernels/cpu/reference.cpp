@@ -5,6 +5,8 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/batchnorm_math.h"
+#include "kernels/chunk_tree.h"
 #include "kernels/ops.h"
 
 namespace engine::kernels::ref {
@@ -237,6 +239,12 @@ void dropout_backward(int64_t n, const float* dy, const uint8_t* keep, float p, 
 
 void cross_entropy(int n, int classes, const float* logits, const int32_t* labels,
                    float grad_scale, float* dlogits, float* sample_loss, float* sample_correct) {
+  cross_entropy_part(n, n, classes, logits, labels, grad_scale, dlogits, sample_loss, sample_correct);
+}
+
+void cross_entropy_part(int n, int batch_total, int classes, const float* logits,
+                        const int32_t* labels, float grad_scale, float* dlogits,
+                        float* sample_loss, float* sample_correct) {
   for (int i = 0; i < n; ++i) {
     const float* z = logits + static_cast<int64_t>(i) * classes;
     int arg = 0;
@@ -252,7 +260,7 @@ void cross_entropy(int n, int classes, const float* logits, const int32_t* label
       for (int k = 0; k < classes; ++k) {
         const double softmax = std::exp(z[k] - lse);
         dlogits[static_cast<int64_t>(i) * classes + k] =
-            static_cast<float>((softmax - (k == labels[i] ? 1.0 : 0.0)) * grad_scale / n);
+            static_cast<float>((softmax - (k == labels[i] ? 1.0 : 0.0)) * grad_scale / batch_total);
       }
   }
 }
@@ -282,6 +290,174 @@ void adam_update(int64_t n, float* param, const float* grad, float* exp_avg, flo
 void unscale_check(int64_t n, float* grad, float inv_scale, int32_t* found_inf) {
   for (int64_t i = 0; i < n; ++i)
     if (unscale_element(grad[i], inv_scale)) *found_inf = 1;
+}
+
+// ---- chunked ops: the unchunked reference op per chunk, the chunk partials summed in
+// double over the fixed tree ----------------------------------------------------------
+
+namespace {
+// The tree sum (double) of `chunks` partial vectors of `len` floats each.
+void tree_of_partials(const std::vector<float>& parts, int chunks, int64_t len, float* out_f,
+                      double* out_d) {
+  std::vector<double> acc(parts.begin(), parts.end());
+  tree_sum_in_place(acc.data(), chunks, len, len);
+  for (int64_t j = 0; j < len; ++j) {
+    if (out_f) out_f[j] = static_cast<float>(acc[j]);
+    if (out_d) out_d[j] = acc[j];
+  }
+}
+}  // namespace
+
+void conv2d_forward_chunks(const ConvShape& s, int, const int*, const float* x, const float* w,
+                           const float* b, float* y) {
+  conv2d_forward(s, x, w, b, y);  // no cross-sample sum: chunks do not matter
+}
+
+void linear_forward_chunks(const LinearShape& s, int, const int*, const float* x, const float* w,
+                           const float* b, float* y) {
+  linear_forward(s, x, w, b, y);
+}
+
+void conv2d_backward_chunks(const ConvShape& s, int chunks, const int* bounds, const float* x,
+                            const float* w, const float* dy, float* dx, float* dw_tree,
+                            double* db_tree) {
+  const int64_t in_size = static_cast<int64_t>(s.c) * s.h * s.w;
+  const int64_t out_size = static_cast<int64_t>(s.k) * s.out_h() * s.out_w();
+  const int64_t wsize = static_cast<int64_t>(s.k) * s.c * s.r * s.s;
+  std::vector<float> dw_parts(static_cast<std::size_t>(chunks * wsize), 0.0f);
+  std::vector<float> db_parts(static_cast<std::size_t>(chunks) * s.k, 0.0f);
+  for (int c = 0; c < chunks; ++c) {
+    ConvShape sc = s;
+    sc.n = bounds[c + 1] - bounds[c];
+    if (sc.n == 0) continue;
+    conv2d_backward(sc, x + bounds[c] * in_size, w, dy + bounds[c] * out_size,
+                    dx ? dx + bounds[c] * in_size : nullptr, dw_parts.data() + c * wsize,
+                    db_parts.data() + static_cast<int64_t>(c) * s.k);
+  }
+  tree_of_partials(dw_parts, chunks, wsize, dw_tree, nullptr);
+  if (db_tree) tree_of_partials(db_parts, chunks, s.k, nullptr, db_tree);
+}
+
+void linear_backward_chunks(const LinearShape& s, int chunks, const int* bounds, const float* x,
+                            const float* w, const float* dy, float* dx, float* dw_tree,
+                            double* db_tree) {
+  const int64_t wsize = static_cast<int64_t>(s.out) * s.in;
+  std::vector<float> dw_parts(static_cast<std::size_t>(chunks * wsize), 0.0f);
+  std::vector<float> db_parts(static_cast<std::size_t>(chunks) * s.out, 0.0f);
+  for (int c = 0; c < chunks; ++c) {
+    LinearShape sc = s;
+    sc.n = bounds[c + 1] - bounds[c];
+    if (sc.n == 0) continue;
+    linear_backward(sc, x + static_cast<int64_t>(bounds[c]) * s.in, w,
+                    dy + static_cast<int64_t>(bounds[c]) * s.out,
+                    dx ? dx + static_cast<int64_t>(bounds[c]) * s.in : nullptr,
+                    dw_parts.data() + c * wsize, db_parts.data() + static_cast<int64_t>(c) * s.out);
+  }
+  tree_of_partials(dw_parts, chunks, wsize, dw_tree, nullptr);
+  if (db_tree) tree_of_partials(db_parts, chunks, s.out, nullptr, db_tree);
+}
+
+void batchnorm_chunk_sums(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
+                          double* sum_tree) {
+  std::vector<double> parts(static_cast<std::size_t>(chunks) * s.c, 0.0);
+  for (int k = 0; k < chunks; ++k)
+    for (int c = 0; c < s.c; ++c)
+      for (int n = bounds[k]; n < bounds[k + 1]; ++n)
+        for (int i = 0; i < s.hw; ++i) parts[k * s.c + c] += x[bn_index(s, n, c, i)];
+  for (int c = 0; c < s.c; ++c) sum_tree[c] = tree_sum(parts.data() + c, chunks, s.c);
+}
+
+void batchnorm_chunk_centered_squares(const BatchNormShape& s, int chunks, const int* bounds,
+                                      const float* x, const float* mean, double* sq_tree) {
+  std::vector<double> parts(static_cast<std::size_t>(chunks) * s.c, 0.0);
+  for (int k = 0; k < chunks; ++k)
+    for (int c = 0; c < s.c; ++c)
+      for (int n = bounds[k]; n < bounds[k + 1]; ++n)
+        for (int i = 0; i < s.hw; ++i) {
+          const double d = static_cast<double>(x[bn_index(s, n, c, i)]) - mean[c];
+          parts[k * s.c + c] += d * d;
+        }
+  for (int c = 0; c < s.c; ++c) sq_tree[c] = tree_sum(parts.data() + c, chunks, s.c);
+}
+
+void batchnorm_scale_shift(const BatchNormShape& s, const float* x, const float* scale,
+                           const float* shift, float* y) {
+  for (int n = 0; n < s.n; ++n)
+    for (int c = 0; c < s.c; ++c)
+      for (int i = 0; i < s.hw; ++i) {
+        const int64_t j = bn_index(s, n, c, i);
+        y[j] = static_cast<float>(static_cast<double>(x[j]) * scale[c] + shift[c]);
+      }
+}
+
+void batchnorm_backward_chunk_sums(const BatchNormShape& s, int chunks, const int* bounds,
+                                   const float* x, const float* dy, const float* mean,
+                                   double* sum_dy_tree, double* sum_dy_xc_tree) {
+  std::vector<double> p_dy(static_cast<std::size_t>(chunks) * s.c, 0.0), p_xc(p_dy);
+  for (int k = 0; k < chunks; ++k)
+    for (int c = 0; c < s.c; ++c)
+      for (int n = bounds[k]; n < bounds[k + 1]; ++n)
+        for (int i = 0; i < s.hw; ++i) {
+          const int64_t j = bn_index(s, n, c, i);
+          p_dy[k * s.c + c] += dy[j];
+          p_xc[k * s.c + c] += static_cast<double>(dy[j]) * (static_cast<double>(x[j]) - mean[c]);
+        }
+  for (int c = 0; c < s.c; ++c) {
+    sum_dy_tree[c] = tree_sum(p_dy.data() + c, chunks, s.c);
+    sum_dy_xc_tree[c] = tree_sum(p_xc.data() + c, chunks, s.c);
+  }
+}
+
+void batchnorm_backward_apply(const BatchNormShape& s, const float* x, const float* dy,
+                              const float* mean, const float* k, const float* mean_dy,
+                              const float* proj, float* dx) {
+  for (int n = 0; n < s.n; ++n)
+    for (int c = 0; c < s.c; ++c)
+      for (int i = 0; i < s.hw; ++i) {
+        const int64_t j = bn_index(s, n, c, i);
+        const double xc = static_cast<double>(x[j]) - mean[c];
+        dx[j] = static_cast<float>(static_cast<double>(k[c]) * (dy[j] - static_cast<double>(mean_dy[c]) -
+                                                                xc * proj[c]));
+      }
+}
+
+void batchnorm_forward_train_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
+                                    const float* gamma, const float* beta, float eps, float momentum,
+                                    float* running_mean, float* running_var, float* save_mean,
+                                    float* save_invstd, float* y) {
+  const double m = static_cast<double>(s.n) * s.hw;
+  std::vector<double> sum(s.c), sq(s.c);
+  std::vector<float> mean(s.c), scale(s.c), shift(s.c);
+  batchnorm_chunk_sums(s, chunks, bounds, x, sum.data());
+  for (int c = 0; c < s.c; ++c) mean[c] = static_cast<float>(bn_mean(sum[c], m));
+  batchnorm_chunk_centered_squares(s, chunks, bounds, x, mean.data(), sq.data());
+  for (int c = 0; c < s.c; ++c) {
+    const BnForwardFactors f =
+        bn_forward_finish(sum[c], sq[c], m, gamma[c], beta[c], eps, momentum, running_mean[c], running_var[c]);
+    scale[c] = f.scale;
+    shift[c] = f.shift;
+    save_mean[c] = f.save_mean;
+    save_invstd[c] = f.save_invstd;
+  }
+  batchnorm_scale_shift(s, x, scale.data(), shift.data(), y);
+}
+
+void batchnorm_backward_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
+                               const float* dy, const float* gamma, const float* save_mean,
+                               const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
+  const double m = static_cast<double>(s.n) * s.hw;
+  std::vector<double> sum_dy(s.c), sum_dy_xc(s.c);
+  std::vector<float> k(s.c), mean_dy(s.c), proj(s.c);
+  batchnorm_backward_chunk_sums(s, chunks, bounds, x, dy, save_mean, sum_dy.data(), sum_dy_xc.data());
+  for (int c = 0; c < s.c; ++c) {
+    const BnBackwardFactors f = bn_backward_finish(sum_dy[c], sum_dy_xc[c], m, gamma[c], save_invstd[c]);
+    k[c] = f.k;
+    mean_dy[c] = f.mean_dy;
+    proj[c] = f.proj;
+    dgamma[c] = f.dgamma;
+    dbeta[c] = f.dbeta;
+  }
+  batchnorm_backward_apply(s, x, dy, save_mean, k.data(), mean_dy.data(), proj.data(), dx);
 }
 
 }  // namespace engine::kernels::ref

@@ -1,0 +1,84 @@
+#include "engine/collective.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "dist/mpi_entry.h"
+
+namespace engine {
+
+std::vector<int64_t> Collective::agree_max(const std::vector<int64_t>& local) {
+  const int w = size();
+  std::vector<int64_t> all(local.size() * static_cast<std::size_t>(w));
+  allgather(local.data(), local.size() * sizeof(int64_t), all.data());
+  std::vector<int64_t> out = local;
+  for (int r = 0; r < w; ++r)
+    for (std::size_t i = 0; i < local.size(); ++i) out[i] = std::max(out[i], all[r * local.size() + i]);
+  return out;
+}
+
+void SingleProcessCollective::allgather(const void* send, std::size_t bytes, void* recv) {
+  if (bytes) std::memmove(recv, send, bytes);
+}
+
+void require_valid_world_size(int world_size) {
+  if (world_size == 1 || world_size == 2 || world_size == 4 || world_size == 8) return;
+  throw std::invalid_argument("world size " + std::to_string(world_size) +
+                              " is not supported: a batch is cut into 8 fixed chunks, so the "
+                              "ranks must divide them; run on 1, 2, 4 or 8 ranks");
+}
+
+namespace {
+// A non-negative integer environment variable, or -1 when unset or not a number.
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return -1;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < 0 || x > (1 << 24)) return -1;
+  return static_cast<int>(x);
+}
+}  // namespace
+
+LaunchInfo detect_launch() {
+  LaunchInfo l;
+  struct Source {
+    const char *launcher, *rank, *size, *local_rank;
+  };
+  // Open MPI's mpirun first (it may itself run under Slurm), then srun, then PMI(x).
+  const Source sources[] = {
+      {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+      {"srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
+      {"pmi", "PMIX_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
+      {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
+  };
+  for (const Source& s : sources) {
+    const int rank = env_int(s.rank), size = env_int(s.size);
+    if (rank < 0 || size < 1 || rank >= size) continue;
+    // srun sets SLURM_PROCID for every job step; only a step it launched has SLURM_STEP_ID.
+    if (std::string(s.launcher) == "srun" && !std::getenv("SLURM_STEP_ID")) continue;
+    l.launched = true;
+    l.launcher = s.launcher;
+    l.rank = rank;
+    l.size = size;
+    l.local_rank = std::max(0, env_int(s.local_rank));
+    return l;
+  }
+  return l;
+}
+
+std::unique_ptr<Collective> make_process_collective(const LaunchInfo& launch) {
+  if (!launch.launched) return std::make_unique<SingleProcessCollective>();
+  if (!mpi_built()) {
+    if (launch.size == 1) return std::make_unique<SingleProcessCollective>();
+    throw std::runtime_error("started by " + launch.launcher + " as rank " + std::to_string(launch.rank) +
+                             " of " + std::to_string(launch.size) +
+                             ", but this engine was built without MPI (install libopenmpi-dev and "
+                             "reconfigure)");
+  }
+  return dist::make_mpi_collective(launch);
+}
+
+}  // namespace engine

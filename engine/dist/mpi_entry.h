@@ -1,0 +1,14 @@
+// The MPI side of engine/dist: engine/dist/mpi_collective.cpp where CMake found MPI,
+// engine/dist/no_mpi.cpp otherwise (cmake/engine_mpi.cmake picks one).
+#pragma once
+#include <memory>
+
+#include "engine/collective.h"
+
+namespace engine::dist {
+
+// Initialises MPI (once per process) and returns the collective over MPI_COMM_WORLD;
+// MPI_Finalize runs at exit.
+std::unique_ptr<Collective> make_mpi_collective(const LaunchInfo& launch);
+
+}  // namespace engine::dist

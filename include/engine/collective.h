@@ -1,0 +1,69 @@
+// The exchanges of data-parallel training between the ranks of one job
+// (docs/distributed.md). No MPI or NCCL header here: the MPI implementation lives in
+// engine/dist/mpi_collective.cpp, compiled when CMake finds MPI.
+//
+// Every cross-rank sum in the engine is a gather followed by an ordered sum that each
+// rank computes itself (kernels/chunk_tree.h), never a library reduction whose order
+// the library picks: so the interface has gathers and broadcasts, not reductions.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace engine {
+
+class Collective {
+ public:
+  virtual ~Collective() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "single", "mpi", or a test's own name: for messages.
+  virtual std::string name() const = 0;
+  // Every rank gives `bytes` bytes at `send`; `recv` (size() * bytes) receives rank r's
+  // at offset r * bytes, on every rank. `send` may not overlap `recv`.
+  virtual void allgather(const void* send, std::size_t bytes, void* recv) = 0;
+  // The `bytes` bytes at `data` on rank `root` copied into `data` on every rank.
+  virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
+
+  // Agreement on a small vector (stop flags, a step number): every rank gets the
+  // element-wise maximum of all ranks' `local` (which must have the same length on
+  // every rank). Built on allgather: the same answer on every rank.
+  std::vector<int64_t> agree_max(const std::vector<int64_t>& local);
+};
+
+// One process, no exchange: rank 0 of 1. Makes no MPI call.
+class SingleProcessCollective final : public Collective {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string name() const override { return "single"; }
+  void allgather(const void* send, std::size_t bytes, void* recv) override;
+  void broadcast(void*, std::size_t, int) override {}
+};
+
+// World sizes that give the same bits as one process: those dividing the 8 chunks of
+// a batch (1, 2, 4, 8). Throws std::invalid_argument naming them for any other size.
+void require_valid_world_size(int world_size);
+
+// How this process was started, from the launcher's environment variables (Open MPI's
+// mpirun: OMPI_COMM_WORLD_*; Slurm's srun: SLURM_PROCID/SLURM_NTASKS; PMI/PMIx).
+struct LaunchInfo {
+  bool launched = false;  // started by mpirun or srun
+  std::string launcher;   // "mpirun", "srun", "pmi" or ""
+  int rank = 0, size = 1, local_rank = 0;
+};
+LaunchInfo detect_launch();
+
+// Whether this build has the MPI collective, and the MPI library's version string
+// ("" without MPI).
+bool mpi_built();
+std::string mpi_library_version();
+
+// This process's collective: MPI (initialised here) when started by a launcher and the
+// build has MPI, the single-process one otherwise (no MPI call at all). Throws
+// std::runtime_error when a launcher started several ranks and the build has no MPI.
+std::unique_ptr<Collective> make_process_collective(const LaunchInfo& launch);
+
+}  // namespace engine

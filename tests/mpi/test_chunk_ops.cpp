@@ -1,0 +1,629 @@
+// The chunked ops (kernels/chunk_ops.inc): the fast CPU path against the reference with
+// tolerances derived like tests/test_kernels.cpp's, the reference against the unchunked
+// reference, backward passes against finite differences (tests/gradcheck.h), and the
+// property data parallelism rests on: an op run on one rank's chunks, its subtree sums
+// then summed over the ranks by the fixed tree, gives the bits of the op run on the
+// whole batch, for W = 2, 4 and 8.
+//
+// Tolerances (u = 2^-24): a float sum of T products against the double reference
+//   u |ref| + 16 u sqrt(T) ||t||_2, with T = terms + chunks (the tree adds one rounding
+// per level, at most log2(8) = 3 <= chunks), ||t||_2 from the reference op on squared
+// inputs; a sum of T terms of magnitudes sum|t|: 2 u |ref| + 16 u sqrt(T) sum|t|. Both
+// ~40 standard deviations of the rounding walk and far below a missing or doubled term
+// (test_kernels.cpp explains the margins).
+#include <doctest/doctest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gradcheck.h"
+#include "kernels/batchnorm_math.h"
+#include "kernels/chunk_tree.h"
+#include "kernels/ops.h"
+
+namespace {
+
+namespace ref = engine::kernels::ref;
+namespace cpu = engine::kernels::cpu;
+using engine::kernels::BatchNormShape;
+using engine::kernels::ConvShape;
+using engine::kernels::LinearShape;
+using engine::kernels::kTreeChunks;
+using engine::kernels::tree_chunk_begin;
+using gradcheck::Result;
+
+constexpr double kU = 1.0 / 16777216.0;
+
+#define CHECK_GRAD(name, result)                                 \
+  do {                                                           \
+    const Result r_ = (result);                                  \
+    CHECK_MESSAGE(r_.ok(), gradcheck::describe(name, r_));       \
+  } while (0)
+
+std::vector<float> uniform(std::size_t n, std::mt19937& g, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
+std::vector<float> squared(const std::vector<float>& v) {
+  std::vector<float> s(v);
+  for (float& x : s) x *= x;
+  return s;
+}
+
+template <class T, class Tol>
+void check_close(const std::string& what, const std::vector<T>& got, const std::vector<T>& want, Tol tol) {
+  REQUIRE(got.size() == want.size());
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(static_cast<double>(got[i]) - static_cast<double>(want[i])) <= tol(i)) && bad++ == 0) first = i;
+  if (bad)
+    FAIL_CHECK(what << ": " << bad << " of " << got.size() << " outside tolerance; first [" << first << "] got "
+                    << got[first] << " want " << want[first] << " tol " << tol(first));
+}
+
+template <class T>
+void check_bits(const std::string& what, const std::vector<T>& got, const std::vector<T>& want) {
+  REQUIRE(got.size() == want.size());
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) bad += std::memcmp(&got[i], &want[i], sizeof(T)) != 0;
+  CHECK_MESSAGE(bad == 0, what << ": " << bad << " of " << got.size() << " elements differ bitwise");
+}
+
+double gemm_tol(double ref_value, double sum_sq, double terms) {
+  return kU * std::fabs(ref_value) + 16.0 * kU * std::sqrt(terms) * std::sqrt(sum_sq) + 1e-30;
+}
+double sum_tol(double ref_value, double sum_abs, double terms) {
+  return 2.0 * kU * std::fabs(ref_value) + 16.0 * kU * std::sqrt(terms) * sum_abs + 1e-37;
+}
+
+// One rank's share of an n-sample batch: its chunks' bounds relative to its first sample.
+struct Share {
+  int first = 0, count = 0, chunks = kTreeChunks;
+  std::vector<int> bounds;
+};
+Share share(int n, int rank, int world) {
+  Share s;
+  s.chunks = kTreeChunks / world;
+  const int c0 = kTreeChunks * rank / world;
+  s.first = tree_chunk_begin(n, c0);
+  for (int c = 0; c <= s.chunks; ++c) s.bounds.push_back(tree_chunk_begin(n, c0 + c) - s.first);
+  s.count = s.bounds.back();
+  return s;
+}
+Share whole(int n) { return share(n, 0, 1); }
+
+// Sums W ranks' subtree vectors (rank-major, len each) over the top of the tree.
+template <class T>
+std::vector<T> top_of_tree(std::vector<T> parts, int world, std::size_t len) {
+  engine::kernels::tree_sum_in_place(parts.data(), world, static_cast<int64_t>(len), static_cast<int64_t>(len));
+  parts.resize(len);
+  return parts;
+}
+
+template <class T>
+std::vector<T> slice(const std::vector<T>& v, std::size_t per_sample, int first, int count) {
+  return std::vector<T>(v.begin() + first * per_sample, v.begin() + (first + count) * per_sample);
+}
+
+const ConvShape kConv[] = {
+    {13, 3, 6, 5, 7, 3, 3, 1},  // odd sizes, chunks of 1-2 samples
+    {16, 32, 14, 14, 8, 3, 3, 1},  // conv2-like, sub-batches of 2
+    {5, 2, 4, 4, 3, 3, 3, 0},   // fewer samples than chunks: empty chunks
+    {24, 1, 28, 28, 4, 3, 3, 1},  // conv1-like, 3 samples per chunk
+};
+const LinearShape kLinear[] = {{13, 17, 9}, {5, 7, 3}, {64, 128, 10}, {24, 3136, 16}};
+const BatchNormShape kBn[] = {{13, 3, 30}, {5, 4, 7}, {24, 8, 49}, {16, 2, 1}};
+
+}  // namespace
+
+TEST_CASE("tree_sum and tree_sum_in_place are ((c0+c1)+(c2+c3))+((c4+c5)+(c6+c7))") {
+  const float v[8] = {1e8f, 1.0f, -1e8f, 3.0f, 0.5f, 1e-3f, 7e7f, -7e7f};
+  const float want = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+  CHECK(engine::kernels::tree_sum(v, 8) == want);
+  std::vector<float> p(v, v + 8);
+  engine::kernels::tree_sum_in_place(p.data(), 8, 1, 1);
+  CHECK(p[0] == want);
+  CHECK(engine::kernels::tree_sum(v, 2) == v[0] + v[1]);
+  CHECK(engine::kernels::tree_sum(v, 1) == v[0]);
+}
+
+TEST_CASE("conv2d chunked: cpu matches ref; ref matches the unchunked ref; ranks' subtrees give the whole batch's bits") {
+  std::mt19937 g(11);
+  for (const ConvShape& s : kConv) {
+    CAPTURE(s.n);
+    CAPTURE(s.c);
+    const int ohw = s.out_h() * s.out_w();
+    const std::size_t in = static_cast<std::size_t>(s.c) * s.h * s.w, out = static_cast<std::size_t>(s.k) * ohw;
+    const std::size_t nw = static_cast<std::size_t>(s.k) * s.c * s.r * s.s;
+    const float bound = 1.0f / std::sqrt(static_cast<float>(s.c * s.r * s.s));
+    const auto x = uniform(in * s.n, g, -1, 1), w = uniform(nw, g, -bound, bound), b = uniform(s.k, g, -1, 1);
+    const auto dy = uniform(out * s.n, g, -1, 1);
+    const Share all = whole(s.n);
+
+    std::vector<float> y(out * s.n), y_ref(out * s.n);
+    cpu::conv2d_forward_chunks(s, all.chunks, all.bounds.data(), x.data(), w.data(), b.data(), y.data());
+    ref::conv2d_forward(s, x.data(), w.data(), b.data(), y_ref.data());
+    std::vector<float> y_plain(out * s.n);
+    cpu::conv2d_forward(s, x.data(), w.data(), b.data(), y_plain.data());
+    check_bits("conv forward chunks = conv2d_forward", y, y_plain);
+
+    std::vector<float> dx(in * s.n), dw(nw);
+    std::vector<double> db(s.k);
+    cpu::conv2d_backward_chunks(s, all.chunks, all.bounds.data(), x.data(), w.data(), dy.data(), dx.data(), dw.data(),
+                                db.data());
+    std::vector<float> dx_ref(in * s.n), dw_ref(nw), db_ref(s.k), dx_sq(in * s.n), dw_sq(nw), db_sq(s.k);
+    ref::conv2d_backward(s, x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(), db_ref.data());
+    ref::conv2d_backward(s, squared(x).data(), squared(w).data(), squared(dy).data(), dx_sq.data(), dw_sq.data(),
+                         db_sq.data());
+    std::vector<double> dy_abs(s.k, 0.0);
+    for (int n = 0; n < s.n; ++n)
+      for (int k = 0; k < s.k; ++k)
+        for (int i = 0; i < ohw; ++i) dy_abs[k] += std::fabs(dy[(static_cast<std::size_t>(n) * s.k + k) * ohw + i]);
+    const double terms = static_cast<double>(s.n) * ohw + kTreeChunks;
+    check_close("conv dx", dx, dx_ref, [&](std::size_t i) { return gemm_tol(dx_ref[i], dx_sq[i], s.k * s.r * s.s); });
+    check_close("conv dw", dw, dw_ref, [&](std::size_t i) { return gemm_tol(dw_ref[i], dw_sq[i], terms); });
+    std::vector<double> db_ref_d(db_ref.begin(), db_ref.end());
+    check_close("conv db", db, db_ref_d, [&](std::size_t i) { return sum_tol(db_ref[i], dy_abs[i], terms); });
+
+    // The reference chunked op is the reference op, summed by the tree.
+    std::vector<float> rdx(in * s.n), rdw(nw);
+    std::vector<double> rdb(s.k);
+    ref::conv2d_backward_chunks(s, all.chunks, all.bounds.data(), x.data(), w.data(), dy.data(), rdx.data(),
+                                rdw.data(), rdb.data());
+    check_bits("ref chunked dx = ref dx", rdx, dx_ref);
+    check_close("ref chunked dw", rdw, dw_ref, [&](std::size_t i) { return gemm_tol(dw_ref[i], dw_sq[i], terms); });
+
+    for (int world : {2, 4, 8}) {
+      CAPTURE(world);
+      std::vector<float> dw_parts, y_all(out * s.n), dx_all(in * s.n);
+      std::vector<double> db_parts;
+      for (int r = 0; r < world; ++r) {
+        const Share sh = share(s.n, r, world);
+        ConvShape sl = s;
+        sl.n = sh.count;
+        const auto xl = slice(x, in, sh.first, sh.count), dyl = slice(dy, out, sh.first, sh.count);
+        std::vector<float> yl(out * sh.count), dxl(in * sh.count), dwl(nw);
+        std::vector<double> dbl(s.k);
+        cpu::conv2d_forward_chunks(sl, sh.chunks, sh.bounds.data(), xl.data(), w.data(), b.data(), yl.data());
+        cpu::conv2d_backward_chunks(sl, sh.chunks, sh.bounds.data(), xl.data(), w.data(), dyl.data(), dxl.data(),
+                                    dwl.data(), dbl.data());
+        std::copy(yl.begin(), yl.end(), y_all.begin() + sh.first * out);
+        std::copy(dxl.begin(), dxl.end(), dx_all.begin() + sh.first * in);
+        dw_parts.insert(dw_parts.end(), dwl.begin(), dwl.end());
+        db_parts.insert(db_parts.end(), dbl.begin(), dbl.end());
+      }
+      check_bits("conv y by ranks", y_all, y);
+      check_bits("conv dx by ranks", dx_all, dx);
+      check_bits("conv dw by ranks", top_of_tree(dw_parts, world, nw), dw);
+      check_bits("conv db by ranks", top_of_tree(db_parts, world, s.k), db);
+    }
+  }
+}
+
+TEST_CASE("linear chunked: cpu matches ref; ranks' subtrees give the whole batch's bits") {
+  std::mt19937 g(12);
+  for (const LinearShape& s : kLinear) {
+    CAPTURE(s.n);
+    CAPTURE(s.in);
+    const std::size_t nw = static_cast<std::size_t>(s.out) * s.in;
+    const float bound = 1.0f / std::sqrt(static_cast<float>(s.in));
+    const auto x = uniform(static_cast<std::size_t>(s.n) * s.in, g, -1, 1), w = uniform(nw, g, -bound, bound);
+    const auto b = uniform(s.out, g, -1, 1), dy = uniform(static_cast<std::size_t>(s.n) * s.out, g, -1, 1);
+    const Share all = whole(s.n);
+    std::vector<float> y(static_cast<std::size_t>(s.n) * s.out), y_plain(y.size());
+    cpu::linear_forward_chunks(s, all.chunks, all.bounds.data(), x.data(), w.data(), b.data(), y.data());
+    cpu::linear_forward(s, x.data(), w.data(), b.data(), y_plain.data());
+    check_bits("linear forward chunks = linear_forward", y, y_plain);
+
+    std::vector<float> dx(x.size()), dw(nw);
+    std::vector<double> db(s.out);
+    cpu::linear_backward_chunks(s, all.chunks, all.bounds.data(), x.data(), w.data(), dy.data(), dx.data(), dw.data(),
+                                db.data());
+    std::vector<float> dx_ref(x.size()), dw_ref(nw), db_ref(s.out), dx_sq(x.size()), dw_sq(nw), db_sq(s.out);
+    ref::linear_backward(s, x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(), db_ref.data());
+    ref::linear_backward(s, squared(x).data(), squared(w).data(), squared(dy).data(), dx_sq.data(), dw_sq.data(),
+                         db_sq.data());
+    std::vector<double> dy_abs(s.out, 0.0);
+    for (int n = 0; n < s.n; ++n)
+      for (int o = 0; o < s.out; ++o) dy_abs[o] += std::fabs(dy[static_cast<std::size_t>(n) * s.out + o]);
+    const double terms = s.n + kTreeChunks;
+    check_close("linear dx", dx, dx_ref, [&](std::size_t i) { return gemm_tol(dx_ref[i], dx_sq[i], s.out); });
+    check_close("linear dw", dw, dw_ref, [&](std::size_t i) { return gemm_tol(dw_ref[i], dw_sq[i], terms); });
+    std::vector<double> db_ref_d(db_ref.begin(), db_ref.end());
+    check_close("linear db", db, db_ref_d, [&](std::size_t i) { return sum_tol(db_ref[i], dy_abs[i], terms); });
+
+    for (int world : {2, 4, 8}) {
+      CAPTURE(world);
+      std::vector<float> dw_parts, dx_all(x.size()), y_all(y.size());
+      std::vector<double> db_parts;
+      for (int r = 0; r < world; ++r) {
+        const Share sh = share(s.n, r, world);
+        LinearShape sl = s;
+        sl.n = sh.count;
+        const auto xl = slice(x, s.in, sh.first, sh.count), dyl = slice(dy, s.out, sh.first, sh.count);
+        std::vector<float> yl(static_cast<std::size_t>(sh.count) * s.out), dxl(xl.size()), dwl(nw);
+        std::vector<double> dbl(s.out);
+        cpu::linear_forward_chunks(sl, sh.chunks, sh.bounds.data(), xl.data(), w.data(), b.data(), yl.data());
+        cpu::linear_backward_chunks(sl, sh.chunks, sh.bounds.data(), xl.data(), w.data(), dyl.data(), dxl.data(),
+                                    dwl.data(), dbl.data());
+        std::copy(yl.begin(), yl.end(), y_all.begin() + static_cast<std::size_t>(sh.first) * s.out);
+        std::copy(dxl.begin(), dxl.end(), dx_all.begin() + static_cast<std::size_t>(sh.first) * s.in);
+        dw_parts.insert(dw_parts.end(), dwl.begin(), dwl.end());
+        db_parts.insert(db_parts.end(), dbl.begin(), dbl.end());
+      }
+      check_bits("linear y by ranks", y_all, y);
+      check_bits("linear dx by ranks", dx_all, dx);
+      check_bits("linear dw by ranks", top_of_tree(dw_parts, world, nw), dw);
+      check_bits("linear db by ranks", top_of_tree(db_parts, world, s.out), db);
+    }
+  }
+}
+
+TEST_CASE("batchnorm chunked sums, scale/shift and backward: cpu matches ref; ranks give the whole batch's bits") {
+  std::mt19937 g(13);
+  for (const BatchNormShape& s : kBn) {
+    CAPTURE(s.n);
+    CAPTURE(s.c);
+    CAPTURE(s.hw);
+    const std::size_t nx = static_cast<std::size_t>(s.n) * s.c * s.hw;
+    auto x = uniform(nx, g, -1, 1);
+    for (float& v : x) v = 2.0f + 3.0f * v;  // a mean away from 0
+    const auto dy = uniform(nx, g, -1, 1);
+    const Share all = whole(s.n);
+    auto channel = [&](std::size_t j) { return (j / s.hw) % s.c; };
+    // Exact-enough per-channel sums in long double, and sums of magnitudes.
+    std::vector<double> sum(s.c, 0), sum_abs(s.c, 0);
+    for (std::size_t j = 0; j < nx; ++j) {
+      sum[channel(j)] += x[j];
+      sum_abs[channel(j)] += std::fabs(x[j]);
+    }
+    const double m = static_cast<double>(s.n) * s.hw, terms = m + kTreeChunks;
+    std::vector<double> got(s.c), got_ref(s.c);
+    cpu::batchnorm_chunk_sums(s, all.chunks, all.bounds.data(), x.data(), got.data());
+    ref::batchnorm_chunk_sums(s, all.chunks, all.bounds.data(), x.data(), got_ref.data());
+    check_close("bn sum cpu", got, sum, [&](std::size_t c) { return sum_tol(sum[c], sum_abs[c], terms); });
+    check_close("bn sum ref", got_ref, sum, [&](std::size_t c) { return 1e-12 * sum_abs[c]; });
+
+    std::vector<float> mean(s.c);
+    for (int c = 0; c < s.c; ++c) mean[c] = static_cast<float>(sum[c] / m);
+    std::vector<double> sq(s.c, 0), sq_abs(s.c, 0), sdy(s.c, 0), sdy_abs(s.c, 0), sxc(s.c, 0), sxc_abs(s.c, 0);
+    for (std::size_t j = 0; j < nx; ++j) {
+      const std::size_t c = channel(j);
+      const double d = static_cast<double>(x[j]) - mean[c];
+      sq[c] += d * d;
+      sdy[c] += dy[j];
+      sdy_abs[c] += std::fabs(dy[j]);
+      sxc[c] += dy[j] * d;
+      sxc_abs[c] += std::fabs(dy[j] * d);
+    }
+    cpu::batchnorm_chunk_centered_squares(s, all.chunks, all.bounds.data(), x.data(), mean.data(), got.data());
+    ref::batchnorm_chunk_centered_squares(s, all.chunks, all.bounds.data(), x.data(), mean.data(), got_ref.data());
+    // (x - mean) is rounded to float before squaring on the fast path: 2 u relative more.
+    check_close("bn sq cpu", got, sq, [&](std::size_t c) { return 4.0 * kU * sq[c] + sum_tol(sq[c], sq[c], terms); });
+    check_close("bn sq ref", got_ref, sq, [&](std::size_t c) { return 1e-12 * sq[c]; });
+
+    const auto scale = uniform(s.c, g, 0.5f, 1.5f), shift = uniform(s.c, g, -1, 1);
+    std::vector<float> y(nx), y_ref(nx);
+    cpu::batchnorm_scale_shift(s, x.data(), scale.data(), shift.data(), y.data());
+    ref::batchnorm_scale_shift(s, x.data(), scale.data(), shift.data(), y_ref.data());
+    check_close("bn scale_shift", y, y_ref, [&](std::size_t j) {
+      return 2.0 * kU * (std::fabs(x[j] * scale[channel(j)]) + std::fabs(shift[channel(j)])) + 1e-30;
+    });
+
+    std::vector<double> gdy(s.c), gxc(s.c), rdy(s.c), rxc(s.c);
+    cpu::batchnorm_backward_chunk_sums(s, all.chunks, all.bounds.data(), x.data(), dy.data(), mean.data(), gdy.data(),
+                                       gxc.data());
+    ref::batchnorm_backward_chunk_sums(s, all.chunks, all.bounds.data(), x.data(), dy.data(), mean.data(), rdy.data(),
+                                       rxc.data());
+    check_close("bn sum dy cpu", gdy, sdy, [&](std::size_t c) { return sum_tol(sdy[c], sdy_abs[c], terms); });
+    check_close("bn sum dy*xc cpu", gxc, sxc,
+                [&](std::size_t c) { return 4.0 * kU * sxc_abs[c] + sum_tol(sxc[c], sxc_abs[c], terms); });
+    check_close("bn sum dy ref", rdy, sdy, [&](std::size_t c) { return 1e-12 * sdy_abs[c]; });
+    check_close("bn sum dy*xc ref", rxc, sxc, [&](std::size_t c) { return 1e-12 * sxc_abs[c]; });
+
+    const auto k = uniform(s.c, g, 0.5f, 1.5f), mdy = uniform(s.c, g, -0.1f, 0.1f), proj = uniform(s.c, g, -0.3f, 0.3f);
+    std::vector<float> dx(nx), dx_ref(nx);
+    cpu::batchnorm_backward_apply(s, x.data(), dy.data(), mean.data(), k.data(), mdy.data(), proj.data(), dx.data());
+    ref::batchnorm_backward_apply(s, x.data(), dy.data(), mean.data(), k.data(), mdy.data(), proj.data(),
+                                  dx_ref.data());
+    check_close("bn backward_apply", dx, dx_ref, [&](std::size_t j) {
+      const std::size_t c = channel(j);
+      const double xc = std::fabs(static_cast<double>(x[j]) - mean[c]);
+      return 8.0 * kU * std::fabs(k[c]) * (std::fabs(dy[j]) + std::fabs(mdy[c]) + xc * std::fabs(proj[c]) + xc) + 1e-30;
+    });
+    // In place (dx == dy) gives the same bits.
+    std::vector<float> inplace(dy);
+    cpu::batchnorm_backward_apply(s, x.data(), inplace.data(), mean.data(), k.data(), mdy.data(), proj.data(),
+                                  inplace.data());
+    check_bits("bn backward_apply in place", inplace, dx);
+
+    const std::size_t per = static_cast<std::size_t>(s.c) * s.hw;
+    std::vector<double> want_sum(s.c), want_sq(s.c), want_dy(s.c), want_xc(s.c);
+    cpu::batchnorm_chunk_sums(s, all.chunks, all.bounds.data(), x.data(), want_sum.data());
+    cpu::batchnorm_chunk_centered_squares(s, all.chunks, all.bounds.data(), x.data(), mean.data(), want_sq.data());
+    cpu::batchnorm_backward_chunk_sums(s, all.chunks, all.bounds.data(), x.data(), dy.data(), mean.data(),
+                                       want_dy.data(), want_xc.data());
+    for (int world : {2, 4, 8}) {
+      CAPTURE(world);
+      std::vector<double> p_sum, p_sq, p_dy, p_xc;
+      for (int r = 0; r < world; ++r) {
+        const Share sh = share(s.n, r, world);
+        BatchNormShape sl = s;
+        sl.n = sh.count;
+        const auto xl = slice(x, per, sh.first, sh.count), dyl = slice(dy, per, sh.first, sh.count);
+        std::vector<double> a(s.c), b(s.c), c2(s.c), d(s.c);
+        cpu::batchnorm_chunk_sums(sl, sh.chunks, sh.bounds.data(), xl.data(), a.data());
+        cpu::batchnorm_chunk_centered_squares(sl, sh.chunks, sh.bounds.data(), xl.data(), mean.data(), b.data());
+        cpu::batchnorm_backward_chunk_sums(sl, sh.chunks, sh.bounds.data(), xl.data(), dyl.data(), mean.data(),
+                                           c2.data(), d.data());
+        p_sum.insert(p_sum.end(), a.begin(), a.end());
+        p_sq.insert(p_sq.end(), b.begin(), b.end());
+        p_dy.insert(p_dy.end(), c2.begin(), c2.end());
+        p_xc.insert(p_xc.end(), d.begin(), d.end());
+      }
+      check_bits("bn sum by ranks", top_of_tree(p_sum, world, s.c), want_sum);
+      check_bits("bn sq by ranks", top_of_tree(p_sq, world, s.c), want_sq);
+      check_bits("bn sum dy by ranks", top_of_tree(p_dy, world, s.c), want_dy);
+      check_bits("bn sum dy*xc by ranks", top_of_tree(p_xc, world, s.c), want_xc);
+    }
+  }
+}
+
+TEST_CASE("cross_entropy_part: the gradient of the mean over the whole batch; cpu matches ref") {
+  std::mt19937 g(14);
+  const int n = 5, total = 24, classes = 10;
+  const auto z = uniform(static_cast<std::size_t>(n) * classes, g, -4, 4);
+  std::vector<int32_t> labels(n);
+  for (int i = 0; i < n; ++i) labels[i] = static_cast<int32_t>(g() % classes);
+  std::vector<float> d(z.size()), d_ref(z.size()), loss(n), loss_ref(n), corr(n), corr_ref(n);
+  cpu::cross_entropy_part(n, total, classes, z.data(), labels.data(), 2.0f, d.data(), loss.data(), corr.data());
+  ref::cross_entropy_part(n, total, classes, z.data(), labels.data(), 2.0f, d_ref.data(), loss_ref.data(),
+                          corr_ref.data());
+  check_close("ce dlogits", d, d_ref, [&](std::size_t i) { return 4.0 * kU * std::fabs(d_ref[i]) + 1e-30; });
+  check_bits("ce correct", corr, corr_ref);
+  // Against the definition: (softmax - onehot) * scale / total.
+  for (int i = 0; i < n; ++i) {
+    double zmax = z[i * classes], sum = 0;
+    for (int k = 1; k < classes; ++k) zmax = std::max<double>(zmax, z[i * classes + k]);
+    for (int k = 0; k < classes; ++k) sum += std::exp(z[i * classes + k] - zmax);
+    for (int k = 0; k < classes; ++k) {
+      const double want = (std::exp(z[i * classes + k] - zmax) / sum - (k == labels[i])) * 2.0 / total;
+      CHECK(std::fabs(d[i * classes + k] - want) <= 8 * kU * std::fabs(want) + 1e-12);
+    }
+  }
+  // With batch_total = n it is cross_entropy, bit for bit.
+  std::vector<float> d1(z.size()), d2(z.size()), l1(n), l2(n), c1(n), c2(n);
+  cpu::cross_entropy_part(n, n, classes, z.data(), labels.data(), 1.0f, d1.data(), l1.data(), c1.data());
+  cpu::cross_entropy(n, classes, z.data(), labels.data(), 1.0f, d2.data(), l2.data(), c2.data());
+  check_bits("cross_entropy_part(n, n) = cross_entropy", d1, d2);
+  check_bits("losses", l1, l2);
+}
+
+TEST_CASE("ref chunked backward ops match finite differences") {
+  std::mt19937 g(15);
+  SUBCASE("conv2d_backward_chunks (5 samples over 8 chunks, some empty)") {
+    const ConvShape s{5, 2, 5, 4, 3, 3, 3, 1};
+    const Share all = whole(s.n);
+    const std::size_t in = static_cast<std::size_t>(s.c) * s.h * s.w, out = static_cast<std::size_t>(s.k) * s.out_h() * s.out_w();
+    auto x = uniform(in * s.n, g, -1, 1), w = uniform(static_cast<std::size_t>(s.k) * s.c * 9, g, -0.5f, 0.5f);
+    auto b = uniform(s.k, g, -1, 1);
+    const auto r = uniform(out * s.n, g, -1, 1);
+    auto loss = [&] {
+      std::vector<float> y(out * s.n);
+      ref::conv2d_forward_chunks(s, all.chunks, all.bounds.data(), x.data(), w.data(), b.data(), y.data());
+      return gradcheck::dot(y, r);
+    };
+    std::vector<float> dx(x.size()), dw(w.size()), db(s.k);
+    std::vector<double> dbd(s.k);
+    ref::conv2d_backward_chunks(s, all.chunks, all.bounds.data(), x.data(), w.data(), r.data(), dx.data(), dw.data(),
+                                dbd.data());
+    for (int k = 0; k < s.k; ++k) db[k] = static_cast<float>(dbd[k]);
+    CHECK_GRAD("conv dx", gradcheck::check(loss, x.data(), static_cast<int64_t>(x.size()), dx.data()));
+    CHECK_GRAD("conv dw", gradcheck::check(loss, w.data(), static_cast<int64_t>(w.size()), dw.data()));
+    CHECK_GRAD("conv db", gradcheck::check(loss, b.data(), s.k, db.data()));
+  }
+  SUBCASE("linear_backward_chunks") {
+    const LinearShape s{13, 7, 4};
+    const Share all = whole(s.n);
+    auto x = uniform(static_cast<std::size_t>(s.n) * s.in, g, -1, 1), w = uniform(static_cast<std::size_t>(s.out) * s.in, g, -0.5f, 0.5f);
+    auto b = uniform(s.out, g, -1, 1);
+    const auto r = uniform(static_cast<std::size_t>(s.n) * s.out, g, -1, 1);
+    auto loss = [&] {
+      std::vector<float> y(r.size());
+      ref::linear_forward_chunks(s, all.chunks, all.bounds.data(), x.data(), w.data(), b.data(), y.data());
+      return gradcheck::dot(y, r);
+    };
+    std::vector<float> dx(x.size()), dw(w.size()), db(s.out);
+    std::vector<double> dbd(s.out);
+    ref::linear_backward_chunks(s, all.chunks, all.bounds.data(), x.data(), w.data(), r.data(), dx.data(), dw.data(),
+                                dbd.data());
+    for (int o = 0; o < s.out; ++o) db[o] = static_cast<float>(dbd[o]);
+    CHECK_GRAD("linear dx", gradcheck::check(loss, x.data(), static_cast<int64_t>(x.size()), dx.data()));
+    CHECK_GRAD("linear dw", gradcheck::check(loss, w.data(), static_cast<int64_t>(w.size()), dw.data()));
+    CHECK_GRAD("linear db", gradcheck::check(loss, b.data(), s.out, db.data()));
+  }
+  SUBCASE("training-mode batch norm from the chunked ops (forward: sums, centred squares, scale/shift; "
+          "backward: chunk sums, apply), as BatchNorm2d composes them") {
+    const BatchNormShape s{6, 3, 5};
+    const Share all = whole(s.n);
+    const std::size_t nx = static_cast<std::size_t>(s.n) * s.c * s.hw;
+    auto x = uniform(nx, g, -1, 1);
+    for (float& v : x) v = 0.5f + 1.5f * v;
+    auto gamma = uniform(s.c, g, 0.5f, 1.5f), beta = uniform(s.c, g, -1, 1);
+    const auto r = uniform(nx, g, -1, 1);
+    const double m = static_cast<double>(s.n) * s.hw;
+    const float eps = 1e-5f;
+    // Forward, returning mean and invstd for the backward.
+    auto forward = [&](std::vector<float>& y, std::vector<float>& mean, std::vector<float>& invstd) {
+      std::vector<double> sum(s.c), sq(s.c);
+      ref::batchnorm_chunk_sums(s, all.chunks, all.bounds.data(), x.data(), sum.data());
+      mean.assign(s.c, 0);
+      for (int c = 0; c < s.c; ++c) mean[c] = static_cast<float>(sum[c] / m);
+      ref::batchnorm_chunk_centered_squares(s, all.chunks, all.bounds.data(), x.data(), mean.data(), sq.data());
+      std::vector<float> scale(s.c), shift(s.c);
+      invstd.assign(s.c, 0);
+      for (int c = 0; c < s.c; ++c) {
+        const double is = 1.0 / std::sqrt(sq[c] / m + eps);
+        invstd[c] = static_cast<float>(is);
+        scale[c] = static_cast<float>(is * gamma[c]);
+        shift[c] = static_cast<float>(beta[c] - sum[c] / m * is * gamma[c]);
+      }
+      y.assign(nx, 0);
+      ref::batchnorm_scale_shift(s, x.data(), scale.data(), shift.data(), y.data());
+    };
+    auto loss = [&] {
+      std::vector<float> y, mean, invstd;
+      forward(y, mean, invstd);
+      return gradcheck::dot(y, r);
+    };
+    std::vector<float> y, mean, invstd;
+    forward(y, mean, invstd);
+    std::vector<double> sdy(s.c), sxc(s.c);
+    ref::batchnorm_backward_chunk_sums(s, all.chunks, all.bounds.data(), x.data(), r.data(), mean.data(), sdy.data(),
+                                       sxc.data());
+    std::vector<float> k(s.c), mean_dy(s.c), proj(s.c), dgamma(s.c), dbeta(s.c), dx(nx);
+    for (int c = 0; c < s.c; ++c) {
+      const double sum_dy_xhat = sxc[c] * invstd[c];
+      k[c] = gamma[c] * invstd[c];
+      mean_dy[c] = static_cast<float>(sdy[c] / m);
+      proj[c] = static_cast<float>(sum_dy_xhat / m * invstd[c]);
+      dgamma[c] = static_cast<float>(sum_dy_xhat);
+      dbeta[c] = static_cast<float>(sdy[c]);
+    }
+    ref::batchnorm_backward_apply(s, x.data(), r.data(), mean.data(), k.data(), mean_dy.data(), proj.data(),
+                                  dx.data());
+    CHECK_GRAD("bn dx", gradcheck::check(loss, x.data(), static_cast<int64_t>(nx), dx.data()));
+    CHECK_GRAD("bn dgamma", gradcheck::check(loss, gamma.data(), s.c, dgamma.data()));
+    CHECK_GRAD("bn dbeta", gradcheck::check(loss, beta.data(), s.c, dbeta.data()));
+  }
+}
+
+TEST_CASE("fused one-process batch norm = its separate steps with kernels/batchnorm_math.h, bit for bit; cpu ~ ref") {
+  std::mt19937 g(16);
+  for (const BatchNormShape& s : kBn) {
+    CAPTURE(s.n);
+    CAPTURE(s.c);
+    const std::size_t nx = static_cast<std::size_t>(s.n) * s.c * s.hw;
+    auto x = uniform(nx, g, -1, 1);
+    for (float& v : x) v = 1.0f + 2.0f * v;
+    const auto dy = uniform(nx, g, -1, 1), gamma = uniform(s.c, g, 0.5f, 1.5f), beta = uniform(s.c, g, -1, 1);
+    const Share all = whole(s.n);
+    const double m = static_cast<double>(s.n) * s.hw;
+    const float eps = 1e-5f, momentum = 0.1f;
+
+    std::vector<float> rm(s.c, 0.1f), rv(s.c, 0.9f), sm(s.c), si(s.c), y(nx);
+    cpu::batchnorm_forward_train_chunks(s, all.chunks, all.bounds.data(), x.data(), gamma.data(), beta.data(), eps,
+                                        momentum, rm.data(), rv.data(), sm.data(), si.data(), y.data());
+    // The steps, as BatchNorm2d runs them across ranks.
+    std::vector<double> sum(s.c), sq(s.c);
+    std::vector<float> mean(s.c), scale(s.c), shift(s.c), rm2(s.c, 0.1f), rv2(s.c, 0.9f), sm2(s.c), si2(s.c), y2(nx);
+    cpu::batchnorm_chunk_sums(s, all.chunks, all.bounds.data(), x.data(), sum.data());
+    for (int c = 0; c < s.c; ++c) mean[c] = static_cast<float>(engine::kernels::bn_mean(sum[c], m));
+    cpu::batchnorm_chunk_centered_squares(s, all.chunks, all.bounds.data(), x.data(), mean.data(), sq.data());
+    for (int c = 0; c < s.c; ++c) {
+      const auto f = engine::kernels::bn_forward_finish(sum[c], sq[c], m, gamma[c], beta[c], eps, momentum, rm2[c], rv2[c]);
+      scale[c] = f.scale;
+      shift[c] = f.shift;
+      sm2[c] = f.save_mean;
+      si2[c] = f.save_invstd;
+    }
+    cpu::batchnorm_scale_shift(s, x.data(), scale.data(), shift.data(), y2.data());
+    check_bits("bn fused y", y, y2);
+    check_bits("bn fused running mean", rm, rm2);
+    check_bits("bn fused running var", rv, rv2);
+    check_bits("bn fused save mean", sm, sm2);
+    check_bits("bn fused save invstd", si, si2);
+    // Against the reference batch norm (the unchunked definition).
+    std::vector<float> rm3(s.c, 0.1f), rv3(s.c, 0.9f), sm3(s.c), si3(s.c), y3(nx);
+    ref::batchnorm_forward_train(s, x.data(), gamma.data(), beta.data(), eps, momentum, rm3.data(), rv3.data(),
+                                 sm3.data(), si3.data(), y3.data());
+    check_close("bn fused y vs ref", y, y3, [&](std::size_t j) { return 1e-5 * (1.0 + std::fabs(y3[j])); });
+
+    std::vector<float> dx(nx), dg(s.c), db(s.c), dx2(nx), dg2(s.c), db2(s.c);
+    cpu::batchnorm_backward_chunks(s, all.chunks, all.bounds.data(), x.data(), dy.data(), gamma.data(), sm.data(),
+                                   si.data(), dx.data(), dg.data(), db.data());
+    std::vector<double> sdy(s.c), sxc(s.c);
+    std::vector<float> k(s.c), mdy(s.c), proj(s.c);
+    cpu::batchnorm_backward_chunk_sums(s, all.chunks, all.bounds.data(), x.data(), dy.data(), sm.data(), sdy.data(),
+                                       sxc.data());
+    for (int c = 0; c < s.c; ++c) {
+      const auto f = engine::kernels::bn_backward_finish(sdy[c], sxc[c], m, gamma[c], si[c]);
+      k[c] = f.k;
+      mdy[c] = f.mean_dy;
+      proj[c] = f.proj;
+      dg2[c] = f.dgamma;
+      db2[c] = f.dbeta;
+    }
+    cpu::batchnorm_backward_apply(s, x.data(), dy.data(), sm.data(), k.data(), mdy.data(), proj.data(), dx2.data());
+    check_bits("bn fused dx", dx, dx2);
+    check_bits("bn fused dgamma", dg, dg2);
+    check_bits("bn fused dbeta", db, db2);
+    std::vector<float> dx3(nx), dg3(s.c), db3(s.c);
+    ref::batchnorm_backward(s, x.data(), dy.data(), gamma.data(), sm.data(), si.data(), dx3.data(), dg3.data(),
+                            db3.data());
+    check_close("bn fused dx vs ref", dx, dx3, [&](std::size_t j) { return 1e-5 * (1.0 + std::fabs(dx3[j])); });
+    // The ref fused op is the ref steps: close to the cpu one.
+    std::vector<float> rdx(nx), rdg(s.c), rdb(s.c);
+    ref::batchnorm_backward_chunks(s, all.chunks, all.bounds.data(), x.data(), dy.data(), gamma.data(), sm.data(),
+                                   si.data(), rdx.data(), rdg.data(), rdb.data());
+    check_close("bn ref fused dx", rdx, dx3, [&](std::size_t j) { return 1e-5 * (1.0 + std::fabs(dx3[j])); });
+  }
+}
+
+TEST_CASE("chunked conv, linear and batch norm give the same bits with 1, 2 and 3 threads") {
+  std::mt19937 g(17);
+  const ConvShape cs{13, 3, 6, 5, 7, 3, 3, 1};
+  const LinearShape ls{24, 3136, 16};
+  const BatchNormShape bs{13, 7, 30};
+  const auto cx = uniform(static_cast<std::size_t>(cs.n) * cs.c * cs.h * cs.w, g, -1, 1);
+  const auto cw = uniform(static_cast<std::size_t>(cs.k) * cs.c * 9, g, -0.3f, 0.3f);
+  const auto cdy = uniform(static_cast<std::size_t>(cs.n) * cs.k * cs.out_h() * cs.out_w(), g, -1, 1);
+  const auto lx = uniform(static_cast<std::size_t>(ls.n) * ls.in, g, -1, 1);
+  const auto lw = uniform(static_cast<std::size_t>(ls.out) * ls.in, g, -0.1f, 0.1f);
+  const auto ldy = uniform(static_cast<std::size_t>(ls.n) * ls.out, g, -1, 1);
+  const auto bx = uniform(static_cast<std::size_t>(bs.n) * bs.c * bs.hw, g, -1, 1);
+  const auto bdy = uniform(bx.size(), g, -1, 1), gamma = uniform(bs.c, g, 0.5f, 1.5f), beta = uniform(bs.c, g, -1, 1);
+  auto run = [&] {
+    std::vector<float> out;
+    auto add = [&](const std::vector<float>& v) { out.insert(out.end(), v.begin(), v.end()); };
+    Share a = whole(cs.n);
+    std::vector<float> dx(cx.size()), dw(cw.size());
+    std::vector<double> db(cs.k);
+    cpu::conv2d_backward_chunks(cs, a.chunks, a.bounds.data(), cx.data(), cw.data(), cdy.data(), dx.data(), dw.data(), db.data());
+    add(dx);
+    add(dw);
+    for (double d : db) out.push_back(static_cast<float>(d));
+    a = whole(ls.n);
+    std::vector<float> ldx(lx.size()), ldw(lw.size());
+    std::vector<double> ldb(ls.out);
+    cpu::linear_backward_chunks(ls, a.chunks, a.bounds.data(), lx.data(), lw.data(), ldy.data(), ldx.data(), ldw.data(), ldb.data());
+    add(ldx);
+    add(ldw);
+    a = whole(bs.n);
+    std::vector<float> rm(bs.c, 0), rv(bs.c, 1), sm(bs.c), si(bs.c), y(bx.size()), bdx(bx.size()), dg(bs.c), dbb(bs.c);
+    cpu::batchnorm_forward_train_chunks(bs, a.chunks, a.bounds.data(), bx.data(), gamma.data(), beta.data(), 1e-5f, 0.1f,
+                                        rm.data(), rv.data(), sm.data(), si.data(), y.data());
+    cpu::batchnorm_backward_chunks(bs, a.chunks, a.bounds.data(), bx.data(), bdy.data(), gamma.data(), sm.data(), si.data(),
+                                   bdx.data(), dg.data(), dbb.data());
+    add(y);
+    add(rv);
+    add(bdx);
+    add(dg);
+    return out;
+  };
+  omp_set_num_threads(1);
+  const auto one = run();
+  for (int t : {2, 3}) {
+    CAPTURE(t);
+    omp_set_num_threads(t);
+    check_bits("threads", run(), one);
+  }
+  omp_set_num_threads(2);
+}

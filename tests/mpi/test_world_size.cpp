@@ -1,0 +1,366 @@
+// World-size invariance without MPI (docs/distributed.md): W = 1, 2, 4 and 8 ranks
+// simulated by threads of one process, exchanging through an in-process Collective,
+// each train the CNN and the MLP for an epoch and a bit (a ragged last batch, smaller
+// than the 8 chunks, an epoch end with validation, a test evaluation) and every rank's
+// whole state (snapshot()) must be bit-identical to the plain single-process Trainer's.
+#include <doctest/doctest.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/batch_chunks.h"
+#include "engine/collective.h"
+#include "engine/models/registry.h"
+#include "engine/trainer.h"
+#include "synthetic_data.h"
+
+namespace {
+
+using namespace engine;
+
+// ---- W ranks as threads ------------------------------------------------------------
+
+// The meeting point of W threads: each allgather is two barriers (all have written
+// their piece; all have read everything), so a slot is never overwritten while read.
+// A rank that fails aborts the group, so the others throw instead of waiting forever.
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(int world) : world_(world), slots_(static_cast<std::size_t>(world)) {}
+  int world() const { return world_; }
+
+  void allgather(int rank, const void* send, std::size_t bytes, void* recv) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      const auto* p = static_cast<const uint8_t*>(send);
+      slots_[rank].assign(p, p + bytes);
+    }
+    barrier();
+    for (int r = 0; r < world_; ++r) {
+      if (slots_[r].size() != bytes) {
+        abort();
+        throw std::logic_error("allgather: rank " + std::to_string(r) + " gave " +
+                               std::to_string(slots_[r].size()) + " bytes, rank " + std::to_string(rank) +
+                               " " + std::to_string(bytes));
+      }
+      if (bytes) std::memcpy(static_cast<uint8_t*>(recv) + r * bytes, slots_[r].data(), bytes);
+    }
+    barrier();
+  }
+  void broadcast(int rank, void* data, std::size_t bytes, int root) {
+    std::vector<uint8_t> all(bytes * world_);
+    allgather(rank, data, bytes, all.data());
+    if (bytes) std::memcpy(data, all.data() + root * bytes, bytes);
+  }
+  void abort() {
+    std::lock_guard<std::mutex> lock(m_);
+    aborted_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  void barrier() {
+    std::unique_lock<std::mutex> lock(m_);
+    if (aborted_) throw std::runtime_error("another rank failed");
+    const uint64_t gen = generation_;
+    if (++arrived_ == world_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return generation_ != gen || aborted_; });
+    if (generation_ == gen) throw std::runtime_error("another rank failed");
+  }
+
+  int world_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  uint64_t generation_ = 0;
+  bool aborted_ = false;
+  std::vector<std::vector<uint8_t>> slots_;
+};
+
+class ThreadCollective final : public Collective {
+ public:
+  ThreadCollective(ThreadGroup& g, int rank) : g_(g), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return g_.world(); }
+  std::string name() const override { return "threads"; }
+  void allgather(const void* send, std::size_t bytes, void* recv) override {
+    g_.allgather(rank_, send, bytes, recv);
+  }
+  void broadcast(void* data, std::size_t bytes, int root) override { g_.broadcast(rank_, data, bytes, root); }
+
+ private:
+  ThreadGroup& g_;
+  int rank_;
+};
+
+// Runs body(rank, collective) on W threads; rethrows the first failure.
+void run_ranks(int world, const std::function<void(int, Collective&)>& body) {
+  ThreadGroup group(world);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      ThreadCollective c(group, r);
+      try {
+        body(r, c);
+      } catch (...) {
+        errors[r] = std::current_exception();
+        group.abort();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// ---- data and runs -------------------------------------------------------------------
+
+// 1x28x28 images in 10 classes for the CNN: class k brightens row band k, over noise.
+class Synthetic28 : public Dataset {
+ public:
+  Synthetic28(int64_t train, int64_t val, int64_t test) : counts_{train, val, test} {}
+  ImageShape sample_shape() const override { return {1, 28, 28}; }
+  int num_classes() const override { return 10; }
+  Device device() const override { return Device::cpu(); }
+  const SplitData& get(Split s) override {
+    auto& slot = splits_[static_cast<int>(s)];
+    if (!slot) slot = make(counts_[static_cast<int>(s)], 77u * (static_cast<uint32_t>(s) + 1));
+    return *slot;
+  }
+  void release(Split s) override { splits_[static_cast<int>(s)].reset(); }
+
+ private:
+  SplitData make(int64_t count, uint32_t seed) const {
+    SplitData d;
+    d.count = count;
+    d.images = Tensor::empty({count, 784}, DType::U8);
+    d.labels = Tensor::empty({count}, DType::U8);
+    uint32_t state = seed;
+    auto next = [&state] { return state = state * 1664525u + 1013904223u; };
+    for (int64_t i = 0; i < count; ++i) {
+      const int label = static_cast<int>(next() >> 16) % 10;
+      d.labels.u8()[i] = static_cast<uint8_t>(label);
+      for (int p = 0; p < 784; ++p) {
+        const bool lit = (p / 28) / 3 == label;
+        d.images.u8()[i * 784 + p] = static_cast<uint8_t>((next() >> 24) % 100 + (lit ? 140 : 0));
+      }
+    }
+    return d;
+  }
+  int64_t counts_[3];
+  std::optional<SplitData> splits_[3];
+};
+
+enum class Arch { Cnn, Mlp };
+
+Config run_config(Arch arch) {
+  Config c;
+  c.device = "cpu";
+  c.seed = 7;
+  c.model.name = arch == Arch::Cnn ? "fashion_cnn" : "mlp";
+  c.model.dropout = 0.3;
+  // CNN: 100 = 4 * 24 + 4 (a last batch of 4 < 8 chunks: some ranks get no sample);
+  // MLP: 90 = 5 * 16 + 10.
+  c.data.batch_size = arch == Arch::Cnn ? 24 : 16;
+  c.data.mean = 0.35;
+  c.data.std = 0.25;
+  c.optimizer.lr = 3e-3;
+  c.train.epochs = 3;
+  c.checkpoint.every_n_epochs = std::nullopt;
+  return c;
+}
+
+std::unique_ptr<Trainer> make_trainer(Arch arch, Collective* comm) {
+  const Config c = run_config(arch);
+  std::unique_ptr<Dataset> data;
+  std::unique_ptr<Model> model;
+  if (arch == Arch::Cnn) {
+    data = std::make_unique<Synthetic28>(100, 30, 20);
+    model = make_model_for(c.model, ImageShape{1, 28, 28}, 10);
+  } else {
+    data = std::make_unique<test_util::SyntheticDataset>(90, 45, 21);
+    model = make_model_for(c.model, test_util::SyntheticDataset::kShape, test_util::SyntheticDataset::kClasses);
+  }
+  return std::make_unique<Trainer>(c, Device::cpu(), std::move(model), nullptr, SplitsNeeded::All,
+                                   std::move(data), comm);
+}
+
+struct RunOutcome {
+  Checkpoint state;
+  std::vector<double> step_losses;
+  EvalResult test;
+};
+
+// One epoch and two steps of the next (the ragged last batch, validation at the epoch
+// end), then a test evaluation.
+RunOutcome train_a_bit(Trainer& t) {
+  RunOutcome o;
+  for (int i = 0; i < 20; ++i) {
+    const StepResult r = t.train_step();
+    o.step_losses.push_back(r.loss);
+    if (r.epoch == 2 && r.step_in_epoch == 2) break;
+  }
+  o.test = t.evaluate(Split::Test);
+  o.state = t.snapshot();
+  return o;
+}
+
+// Bit-identical state, wall-clock timings aside.
+void expect_same_state(const Checkpoint& want, const Checkpoint& got) {
+  REQUIRE(want.groups.size() == got.groups.size());
+  for (const auto& [group, sd] : want.groups) {
+    CAPTURE(group);
+    REQUIRE(got.groups.count(group));
+    const StateDict& g = got.groups.at(group);
+    REQUIRE(g.tensors.size() == sd.tensors.size());
+    for (const auto& [key, t] : sd.tensors) {
+      CAPTURE(key);
+      REQUIRE(g.tensors.count(key));
+      const Tensor& u = g.tensors.at(key);
+      REQUIRE(u.shape() == t.shape());
+      REQUIRE(u.dtype() == t.dtype());
+      CHECK(std::memcmp(u.raw(), t.raw(), static_cast<std::size_t>(t.nbytes())) == 0);
+    }
+    REQUIRE(g.scalars.size() == sd.scalars.size());
+    for (const auto& [key, s] : sd.scalars) {
+      CAPTURE(key);
+      if (key.size() > 8 && key.compare(key.size() - 8, 8, "_seconds") == 0) continue;
+      REQUIRE(g.scalars.count(key));
+      CHECK(g.scalars.at(key) == s);
+    }
+  }
+}
+
+void check_world_sizes(Arch arch) {
+  auto plain = make_trainer(arch, nullptr);
+  const RunOutcome want = train_a_bit(*plain);
+  REQUIRE(plain->history().size() == 1);  // an epoch end with validation was reached
+  for (int world : {1, 2, 4, 8}) {
+    CAPTURE(world);
+    std::vector<RunOutcome> got(static_cast<std::size_t>(world));
+    run_ranks(world, [&](int rank, Collective& comm) {
+      auto t = make_trainer(arch, &comm);
+      got[rank] = train_a_bit(*t);
+    });
+    for (int rank = 0; rank < world; ++rank) {
+      CAPTURE(rank);
+      CHECK(got[rank].step_losses == want.step_losses);
+      CHECK(got[rank].test.loss == want.test.loss);
+      CHECK(got[rank].test.accuracy == want.test.accuracy);
+      CHECK(got[rank].test.confusion == want.test.confusion);
+      expect_same_state(want.state, got[rank].state);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("BatchChunks: rank r of W holds chunks [8r/W, 8(r+1)/W) of the global batch") {
+  const int64_t batch = 13;  // chunks of 1 or 2 samples: 0,1,3,4,6,8,9,11,13
+  BatchChunks whole(batch);
+  CHECK(whole.chunks() == 8);
+  CHECK(whole.local_begin() == 0);
+  CHECK(whole.local_count() == 13);
+  const std::vector<int> want_bounds = {0, 1, 3, 4, 6, 8, 9, 11, 13};
+  CHECK(std::vector<int>(whole.bounds(), whole.bounds() + 9) == want_bounds);
+  run_ranks(4, [&](int rank, Collective& comm) {
+    BatchChunks p(batch, &comm);
+    CHECK(p.chunks() == 2);
+    CHECK(p.local_begin() == want_bounds[2 * rank]);
+    CHECK(p.local_count() == want_bounds[2 * rank + 2] - want_bounds[2 * rank]);
+    CHECK(p.bounds()[1] == want_bounds[2 * rank + 1] - want_bounds[2 * rank]);
+    // gather_samples: every rank ends with every sample's value.
+    std::vector<int32_t> v(batch, -1);
+    for (int i = 0; i < p.local_count(); ++i) v[p.local_begin() + i] = static_cast<int32_t>(100 + p.local_begin() + i);
+    p.gather_samples(v.data());
+    for (int i = 0; i < batch; ++i) CHECK(v[i] == 100 + i);
+  });
+}
+
+TEST_CASE("BatchChunks::complete_tree gives every rank the one-process tree sum, bit for bit") {
+  // Chunk partials chosen so that another order of summation gives other bits.
+  const float part[8] = {1e8f, 1.0f, -1e8f, 3.0f, 0.5f, 1e-3f, 7e7f, -7e7f};
+  const float want = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  const float sequential = part[0] + part[1] + part[2] + part[3] + part[4] + part[5] + part[6] + part[7];
+  REQUIRE(want != sequential);  // the test can tell the orders apart
+  for (int world : {1, 2, 4, 8}) {
+    CAPTURE(world);
+    run_ranks(world, [&](int rank, Collective& comm) {
+      BatchChunks p(8, &comm);
+      const int per = 8 / world;
+      // The rank's subtree sum, as a layer's chunked op computes it.
+      std::vector<float> sub(part + rank * per, part + (rank + 1) * per);
+      for (int step = 1; step < per; step *= 2)
+        for (int i = 0; i + step < per; i += 2 * step) sub[i] += sub[i + step];
+      float v = sub[0];
+      p.complete_tree(&v, 1);
+      CHECK(v == want);
+    });
+  }
+}
+
+TEST_CASE("world sizes other than 1, 2, 4, 8 are refused, naming the valid ones") {
+  for (int world : {3, 5, 6, 7}) {
+    CAPTURE(world);
+    std::vector<std::string> messages(static_cast<std::size_t>(world));
+    run_ranks(world, [&](int rank, Collective& comm) {
+      try {
+        make_trainer(Arch::Mlp, &comm);
+      } catch (const std::invalid_argument& e) {
+        messages[rank] = e.what();
+      }
+    });
+    for (const std::string& m : messages) {
+      CHECK(m.find("world size " + std::to_string(world)) != std::string::npos);
+      CHECK(m.find("1, 2, 4 or 8") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("the MLP trains bit-identically on 1, 2, 4 and 8 ranks and in one process") {
+  check_world_sizes(Arch::Mlp);
+}
+
+TEST_CASE("the CNN (synchronised batch norm, dropout) trains bit-identically on 1, 2, 4 and 8 ranks") {
+  check_world_sizes(Arch::Cnn);
+}
+
+TEST_CASE("a state taken mid-epoch on 4 ranks continues on 2 ranks and in one process like a straight run") {
+  // Straight: 7 steps in one process (epoch 1 has 5 steps of the MLP run).
+  auto straight = make_trainer(Arch::Mlp, nullptr);
+  for (int i = 0; i < 7; ++i) straight->train_step();
+  const Checkpoint want = straight->snapshot();
+
+  // 3 steps on 4 ranks (mid-epoch), then the rest elsewhere.
+  std::vector<Checkpoint> mid(4);
+  run_ranks(4, [&](int rank, Collective& comm) {
+    auto t = make_trainer(Arch::Mlp, &comm);
+    for (int i = 0; i < 3; ++i) t->train_step();
+    mid[rank] = t->snapshot();
+  });
+  for (int rank = 1; rank < 4; ++rank) expect_same_state(mid[0], mid[rank]);
+
+  std::vector<Checkpoint> on_two(2);
+  run_ranks(2, [&](int rank, Collective& comm) {
+    auto t = make_trainer(Arch::Mlp, &comm);
+    REQUIRE(t->restore(mid[0], LoadMode::Strict).clean());
+    for (int i = 0; i < 4; ++i) t->train_step();
+    on_two[rank] = t->snapshot();
+  });
+  for (const Checkpoint& c : on_two) expect_same_state(want, c);
+
+  auto one = make_trainer(Arch::Mlp, nullptr);
+  REQUIRE(one->restore(mid[0], LoadMode::Strict).clean());
+  for (int i = 0; i < 4; ++i) one->train_step();
+  expect_same_state(want, one->snapshot());
+}
