@@ -68,7 +68,9 @@ TEST_CASE("a second Ctrl-C exits at once; last.h5 stays sound") {
   REQUIRE(wait_for_checkpoint(b + "/last.h5", 16));
   const auto t0 = std::chrono::steady_clock::now();
   ::kill(run_bg.pid(), SIGINT);
-  ::usleep(100000);  // two pending SIGINTs would merge into one
+  // Two pending SIGINTs would merge into one; 20 ms lets the first be handled, and is
+  // well within the step and the save a stop takes.
+  ::usleep(20000);
   ::kill(run_bg.pid(), SIGINT);
   const RunResult r = run_bg.finish();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

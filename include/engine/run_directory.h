@@ -11,6 +11,10 @@
 //   RunDirectory run(trainer);      // takes <run-dir>/.lock; RunDirBusy when taken
 //   FitResult r = run.fit(stop);    // trainer.fit(stop, &run)
 //
+// Each epoch's line of metrics.jsonl carries, after the fields of epoch_metric_fields(),
+// "saves": [{"file", "global_step", "stall_seconds"}...] for the saves this process made
+// in that epoch (absent for epochs trained by an earlier process).
+//
 // A Trainer without a RunDirectory writes nothing (a data-parallel rank other than 0).
 #pragma once
 #include <cstdint>

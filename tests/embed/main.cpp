@@ -154,8 +154,8 @@ int run(const std::string& run_dir, const std::string& device_name, const std::s
   HostObserver obs;
   Trainer trainer(cfg, device, make_model(cfg), &obs);
   trainer.add_state_group("host", &host);
-  RunDirectory run_dir(trainer);  // run_dir's checkpoints, metrics.jsonl and lock
-  const FitResult fit = run_dir.fit();
+  RunDirectory run(trainer);  // run_dir's checkpoints, metrics.jsonl and lock
+  const FitResult fit = run.fit();
   for (const EpochMetrics& m : obs.ended) host.val_acc_history.push_back(m.val_acc);
   check(fit.ending == FitResult::Ending::Completed, "fit() completed");
   check(trainer.epochs_done() == 1 && obs.epochs_begun == 1 && obs.ended.size() == 1,
