@@ -157,6 +157,14 @@ const std::map<int64_t, Upgrade>& upgrades() {
   static const std::map<int64_t, Upgrade> table = {
       // Version 2 changed only the user-block header (metadata_bytes, metadata_crc32).
       {1, [](Checkpoint&) {}},
+      // Version 3 added trainer/epoch_elapsed_seconds: an older file's partial epoch
+      // counts as having taken no time so far (its epoch_seconds then counts the resumed
+      // part only, as version 2 did).
+      {2, [](Checkpoint& c) {
+         auto g = c.groups.find("trainer");
+         if (g != c.groups.end() && !g->second.empty() && !g->second.scalars.count("epoch_elapsed_seconds"))
+           g->second.scalars["epoch_elapsed_seconds"] = 0.0;
+       }},
   };
   return table;
 }

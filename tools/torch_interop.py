@@ -80,7 +80,7 @@ CONFIG_DEFAULTS = {
 
 USERBLOCK = 512
 MAGIC = b"ENGINE-CHECKPOINT\n"
-SUPPORTED_FORMAT_VERSION = 2
+SUPPORTED_FORMAT_VERSION = 3
 
 
 # ---------------------------------------------------------------------------------------

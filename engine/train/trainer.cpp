@@ -55,14 +55,6 @@ void accept_resized_buffer_at_epoch_boundary(std::map<std::string, StateDict>& g
   buf->second = Tensor::zeros(live_buffer.shape(), live_buffer.dtype());
 }
 
-// Files written before trainer/epoch_elapsed_seconds existed lack it: they load as if the
-// partial epoch had taken no time so far (its epoch_seconds counts this session only).
-void fill_in_keys_of_older_files(std::map<std::string, StateDict>& groups) {
-  auto g = groups.find("trainer");
-  if (g != groups.end() && !g->second.empty() && !g->second.scalars.count("epoch_elapsed_seconds"))
-    g->second.scalars["epoch_elapsed_seconds"] = 0.0;
-}
-
 // Says why a mid-epoch checkpoint's loss buffer of another size cannot be taken over.
 void explain_resized_buffer_mid_epoch(StateReport& report, const std::map<std::string, StateDict>& groups) {
   for (std::string& m : report.mismatched) {
@@ -728,7 +720,6 @@ StateReport Trainer::restore(const Checkpoint& ckpt, LoadMode mode) {
   auto comps = components();
   std::map<std::string, StateDict> groups = ckpt.groups;  // shares the tensors
   accept_resized_buffer_at_epoch_boundary(groups, epoch_sample_loss_);
-  fill_in_keys_of_older_files(groups);
   std::vector<StateDict> expected;
   for (auto& [name, comp] : comps) {
     expected.push_back(comp->state());

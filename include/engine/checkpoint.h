@@ -16,7 +16,7 @@
 
 namespace engine {
 
-inline constexpr int64_t kCheckpointFormatVersion = 2;
+inline constexpr int64_t kCheckpointFormatVersion = 3;
 
 // One line, always starting with the file's path.
 struct CheckpointError : std::runtime_error {

@@ -11,10 +11,10 @@
 #   tools/bench/async_save.sh     training-thread stall of checkpoint saves, when present
 # A script that does not exist is skipped with a note (in the output and the table).
 # --quick: small runs to check the pipeline (cpu_epoch --limit 2048 --repeat 1,
-#          checkpoint_io --rounds 2 --reps 5, async_save --quick if it has that option); the table says
+#          checkpoint_io --rounds 2 --reps 5, async_save --rounds 1); the table says
 #          "quick" and its figures are not the ones to quote.
 # --no-write: print the table, change no file.
-# Builds engine_cli and checkpoint_bench in DIR (default build/, Release) first. The
+# Builds engine_cli, checkpoint_bench and async_save_bench in DIR (default build/, Release) first. The
 # figures are only as good as the machine is quiet: the table records the load average
 # before and after, and figures taken while other work runs are not comparable.
 set -euo pipefail
@@ -40,8 +40,8 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -x "$py" ]] || die "no Python at $py (needs Debian's python3 with python3-torch; pass --python)"
 
-cmake --build "$build" -j2 --target engine_cli checkpoint_bench >/dev/null ||
-  die "cannot build engine_cli and checkpoint_bench in $build (configure it first: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release)"
+cmake --build "$build" -j2 --target engine_cli checkpoint_bench async_save_bench >/dev/null ||
+  die "cannot build engine_cli, checkpoint_bench and async_save_bench in $build (configure it first: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release)"
 
 logs="$(mktemp -d "${TMPDIR:-/tmp}/bench_all.XXXXXX")"
 commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
@@ -67,16 +67,11 @@ bench() {
 if [[ $quick == 1 ]]; then
   bench cpu_epoch "$here/cpu_epoch.sh" --engine "$build/engine" --python "$py" --limit 2048 --repeat 1
   bench checkpoint_io "$here/checkpoint_io.sh" --bench "$build/checkpoint_bench" --python "$py" --rounds 2 --reps 5
-  # Its quick option, if it has one (it is written separately; without one it runs as is).
-  if [[ -f "$here/async_save.sh" ]] && grep -q -- '--quick' "$here/async_save.sh"; then
-    bench async_save "$here/async_save.sh" --quick
-  else
-    bench async_save "$here/async_save.sh"
-  fi
+  bench async_save "$here/async_save.sh" --bench "$build/async_save_bench" --rounds 1
 else
   bench cpu_epoch "$here/cpu_epoch.sh" --engine "$build/engine" --python "$py" --repeat 2
   bench checkpoint_io "$here/checkpoint_io.sh" --bench "$build/checkpoint_bench" --python "$py"
-  bench async_save "$here/async_save.sh"
+  bench async_save "$here/async_save.sh" --bench "$build/async_save_bench"
 fi
 load_after="$(cut -d' ' -f1-3 /proc/loadavg)"
 
