@@ -367,6 +367,14 @@ const char* to_string(SchedulerName v) { return v == SchedulerName::Cosine ? "co
 const char* to_string(PrecisionMode v) { return v == PrecisionMode::Fp32 ? "fp32" : "fp16"; }
 const char* to_string(MonitorMetric v) { return v == MonitorMetric::ValLoss ? "val_loss" : "val_acc"; }
 const char* to_string(SaveErrorPolicy v) { return v == SaveErrorPolicy::Stop ? "stop" : "continue"; }
+const char* to_string(DistBackend v) {
+  switch (v) {
+    case DistBackend::Auto: return "auto";
+    case DistBackend::Mpi: return "mpi";
+    case DistBackend::Nccl: return "nccl";
+  }
+  return "auto";
+}
 
 Config config_from_json(const json& j, const std::string& origin) {
   const Reader r(j, origin);
@@ -462,6 +470,10 @@ Config config_from_json(const json& j, const std::string& origin) {
   r.boolean("logging.tensorboard", c.logging.tensorboard);
 
   r.boolean("cuda.deterministic", c.cuda.deterministic);
+
+  r.choice("dist.backend", c.dist.backend, {DistBackend::Auto, DistBackend::Mpi, DistBackend::Nccl});
+  r.real("dist.timeout_s", c.dist.timeout_s);
+  r.require("dist.timeout_s", c.dist.timeout_s > 0, "must be > 0");
   return c;
 }
 
@@ -618,6 +630,7 @@ json config_to_json(const Config& c) {
   };
   j["logging"] = {{"tensorboard", c.logging.tensorboard}};
   j["cuda"] = {{"deterministic", c.cuda.deterministic}};
+  j["dist"] = {{"backend", to_string(c.dist.backend)}, {"timeout_s", c.dist.timeout_s}};
   return j;
 }
 

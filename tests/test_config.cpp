@@ -98,6 +98,8 @@ void check_same(const Config& a, const Config& b) {
   CHECK(a.checkpoint.verify == b.checkpoint.verify);
   CHECK(a.checkpoint.on_error == b.checkpoint.on_error);
   CHECK(a.cuda.deterministic == b.cuda.deterministic);
+  CHECK(a.dist.backend == b.dist.backend);
+  CHECK(same_bits(a.dist.timeout_s, b.dist.timeout_s));
 }
 
 void write_file(const fs::path& path, const std::string& text) {
@@ -172,6 +174,8 @@ TEST_CASE("config_to_json emits every key, null for unset optionals") {
   CHECK(j["checkpoint"]["keep_epochs"] == json::array());
   CHECK(j["precision"]["loss_scale"]["growth_interval"] == 2000);
   CHECK(j["cuda"]["deterministic"] == true);
+  CHECK(j["dist"]["backend"] == "auto");
+  CHECK(j["dist"]["timeout_s"] == 300.0);
   CHECK(j == engine::default_config_json());
 }
 
@@ -213,6 +217,8 @@ TEST_CASE("round trip through JSON is exact") {
   c.checkpoint.verify = false;
   c.checkpoint.on_error = engine::SaveErrorPolicy::Continue;
   c.cuda.deterministic = false;
+  c.dist.backend = engine::DistBackend::Nccl;
+  c.dist.timeout_s = 12.5;
 
   SUBCASE("in memory") { check_same(engine::config_from_json(engine::config_to_json(c), "x"), c); }
   SUBCASE("through text") {

@@ -19,12 +19,14 @@ enum class SchedulerName { Cosine, Constant };   // "cosine" | "constant"
 enum class PrecisionMode { Fp32, Fp16 };         // "fp32" | "fp16"
 enum class MonitorMetric { ValLoss, ValAcc };    // "val_loss" (lower is better) | "val_acc" (higher)
 enum class SaveErrorPolicy { Stop, Continue };   // "stop" | "continue"
+enum class DistBackend { Auto, Mpi, Nccl };      // "auto" | "mpi" | "nccl" (docs/distributed.md)
 
 const char* to_string(OptimizerName v);
 const char* to_string(SchedulerName v);
 const char* to_string(PrecisionMode v);
 const char* to_string(MonitorMetric v);
 const char* to_string(SaveErrorPolicy v);
+const char* to_string(DistBackend v);
 
 struct DataConfig {
   std::string dir = "/usr/share/datasets/fashion-mnist";
@@ -101,6 +103,15 @@ struct CudaConfig {
   bool deterministic = true;  // restrict cuDNN to deterministic algorithms
 };
 
+// Data-parallel runs under mpirun/srun (docs/distributed.md); ignored in one process.
+struct DistConfig {
+  // Auto: NCCL for CUDA ranks, MPI for CPU ranks. Mpi / Nccl force one (NCCL needs CUDA).
+  DistBackend backend = DistBackend::Auto;
+  // A collective that has not completed after this many seconds means a rank has died
+  // or stopped responding: the job is aborted with a message naming the rank.
+  double timeout_s = 300;
+};
+
 struct Config {
   uint64_t seed = 0;
   std::string device = "auto";  // "auto" | "cpu" | "cuda" | "cuda:N"
@@ -113,6 +124,7 @@ struct Config {
   CheckpointConfig checkpoint;
   LoggingConfig logging;
   CudaConfig cuda;
+  DistConfig dist;
 
   int64_t effective_t_max() const { return scheduler.t_max ? *scheduler.t_max : train.epochs; }
 };
