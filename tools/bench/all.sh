@@ -9,9 +9,12 @@
 #   tools/bench/cpu_epoch.sh      one training epoch, engine vs PyTorch eager (--repeat 2)
 #   tools/bench/checkpoint_io.sh  save/load of the training state vs torch.save/torch.load
 #   tools/bench/async_save.sh     training-thread stall of checkpoint saves, when present
+#   tools/bench/dist_epoch.sh     one epoch: engine 2 ranks vs 1 process vs PyTorch DDP
+#                                 (--repeat 2; skipped with a note without mpirun)
 # A script that does not exist is skipped with a note (in the output and the table).
 # --quick: small runs to check the pipeline (cpu_epoch --limit 2048 --repeat 1,
-#          checkpoint_io --rounds 2 --reps 5, async_save --rounds 1); the table says
+#          checkpoint_io --rounds 2 --reps 5, async_save --rounds 1,
+#          dist_epoch --limit 2048 --repeat 1); the table says
 #          "quick" and its figures are not the ones to quote.
 # --no-write: print the table, change no file.
 # Builds engine_cli, checkpoint_bench and async_save_bench in DIR (default build/, Release) first. The
@@ -73,6 +76,13 @@ else
   bench checkpoint_io "$here/checkpoint_io.sh" --bench "$build/checkpoint_bench" --python "$py"
   bench async_save "$here/async_save.sh" --bench "$build/async_save_bench"
 fi
+if ! command -v mpirun >/dev/null; then
+  echo "all.sh: note: no mpirun on PATH; dist_epoch skipped" | tee "$logs/dist_epoch.skipped"
+elif [[ $quick == 1 ]]; then
+  bench dist_epoch "$here/dist_epoch.sh" --engine "$build/engine" --python "$py" --limit 2048 --repeat 1
+else
+  bench dist_epoch "$here/dist_epoch.sh" --engine "$build/engine" --python "$py" --repeat 2
+fi
 load_after="$(cut -d' ' -f1-3 /proc/loadavg)"
 
 "$py" - "$root" "$logs" "$commit" "$started" "$machine" "$load_before" "$load_after" "$quick" "$write" <<'EOF'
@@ -122,7 +132,25 @@ for what, engine_label, torch_label in (("save", "engine save_checkpoint", r"tor
                  f"**{r.group(1)}×** (median of {r.group(2)} side-by-side rounds, {r.group(3)}–{r.group(4)}, "
                  f"{r.group(5)} of {r.group(6)} ≤ 1; engine {em} ms, PyTorch {tm} ms)", verdict(float(r.group(1)), 1.0)))
 
+dist = log("dist_epoch")
+if dist is not None:
+    one = find(dist, r"^engine 1 process x 2 threads \(train only\):\s+([\d.]+) s", "the engine's 1-process epoch")
+    two = find(dist, r"^engine (\d+) ranks x 1 thread \(train only\)\s*:\s+([\d.]+) s", "the engine's 2-rank epoch")
+    ddp = find(dist, r"^pytorch DDP gloo \d+ ranks x 1 thread\s*:\s+([\d.]+) s", "PyTorch DDP's epoch")
+    d_images = find(dist, r"^ranks \d+, images (\d+)", "the image count").group(1)
+    d_repeat = find(dist, r"repeat (\d+)", "the repeat count").group(1)
+    sent = find(dist, r"^bytes per step per rank, engine .*: sends ([\d,]+), receives ([\d,]+)", "the bytes per step")
+    w, r_one, r_ddp = two.group(1), float(two.group(2)) / float(one.group(1)), float(two.group(2)) / float(ddp.group(1))
+    d_src = f"`dist_epoch.sh`, {d_images} images, best of {d_repeat}"
+    rows.append((f"data-parallel CPU epoch, {w} ranks / 1 process ({w} × 1 thread vs 1 × 2 threads)", "≤ 1.10×",
+                 f"**{r_one:.3f}×** ({two.group(2)} s vs {one.group(1)} s; {d_src}; "
+                 f"{sent.group(1)} B sent per step per rank)", verdict(r_one, 1.10)))
+    rows.append((f"data-parallel CPU epoch, engine {w} ranks / PyTorch DDP (gloo, {w} ranks × 1 thread)", "≤ 0.6×",
+                 f"**{r_ddp:.3f}×** ({two.group(2)} s vs {ddp.group(1)} s)", verdict(r_ddp, 0.6)))
+
 extra = []
+if dist is None and os.path.exists(os.path.join(logs, "dist_epoch.skipped")):
+    extra.append("No `mpirun` on this machine: no data-parallel figures (`tools/bench/dist_epoch.sh`).")
 stall = log("async_save")
 if stall is not None:
     lines = [l for l in stall.splitlines() if re.search(r"stall|ratio|target", l, re.I)]
