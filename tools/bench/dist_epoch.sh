@@ -79,14 +79,15 @@ if [[ -n "$limit" ]]; then
   torch_args+=(--limit "$limit")
 fi
 
-# run_engine NAME LOG CMD...: runs CMD (an engine train into $tmp/NAME), prints its
-# epoch_seconds; on failure shows the log's tail and stops.
+# epoch_seconds RUN_DIR LOG: the train-only seconds of the run's first (only) epoch.
 epoch_seconds() {
   local run="$1" log="$2"
   [[ -s "$run/metrics.jsonl" ]] || die "the engine wrote no $run/metrics.jsonl (log: $log, use --keep)"
   "$py" -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["epoch_seconds"])' "$run/metrics.jsonl" ||
     die "cannot read epoch_seconds from $run/metrics.jsonl"
 }
+# run_or_die LOG CMD...: runs CMD with stdout+stderr to LOG; on failure shows the log's
+# tail and stops.
 run_or_die() {
   local log="$1"; shift
   local rc=0

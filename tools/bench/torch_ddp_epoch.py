@@ -157,6 +157,9 @@ def main():
     if a.limit is not None:
         n_train = min(n_train, a.limit)
 
+    # All ranks on this machine: gloo over the loopback device, whatever the host name
+    # resolves to (set GLOO_SOCKET_IFNAME to choose another).
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     with tempfile.TemporaryDirectory(prefix="torch_ddp_epoch.") as tmp:
         init_file, result_file = os.path.join(tmp, "init"), os.path.join(tmp, "result.json")
         mp.spawn(worker, args=(a, n_train, init_file, result_file), nprocs=a.world, join=True)
