@@ -4,7 +4,6 @@
 #include "io/checkpoint_format.h"
 #include "io/checkpoint_hdf5.h"
 #include "io/checkpoint_header.h"
-#include "io/checkpoint_tamper.h"
 #include "io/side_by_side.h"
 
 #include <fcntl.h>
@@ -27,13 +26,12 @@ void check_no_nul(const std::string& path, const std::string& what, const std::s
   if (text.find('\0') != std::string::npos) fail(path, what + " contains a NUL character");
 }
 
-void check_for_save(const std::string& path, const Checkpoint& ckpt, bool require_groups) {
+void check_for_save(const std::string& path, const Checkpoint& ckpt) {
   if (ckpt.meta.saved_on.empty()) fail(path, "meta.saved_on is empty; set it to the training device (\"cpu\", \"cuda:0\")");
   check_no_nul(path, "meta.saved_on", ckpt.meta.saved_on);
   check_no_nul(path, "config_json", ckpt.config_json);
-  if (require_groups)
-    for (const std::string& g : checkpoint_required_groups())
-      if (!ckpt.groups.count(g)) fail(path, "checkpoint has no '" + g + "' group");
+  for (const std::string& g : checkpoint_required_groups())
+    if (!ckpt.groups.count(g)) fail(path, "checkpoint has no '" + g + "' group");
   for (const auto& [group, d] : ckpt.groups) {
     if (group.empty() || group == "." || group.find_first_of(std::string("/\0", 2)) != std::string::npos)
       fail(path, "group name '" + group + "' is not valid");
@@ -183,64 +181,6 @@ class ImageWriter {
     }
   }
 
-  void write_raw(hid_t root, const RawDataset& raw) {
-    const std::size_t slash = raw.path.rfind('/');
-    H5Handle parent = c_.own(H5Gopen2(root, slash == 0 ? "/" : raw.path.substr(0, slash).c_str(), H5P_DEFAULT),
-                             H5Gclose, "cannot open the parent of " + raw.path);
-    H5Handle ftype;
-    if (raw.type == "float32") ftype = c_.copy_type(H5T_IEEE_F32LE);
-    else if (raw.type == "float64") ftype = c_.copy_type(H5T_IEEE_F64LE);
-    else if (raw.type == "int64") ftype = c_.copy_type(H5T_STD_I64LE);
-    else if (raw.type == "int16") ftype = c_.copy_type(H5T_STD_I16LE);
-    else if (raw.type == "uint8") ftype = c_.copy_type(H5T_STD_U8LE);
-    else if (raw.type == "string") ftype = utf8_string_type(c_);
-    else c_.fail("unknown raw dataset type " + raw.type);
-    const std::vector<hsize_t> dims(raw.dims.begin(), raw.dims.end());
-    H5Handle space;
-    if (dims.empty())
-      space = c_.own(H5Screate(H5S_SCALAR), H5Sclose, "cannot create a dataspace");
-    else
-      space = c_.own(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose,
-                     "cannot create the dataspace of " + raw.path);
-    // Chunked and never written: HDF5 allocates nothing, so any shape costs nothing.
-    // External: contiguous, with its (unwritten) data in another file.
-    using Layout = RawDataset::Layout;
-    H5Handle dcpl = c_.plist(H5P_DATASET_CREATE, "a dataset property list");
-    const bool has_zero = std::find(dims.begin(), dims.end(), 0) != dims.end();
-    if (!raw.external_file.empty()) {
-      c_.ok(H5Pset_external(dcpl.get(), raw.external_file.c_str(), 0, H5F_UNLIMITED), "cannot set external storage");
-    } else if (raw.layout == Layout::Compact) {
-      c_.ok(H5Pset_layout(dcpl.get(), H5D_COMPACT), "cannot set the compact layout");
-    } else if (!dims.empty() && !has_zero) {
-      std::vector<hsize_t> chunk(dims.size(), 1);
-      if (raw.layout == Layout::FirstChunk) chunk[0] = std::min<hsize_t>(dims[0], 1024);
-      if (raw.layout == Layout::Deflated) chunk = dims;
-      if (raw.layout == Layout::Chunked) chunk[0] = std::max<hsize_t>(1, dims[0] / 2);
-      c_.ok(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), "cannot set chunking");
-      if (raw.layout == Layout::Deflated) c_.ok(H5Pset_deflate(dcpl.get(), 6), "cannot set the deflate filter");
-    }
-    H5Handle dset = c_.own(H5Dcreate2(parent.get(), raw.path.substr(slash + 1).c_str(), ftype.get(), space.get(),
-                                      H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-                           H5Dclose, "cannot create dataset " + raw.path);
-    if (raw.external_file.empty() && raw.layout != Layout::Unwritten && raw.type != "string") {
-      hsize_t count = 1;
-      for (hsize_t d : dims) count *= d;
-      if (raw.layout == Layout::FirstChunk) count = std::min<hsize_t>(count, 1024);
-      std::vector<double> values(count);
-      for (hsize_t i = 0; i < count; ++i) values[i] = static_cast<double>(i % 251);
-      H5Handle file_space = c_.own(H5Dget_space(dset.get()), H5Sclose, "cannot get the dataspace of " + raw.path);
-      H5Handle memory_space = c_.own(H5Screate_simple(1, &count, nullptr), H5Sclose, "cannot create a dataspace");
-      if (raw.layout == Layout::FirstChunk) {
-        const hsize_t start = 0;
-        c_.ok(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr),
-              "cannot select the first chunk of " + raw.path);
-      }
-      c_.ok(H5Dwrite(dset.get(), H5T_NATIVE_DOUBLE, memory_space.get(), file_space.get(), H5P_DEFAULT, values.data()),
-            "cannot write " + raw.path);
-    }
-    if (raw.series_kind) write_attribute(dset.get(), "kind", std::string("series"), raw.path + "@kind");
-  }
-
  private:
   struct PendingData {
     H5Handle dset;
@@ -339,9 +279,9 @@ bool only_data_after(const Bytes& image, std::size_t metadata_end, std::vector<s
   return zeros(pos, image.size());
 }
 
-BuiltImage build_image(const H5Ctx& c, const Checkpoint& ckpt, const Tamper& tamper) {
+BuiltImage build_image(const H5Ctx& c, const Checkpoint& ckpt) {
   H5Handle fcpl = c.plist(H5P_FILE_CREATE, "a file property list");
-  if (!tamper.plain_hdf5) c.ok(H5Pset_userblock(fcpl.get(), kUserBlockBytes), "cannot reserve the user block");
+  c.ok(H5Pset_userblock(fcpl.get(), kUserBlockBytes), "cannot reserve the user block");
   H5Handle fapl = c.plist(H5P_FILE_ACCESS, "a file access property list");
   c.ok(H5Pset_fapl_core(fapl.get(), estimated_file_bytes(ckpt), 0), "cannot select the in-memory driver");
   c.ok(H5Pset_alignment(fapl.get(), kAlignThreshold, kDataAlignment), "cannot set the data alignment");
@@ -360,20 +300,14 @@ BuiltImage build_image(const H5Ctx& c, const Checkpoint& ckpt, const Tamper& tam
     H5Handle root = c.own(H5Gopen2(file.get(), "/", H5P_DEFAULT), H5Gclose, "cannot open the root group");
     const std::map<std::string, Scalar> attrs = {
         {"format", std::string(kFormatName)},
-        {"format_version", tamper.format_version},
+        {"format_version", kCheckpointFormatVersion},
         {"engine_version", std::string(ENGINE_VERSION)},
         {"created_utc", utc_now()},
         {"saved_on", ckpt.meta.saved_on},
         {"config", ckpt.config_json},
     };
-    auto omitted = [](const std::vector<std::string>& list, const std::string& name) {
-      return std::find(list.begin(), list.end(), name) != list.end();
-    };
-    for (const char* name : kRootAttributes)
-      if (!omitted(tamper.omit_root_attributes, name)) w.write_attribute(root.get(), name, attrs.at(name), std::string("/@") + name);
-    for (const auto& [group, d] : ckpt.groups)
-      if (!omitted(tamper.omit_groups, group)) w.write_group(root.get(), group, d);
-    for (const auto& raw : tamper.raw_datasets) w.write_raw(root.get(), raw);
+    for (const char* name : kRootAttributes) w.write_attribute(root.get(), name, attrs.at(name), std::string("/@") + name);
+    for (const auto& [group, d] : ckpt.groups) w.write_group(root.get(), group, d);
 
     // Everything but the dataset bytes exists now; where the file ends is where the
     // data will begin.
@@ -393,7 +327,7 @@ BuiltImage build_image(const H5Ctx& c, const Checkpoint& ckpt, const Tamper& tam
   }
   (void)file.release();
   if (image.failed) throw std::bad_alloc();
-  const std::size_t userblock = tamper.plain_hdf5 ? 0 : kUserBlockBytes;
+  const std::size_t userblock = kUserBlockBytes;
   const std::size_t total = userblock + static_cast<std::size_t>(hdf5_bytes);
   if (image.bytes.size() < total) c.fail("the in-memory HDF5 file is shorter than its image");
   image.bytes.resize(total);
@@ -447,28 +381,21 @@ int write_sealed(int fd, Bytes& image, std::size_t metadata_bytes, int64_t forma
 
 }  // namespace
 
-void save_tampered_impl(const std::string& path, const Checkpoint& ckpt, const Tamper& tamper) {
-  Hdf5Session session;
-  const H5Ctx c{path};
-  check_for_save(path, ckpt, tamper.omit_groups.empty());
-  Checkpoint normalised = ckpt;  // shares tensor storage; only keys change
-  normalise_keys(path, normalised.groups);
-  for (const auto& [group, d] : normalised.groups) check_group_keys(path, group, d);
-  BuiltImage built = build_image(c, normalised, tamper);
-  Bytes& image = built.bytes;
-  atomic_write(path, [&](int fd) {
-    return tamper.plain_hdf5 ? write_fully_at(fd, image.data(), image.size(), 0)
-                             : write_sealed(fd, image, built.metadata_bytes, tamper.format_version);
-  });
-  SpareImage::give_back(std::move(image));
-}
-
 }  // namespace checkpoint_internal
 
 using namespace checkpoint_internal;
 
 void save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
-  save_tampered_impl(path, ckpt, Tamper{});
+  Hdf5Session session;
+  const H5Ctx c{path};
+  check_for_save(path, ckpt);
+  Checkpoint normalised = ckpt;  // shares tensor storage; only keys change
+  normalise_keys(path, normalised.groups);
+  for (const auto& [group, d] : normalised.groups) check_group_keys(path, group, d);
+  BuiltImage built = build_image(c, normalised);
+  Bytes& image = built.bytes;
+  atomic_write(path, [&](int fd) { return write_sealed(fd, image, built.metadata_bytes, kCheckpointFormatVersion); });
+  SpareImage::give_back(std::move(image));
 }
 
 }  // namespace engine

@@ -1,7 +1,8 @@
 // Private to io/ (and the tests): the system calls through which a file is replaced
-// (io/atomic_file.cpp), each with a seam that lets a test make it fail with a chosen
-// errno: disk full, I/O error, quota, file size limit, at any step of a save. Never
-// installed. Disarmed, each seam costs one relaxed atomic load.
+// (io/atomic_file.cpp), behind an interface in the manner of LevelDB's Env. The library
+// has one implementation, the plain POSIX calls; a test installs its own as the process
+// default (tests/support/file_faults.h makes any step fail with a chosen errno). The
+// default is process-wide because saves run on the writer thread too.
 #pragma once
 #include <sys/types.h>
 
@@ -15,30 +16,34 @@ enum class Step { Create, Write, Fsync, Close, Rename, DirFsync };
 const char* step_name(Step step);  // "create", "write", ...
 
 // Like the system calls (-1 and errno on failure, EINTR retried where it can be).
-int create(const std::string& path);  // open(O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666)
-ssize_t pwrite(int fd, const void* data, std::size_t n, off_t offset);
-int fsync(int fd);
-int close(int fd);  // the descriptor is closed even when this fails
-int rename(const std::string& from, const std::string& to);
-// Opens `dir`, fsyncs it and closes it; 0 or -1 and errno.
-int fsync_dir(const std::string& dir);
-
-// For tests: while a ScopedFault lives, the `skip`+1-th call of `step` and the
-// `times`-1 after it (times < 0: every one after it) fail with `error` without
-// reaching the system. One fault at a time, process-wide.
-struct Fault {
-  Step step = Step::Write;
-  int error = 0;
-  int skip = 0;
-  int times = 1;
-};
-class ScopedFault {
+class FileOps {
  public:
-  explicit ScopedFault(const Fault& fault);
-  ~ScopedFault();
-  ScopedFault(const ScopedFault&) = delete;
-  ScopedFault& operator=(const ScopedFault&) = delete;
-  int injected() const;  // how many calls failed so far
+  virtual ~FileOps() = default;
+  virtual int create(const std::string& path) = 0;  // open(O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666)
+  virtual ssize_t pwrite(int fd, const void* data, std::size_t n, off_t offset) = 0;
+  virtual int fsync(int fd) = 0;
+  virtual int close(int fd) = 0;  // the descriptor is closed even when this fails
+  virtual int rename(const std::string& from, const std::string& to) = 0;
+  // Opens `dir`, fsyncs it and closes it; 0 or -1 and errno.
+  virtual int fsync_dir(const std::string& dir) = 0;
 };
+
+// The real system calls.
+FileOps& posix();
+// The process default: posix() unless another was installed.
+FileOps& current();
+// Installs `ops` as the process default (nullptr: posix()) and returns the previous one.
+// `ops` must outlive every call made through it, on every thread.
+FileOps* install(FileOps* ops);
+
+// What io/ calls: the process default's operations.
+inline int create(const std::string& path) { return current().create(path); }
+inline ssize_t pwrite(int fd, const void* data, std::size_t n, off_t offset) {
+  return current().pwrite(fd, data, n, offset);
+}
+inline int fsync(int fd) { return current().fsync(fd); }
+inline int close(int fd) { return current().close(fd); }
+inline int rename(const std::string& from, const std::string& to) { return current().rename(from, to); }
+inline int fsync_dir(const std::string& dir) { return current().fsync_dir(dir); }
 
 }  // namespace engine::file_ops

@@ -18,6 +18,14 @@ enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice };
 void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind);
 void memset_zero(void* p, std::size_t bytes);
 void synchronize();
+// Page-locked host memory, for device-to-host copies that need not wait one by one: the
+// async save's snapshot buffer (engine/run/run_directory.cpp).
+void* alloc_pinned_host(std::size_t bytes);
+void free_pinned_host(void* p);
+// Queues a copy from device memory into pinned host memory on the compute stream, after
+// the work already queued there, and returns at once; wait_for_copies() waits for it.
+void copy_to_pinned_host_async(void* dst, const void* src, std::size_t bytes);
+void wait_for_copies();
 
 // Versions for engine/build_info.cpp (`engine --version`); all empty in CPU-only builds.
 // Works without a GPU or a driver (those give an empty `driver`, zero devices).

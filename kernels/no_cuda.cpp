@@ -21,6 +21,10 @@ void free(void*) {}
 void copy(void*, const void*, std::size_t, CopyKind) { unavailable(); }
 void memset_zero(void*, std::size_t) { unavailable(); }
 void synchronize() {}
+void* alloc_pinned_host(std::size_t) { unavailable(); }
+void free_pinned_host(void*) {}
+void copy_to_pinned_host_async(void*, const void*, std::size_t) { unavailable(); }
+void wait_for_copies() {}
 BackendVersions backend_versions() { return {}; }
 
 // The deterministic setting is recorded even without CUDA so configs behave the same.

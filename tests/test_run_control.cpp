@@ -16,12 +16,12 @@
 #include "run_dir_util.h"
 #include "cli_util.h"
 #include "engine/checkpoint.h"
-#include "train/restore_testing.h"
 #include "engine/run_control.h"
 #include "engine/run_lock.h"
 #include "engine/scaler.h"
 #include "engine/models/registry.h"
 #include "engine/trainer.h"
+#include "support/restore_faults.h"
 
 using namespace engine;
 using namespace test_util;
@@ -290,14 +290,9 @@ TEST_CASE("Trainer::restore rolls back every component it touched, the failing o
 
   for (const auto& [group, _] : before.groups) {
     CAPTURE(group);
-    static std::string failing;
-    failing = group;
-    testing::after_component_load = [](const std::string& g) {
-      if (g == failing) throw std::runtime_error("injected failure after loading " + g);
-    };
-    CHECK_THROWS_WITH_AS(target.restore(given, LoadMode::Strict), ("injected failure after loading " + group).c_str(),
-                         std::runtime_error);
-    testing::after_component_load = nullptr;
+    restore_faults::FailAfterGroup fail_after(group);
+    CHECK_THROWS_WITH_AS(target.restore(given, LoadMode::Strict, &fail_after),
+                         ("injected failure after loading " + group).c_str(), std::runtime_error);
     expect_same_state(before, target.snapshot(), "after a failure in " + group);
   }
   // A real failure halfway: the counters group names another early-stopping monitor.

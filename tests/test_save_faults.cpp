@@ -27,7 +27,7 @@
 #include "engine/trainer.h"
 #include "io/atomic_file.h"
 #include "io/deferred_remove.h"
-#include "io/file_ops.h"
+#include "support/file_faults.h"
 
 using namespace engine;
 namespace fs = std::filesystem;
@@ -101,7 +101,7 @@ TEST_CASE("a save failing at any step with any disk error keeps the previous fil
       bool write_error = false;
       std::string msg;
       {
-        file_ops::ScopedFault fault({c.step, err, c.skip, 1});
+        file_faults::ScopedFault fault({c.step, err, c.skip, 1});
         msg = error_of([&] { save_checkpoint(path, state(2.0f)); }, &write_error);
         CHECK(fault.injected() == 1);
       }
@@ -127,7 +127,7 @@ TEST_CASE("a first save that fails leaves no file at all") {
   const std::string path = dir + "/best.h5";
   for (Step step : {Step::Write, Step::Rename, Step::DirFsync}) {
     CAPTURE(file_ops::step_name(step));
-    file_ops::ScopedFault fault({step, ENOSPC, 0, 1});
+    file_faults::ScopedFault fault({step, ENOSPC, 0, 1});
     CHECK(error_of([&] { save_checkpoint(path, state(1.0f)); }).find("No space left on device") != std::string::npos);
     CHECK(!fs::exists(path));
     CHECK(hidden_in(dir).empty());
@@ -139,7 +139,7 @@ TEST_CASE("the message names the step") {
   const std::string path = dir + "/last.h5";
   save_checkpoint(path, state(1.0f));
   auto message = [&](Step step) {
-    file_ops::ScopedFault fault({step, EIO, 0, 1});
+    file_faults::ScopedFault fault({step, EIO, 0, 1});
     return error_of([&] { save_checkpoint(path, state(2.0f)); });
   };
   const std::string tmp = dir + "/.last.h5.tmp." + std::to_string(getpid());
@@ -200,7 +200,7 @@ TEST_CASE("write_file_atomically replaces a file whole, or leaves it as it was")
   write_file_atomically(path, "one\n");
   for (Step step : {Step::Create, Step::Write, Step::Fsync, Step::Rename, Step::DirFsync}) {
     CAPTURE(file_ops::step_name(step));
-    file_ops::ScopedFault fault({step, EDQUOT, 0, 1});
+    file_faults::ScopedFault fault({step, EDQUOT, 0, 1});
     CHECK(error_of([&] { write_file_atomically(path, "two\n"); }).find("Disk quota exceeded") != std::string::npos);
     CHECK(test_util::read_lines(path) == std::vector<std::string>{"one"});
     CHECK(hidden_in(dir).empty());
@@ -251,7 +251,7 @@ class FailingEpoch : public TrainerObserver {
     fault_.reset();
     if (epoch != epoch_) return;
     last_before = read_bytes(dir_ + "/last.h5");
-    fault_.emplace(file_ops::Fault{Step::Write, error_, 0, -1});
+    fault_.emplace(file_faults::Fault{Step::Write, error_, 0, -1});
   }
   void on_message(const std::string& m) override { messages.push_back(m); }
   void stop_failing() { fault_.reset(); }
@@ -262,7 +262,7 @@ class FailingEpoch : public TrainerObserver {
   std::string dir_;
   int64_t epoch_;
   int error_;
-  std::optional<file_ops::ScopedFault> fault_;
+  std::optional<file_faults::ScopedFault> fault_;
 };
 
 // An uninterrupted run, once per process.
@@ -375,9 +375,9 @@ TEST_CASE("checkpoint.async: a save the disk refuses surfaces at the next step o
       if (epoch != 2) return;
       run->flush(*trainer);  // epoch 1's files are complete before the disk "fills up"
       last_before = read_bytes(dir_ + "/last.h5");
-      fault.emplace(file_ops::Fault{Step::Write, ENOSPC, 0, -1});
+      fault.emplace(file_faults::Fault{Step::Write, ENOSPC, 0, -1});
     }
-    std::optional<file_ops::ScopedFault> fault;
+    std::optional<file_faults::ScopedFault> fault;
     std::vector<unsigned char> last_before;
     RunDirectory* run = nullptr;
     Trainer* trainer = nullptr;

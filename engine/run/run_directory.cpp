@@ -19,6 +19,7 @@
 #include "train/save_verification.h"
 #include "io/atomic_file.h"
 #include "io/deferred_remove.h"
+#include "kernels/cuda_runtime.h"
 #include "run/tfevents.h"
 
 namespace engine {
@@ -215,19 +216,35 @@ struct RunDirectory::Impl {
   }
 
   // The state into the snapshot buffer: host tensors kept from save to save (reallocated
-  // only when a shape changes). Only called while no queued job holds the buffer.
+  // only when a shape changes). Only called while no queued job holds the buffer. The
+  // buffer of a device tensor is pinned host memory: its copies are queued on the
+  // compute stream behind the step that produced the state and waited for once, before
+  // the writer thread may read them.
   std::shared_ptr<const Checkpoint> copy_into_buffer(const Checkpoint& live) {
     auto c = std::make_shared<Checkpoint>(live);  // meta, config and scalars by value; tensors below
+    bool copies_queued = false;
     for (auto& [group, d] : c->groups) {
       auto& bufs = buffers[group];
       for (auto& [key, t] : d.tensors) {
         Tensor& b = bufs[key];
-        if (!b.defined() || b.shape() != t.shape() || b.dtype() != t.dtype()) b = Tensor::empty(t.shape(), t.dtype());
-        if (t.numel() > 0) b.copy_from(t);
+        if (!b.defined() || b.shape() != t.shape() || b.dtype() != t.dtype()) b = host_buffer_for(t);
+        if (t.numel() > 0 && t.device().is_cuda()) {
+          kernels::cuda::copy_to_pinned_host_async(b.raw(), t.raw(), t.nbytes());
+          copies_queued = true;
+        } else if (t.numel() > 0) {
+          b.copy_from(t);
+        }
         t = b;
       }
     }
+    if (copies_queued) kernels::cuda::wait_for_copies();
     return c;
+  }
+  static Tensor host_buffer_for(const Tensor& t) {
+    if (!t.device().is_cuda()) return Tensor::empty(t.shape(), t.dtype());
+    void* p = kernels::cuda::alloc_pinned_host(t.nbytes());
+    std::shared_ptr<void> owner(p, [](void* q) { kernels::cuda::free_pinned_host(q); });
+    return Tensor::wrap_host(std::move(owner), p, t.shape(), t.dtype());
   }
 
   Trainer& trainer;

@@ -13,7 +13,6 @@
 
 #include "engine/batch_chunks.h"
 #include "nn/dispatch.h"
-#include "train/restore_testing.h"
 #include "train/save_verification.h"
 #include "train/time_budget.h"
 
@@ -27,14 +26,6 @@ double seconds_since(Clock::time_point t0) {
 }
 
 bool lower_is_better(MonitorMetric monitor) { return monitor == MonitorMetric::ValLoss; }
-
-}  // namespace
-
-namespace testing {
-void (*after_component_load)(const std::string& group) = nullptr;
-}
-
-namespace {
 
 // The partial-epoch loss buffer (trainer/epoch_sample_loss) has one entry per training
 // image. At an epoch boundary it holds nothing (the next epoch starts by zeroing it), so
@@ -715,7 +706,7 @@ Checkpoint Trainer::snapshot() const {
   return c;
 }
 
-StateReport Trainer::restore(const Checkpoint& ckpt, LoadMode mode) {
+StateReport Trainer::restore(const Checkpoint& ckpt, LoadMode mode, RestoreObserver* observer) {
   StateReport report;
   auto comps = components();
   std::map<std::string, StateDict> groups = ckpt.groups;  // shares the tensors
@@ -751,7 +742,7 @@ StateReport Trainer::restore(const Checkpoint& ckpt, LoadMode mode) {
       const StateDict given = it == groups.end() ? StateDict{} : it->second;
       touched = i + 1;
       comps[i].second->load_state(merge_matching(expected[i], given));
-      if (testing::after_component_load) testing::after_component_load(comps[i].first);
+      if (observer) observer->after_group(comps[i].first);
     }
   } catch (...) {
     for (std::size_t i = 0; i < touched; ++i) comps[i].second->load_state(backup[i]);

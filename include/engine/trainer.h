@@ -65,6 +65,15 @@ class TrainerObserver {
 
 enum class LoadMode { Strict, NonStrict };
 
+// Told by Trainer::restore of each group it has loaded, in order. An observer that
+// throws acts as a component failing after it changed its state: restore rolls every
+// component it touched back and rethrows.
+class RestoreObserver {
+ public:
+  virtual ~RestoreObserver() = default;
+  virtual void after_group(const std::string& group) = 0;
+};
+
 // Deliberate interruptions, for time-limited jobs.
 struct StopPlan {
   std::optional<int64_t> after_epochs;  // stop cleanly after this many epochs in total
@@ -176,7 +185,7 @@ class Trainer {
   // size at an epoch boundary, not mid-epoch (the position in the shuffled epoch
   // depends on it).
   Checkpoint snapshot() const;
-  StateReport restore(const Checkpoint& ckpt, LoadMode mode);
+  StateReport restore(const Checkpoint& ckpt, LoadMode mode, RestoreObserver* observer = nullptr);
   // load_checkpoint + restore; throws CheckpointError naming the file on failure.
   StateReport resume_from(const std::string& path, LoadMode mode);
 

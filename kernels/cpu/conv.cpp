@@ -73,6 +73,63 @@ struct StandardBounds {
   }
 };
 
+// The weight and bias gradients of each chunk of the batch (dw_chunks[chunk][K*CRS],
+// db_chunks[chunk][K]) and dx, over the given chunk bounds. How the partials are then
+// summed is the caller's: in sequence (conv2d_backward) or over the tree
+// (conv2d_backward_chunks).
+void backward_chunk_partials(const ConvShape& s, int chunks, const int* bounds, const float* x, const float* w,
+                             const float* dy, float* dx, float* dw_chunks, double* db_chunks) {
+  const int64_t ohw = static_cast<int64_t>(s.out_h()) * s.out_w();
+  const int crs = s.c * s.r * s.s;
+  const int64_t in_size = static_cast<int64_t>(s.c) * s.h * s.w;
+  const int64_t wsize = static_cast<int64_t>(s.k) * crs;
+#pragma omp parallel
+  {
+    float* col = thread_scratch(0, static_cast<std::size_t>(crs * ohw * kSubBatch));
+    float* dyc = thread_scratch(1, static_cast<std::size_t>(s.k * ohw * kSubBatch));
+#pragma omp for schedule(static)
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      const int c0 = bounds[chunk], c1 = bounds[chunk + 1];
+      float* dw_c = dw_chunks + chunk * wsize;
+      double* db_c = db_chunks + static_cast<int64_t>(chunk) * s.k;
+      if (c1 == c0) std::fill(dw_c, dw_c + wsize, 0.0f);
+      for (int n0 = c0; n0 < c1; n0 += kSubBatch) {
+        const int nb = std::min(kSubBatch, c1 - n0);
+        const int64_t ld = nb * ohw;
+        // dy of the sub-batch as [K, nb*OHW], and its columns.
+        for (int j = 0; j < nb; ++j) {
+          for (int k = 0; k < s.k; ++k)
+            std::memcpy(dyc + k * ld + j * ohw, dy + ((n0 + j) * static_cast<int64_t>(s.k) + k) * ohw,
+                        sizeof(float) * ohw);
+          im2col(s, x + (n0 + j) * in_size, col + j * ohw, ld);
+        }
+        for (int k = 0; k < s.k; ++k) {
+          // 16 float lanes, then double: vectorisable, fixed order.
+          float lanes[16] = {};
+          const float* row = dyc + k * ld;
+          int64_t i = 0;
+          for (; i + 16 <= ld; i += 16)
+            for (int j = 0; j < 16; ++j) lanes[j] += row[i + j];
+          double acc = 0.0;
+          for (; i < ld; ++i) acc += row[i];
+          for (int j = 0; j < 16; ++j) acc += lanes[j];
+          db_c[k] += acc;
+        }
+        // dW_chunk[K, CRS] (+)= dy_c[K, nb*OHW] * col^T[nb*OHW, CRS]
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.k, crs, static_cast<int>(ld), 1.0f,
+                    dyc, static_cast<int>(ld), col, static_cast<int>(ld), n0 == c0 ? 0.0f : 1.0f,
+                    dw_c, crs);
+        if (dx) {
+          // col[CRS, nb*OHW] = W^T[CRS, K] * dy_c[K, nb*OHW]
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, crs, static_cast<int>(ld), s.k, 1.0f,
+                      w, crs, dyc, static_cast<int>(ld), 0.0f, col, static_cast<int>(ld));
+          for (int j = 0; j < nb; ++j) col2im(s, col + j * ohw, ld, dx + (n0 + j) * in_size);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void conv2d_forward(const ConvShape& s, const float* x, const float* w, const float* b, float* y) {
@@ -112,57 +169,10 @@ void conv2d_forward_chunks(const ConvShape& s, int chunks, const int* bounds, co
 void conv2d_backward(const ConvShape& s, const float* x, const float* w, const float* dy,
                      float* dx, float* dw, float* db) {
   blas_single_threaded();
-  const int64_t ohw = static_cast<int64_t>(s.out_h()) * s.out_w();
-  const int crs = s.c * s.r * s.s;
-  const int64_t in_size = static_cast<int64_t>(s.c) * s.h * s.w;
-  const int64_t wsize = static_cast<int64_t>(s.k) * crs;
+  const int64_t wsize = static_cast<int64_t>(s.k) * s.c * s.r * s.s;
   float* dw_chunks = thread_scratch(2, static_cast<std::size_t>(kBatchChunks * wsize));
   std::vector<double> db_chunks(static_cast<std::size_t>(kBatchChunks) * s.k, 0.0);
-#pragma omp parallel
-  {
-    float* col = thread_scratch(0, static_cast<std::size_t>(crs * ohw * kSubBatch));
-    float* dyc = thread_scratch(1, static_cast<std::size_t>(s.k * ohw * kSubBatch));
-#pragma omp for schedule(static)
-    for (int chunk = 0; chunk < kBatchChunks; ++chunk) {
-      const int c0 = chunk_begin(s.n, chunk), c1 = chunk_begin(s.n, chunk + 1);
-      float* dw_c = dw_chunks + chunk * wsize;
-      double* db_c = db_chunks.data() + static_cast<int64_t>(chunk) * s.k;
-      if (c1 == c0) std::fill(dw_c, dw_c + wsize, 0.0f);
-      for (int n0 = c0; n0 < c1; n0 += kSubBatch) {
-        const int nb = std::min(kSubBatch, c1 - n0);
-        const int64_t ld = nb * ohw;
-        // dy of the sub-batch as [K, nb*OHW], and its columns.
-        for (int j = 0; j < nb; ++j) {
-          for (int k = 0; k < s.k; ++k)
-            std::memcpy(dyc + k * ld + j * ohw, dy + ((n0 + j) * static_cast<int64_t>(s.k) + k) * ohw,
-                        sizeof(float) * ohw);
-          im2col(s, x + (n0 + j) * in_size, col + j * ohw, ld);
-        }
-        for (int k = 0; k < s.k; ++k) {
-          // 16 float lanes, then double: vectorisable, fixed order.
-          float lanes[16] = {};
-          const float* row = dyc + k * ld;
-          int64_t i = 0;
-          for (; i + 16 <= ld; i += 16)
-            for (int j = 0; j < 16; ++j) lanes[j] += row[i + j];
-          double acc = 0.0;
-          for (; i < ld; ++i) acc += row[i];
-          for (int j = 0; j < 16; ++j) acc += lanes[j];
-          db_c[k] += acc;
-        }
-        // dW_chunk[K, CRS] (+)= dy_c[K, nb*OHW] * col^T[nb*OHW, CRS]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.k, crs, static_cast<int>(ld), 1.0f,
-                    dyc, static_cast<int>(ld), col, static_cast<int>(ld), n0 == c0 ? 0.0f : 1.0f,
-                    dw_c, crs);
-        if (dx) {
-          // col[CRS, nb*OHW] = W^T[CRS, K] * dy_c[K, nb*OHW]
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, crs, static_cast<int>(ld), s.k, 1.0f,
-                      w, crs, dyc, static_cast<int>(ld), 0.0f, col, static_cast<int>(ld));
-          for (int j = 0; j < nb; ++j) col2im(s, col + j * ohw, ld, dx + (n0 + j) * in_size);
-        }
-      }
-    }
-  }
+  backward_chunk_partials(s, kBatchChunks, StandardBounds(s.n).b, x, w, dy, dx, dw_chunks, db_chunks.data());
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < wsize; ++i) {
     float acc = 0.0f;
@@ -183,57 +193,10 @@ void conv2d_backward_chunks(const ConvShape& s, int chunks, const int* bounds, c
                             const float* w, const float* dy, float* dx, float* dw_tree,
                             double* db_tree) {
   blas_single_threaded();
-  const int64_t ohw = static_cast<int64_t>(s.out_h()) * s.out_w();
-  const int crs = s.c * s.r * s.s;
-  const int64_t in_size = static_cast<int64_t>(s.c) * s.h * s.w;
-  const int64_t wsize = static_cast<int64_t>(s.k) * crs;
+  const int64_t wsize = static_cast<int64_t>(s.k) * s.c * s.r * s.s;
   float* dw_chunks = thread_scratch(2, static_cast<std::size_t>(chunks * wsize));
   std::vector<double> db_chunks(static_cast<std::size_t>(chunks) * s.k, 0.0);
-#pragma omp parallel
-  {
-    float* col = thread_scratch(0, static_cast<std::size_t>(crs * ohw * kSubBatch));
-    float* dyc = thread_scratch(1, static_cast<std::size_t>(s.k * ohw * kSubBatch));
-#pragma omp for schedule(static)
-    for (int chunk = 0; chunk < chunks; ++chunk) {
-      const int c0 = bounds[chunk], c1 = bounds[chunk + 1];
-      float* dw_c = dw_chunks + chunk * wsize;
-      double* db_c = db_chunks.data() + static_cast<int64_t>(chunk) * s.k;
-      if (c1 == c0) std::fill(dw_c, dw_c + wsize, 0.0f);
-      for (int n0 = c0; n0 < c1; n0 += kSubBatch) {
-        const int nb = std::min(kSubBatch, c1 - n0);
-        const int64_t ld = nb * ohw;
-        // dy of the sub-batch as [K, nb*OHW], and its columns.
-        for (int j = 0; j < nb; ++j) {
-          for (int k = 0; k < s.k; ++k)
-            std::memcpy(dyc + k * ld + j * ohw, dy + ((n0 + j) * static_cast<int64_t>(s.k) + k) * ohw,
-                        sizeof(float) * ohw);
-          im2col(s, x + (n0 + j) * in_size, col + j * ohw, ld);
-        }
-        for (int k = 0; k < s.k; ++k) {
-          // 16 float lanes, then double: vectorisable, fixed order.
-          float lanes[16] = {};
-          const float* row = dyc + k * ld;
-          int64_t i = 0;
-          for (; i + 16 <= ld; i += 16)
-            for (int j = 0; j < 16; ++j) lanes[j] += row[i + j];
-          double acc = 0.0;
-          for (; i < ld; ++i) acc += row[i];
-          for (int j = 0; j < 16; ++j) acc += lanes[j];
-          db_c[k] += acc;
-        }
-        // dW_chunk[K, CRS] (+)= dy_c[K, nb*OHW] * col^T[nb*OHW, CRS]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.k, crs, static_cast<int>(ld), 1.0f,
-                    dyc, static_cast<int>(ld), col, static_cast<int>(ld), n0 == c0 ? 0.0f : 1.0f,
-                    dw_c, crs);
-        if (dx) {
-          // col[CRS, nb*OHW] = W^T[CRS, K] * dy_c[K, nb*OHW]
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, crs, static_cast<int>(ld), s.k, 1.0f,
-                      w, crs, dyc, static_cast<int>(ld), 0.0f, col, static_cast<int>(ld));
-          for (int j = 0; j < nb; ++j) col2im(s, col + j * ohw, ld, dx + (n0 + j) * in_size);
-        }
-      }
-    }
-  }
+  backward_chunk_partials(s, chunks, bounds, x, w, dy, dx, dw_chunks, db_chunks.data());
   // The tree over the chunk partials, by slices of the weight (same bits as per element).
   constexpr int64_t kSlice = 4096;
   const int64_t slices = (wsize + kSlice - 1) / kSlice;

@@ -75,6 +75,26 @@ void memset_zero(void* p, std::size_t bytes) {
   ENGINE_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, Context::get().stream()));
 }
 
+void* alloc_pinned_host(std::size_t bytes) {
+  Context::get();  // the device is chosen before the memory is registered with it
+  void* p = nullptr;
+  ENGINE_CUDA_CHECK(cudaMallocHost(&p, bytes ? bytes : 1));
+  return p;
+}
+
+void free_pinned_host(void* p) {
+  if (p) (void)cudaFreeHost(p);  // at exit the runtime may be shutting down: nothing to report
+}
+
+void copy_to_pinned_host_async(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  ENGINE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, Context::get().stream()));
+}
+
+void wait_for_copies() {
+  if (const Context* c = Context::existing()) ENGINE_CUDA_CHECK(cudaStreamSynchronize(c->stream()));
+}
+
 void synchronize() {
   // Nothing can be queued before the context exists; do not create it (or touch the
   // driver) just to wait for nothing.
