@@ -617,7 +617,8 @@ void require_same_start(TrainingSession& session, Trainer& trainer, const std::s
     const StartAgreement a = agree_on_start(session.collective(), session.config(), trainer.dataset(), checkpoint);
     std::cout << "ranks agree on config, build, data (" << a.data_bytes / 1000000.0 << " MB) and "
               << (checkpoint.empty() ? "starting fresh" : "checkpoint") << " (hashing " << std::fixed
-              << std::setprecision(1) << a.hash_ms << " ms, exchange " << a.exchange_ms << " ms)\n"
+              << std::setprecision(1) << a.hash_ms << " ms, test split read early " << a.test_load_ms
+              << " ms, exchange " << a.exchange_ms << " ms)\n"
               << std::defaultfloat;
   } catch (const StartMismatchError& e) {
     // Every rank knows: each says so and exits, no abort needed.

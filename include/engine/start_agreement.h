@@ -21,8 +21,9 @@ class StartMismatchError : public std::runtime_error {
 
 struct StartAgreement {
   int64_t data_bytes = 0;   // image and label bytes of the three splits, hashed in memory
-  double hash_ms = 0;       // this rank's hashing (config, build, data, checkpoint)
-  double exchange_ms = 0;   // the comparison across ranks
+  double test_load_ms = 0;  // reading the test split early (once: it is kept for the test)
+  double hash_ms = 0;       // this rank's hashing (config, build, data, checkpoint file)
+  double exchange_ms = 0;   // the allgather, including the wait for the last rank to arrive
 };
 
 // Compares across `comm`'s ranks, in one allgather of four 64-bit hashes when they agree:
