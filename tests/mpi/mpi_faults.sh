@@ -6,8 +6,9 @@
 #    timeout + 10 s, its line names the rank and the timeout; resume bit-exact;
 #  - a rank that fails (data.dir=/nonexistent on rank 1 only): the job ends at once,
 #    one line naming rank 1 and data.dir;
-#  - a config differing on rank 1 (optimizer.lr) and data differing on rank 1 (a copy
-#    of the data set with one byte changed) are refused, exit 2, naming what and the rank.
+#  - a config differing on rank 1 (optimizer.lr), data differing on rank 1 (a copy of
+#    the data set with one byte changed) and rank 1 resuming where rank 0 starts fresh
+#    are refused, exit 2, naming what and the rank.
 # CTest label `mpi`.   mpi_faults.sh ENGINE MPIRUN CONFIG DATA_DIR TMP
 set -euo pipefail
 engine="$1" mpirun="$2" config="$3" data="$4" tmp="$5"
@@ -96,13 +97,14 @@ grep -aq 'rank 1 did not answer' "$tmp/stopped.log" && grep -aq 'within 3 s (dis
 echo "stopped: $(grep -am1 'watchdog' "$tmp/stopped.log")"
 resume_matches stopped
 
-# MPMD: rank 0 as given, rank 1 with EXTRA...; must end with STATUS within 20 s and say PATTERN.
+# MPMD: rank 0 as given, rank 1 with EXTRA... (and its run directory $rank1_dir when set);
+# must end with STATUS within 20 s and say PATTERN.
 mpmd_refused() {
   local name="$1" status="$2" pattern="$3" rc=0 t0
   shift 3
   t0=$(now)
   timeout 60 "${mpi[@]}" -np 1 "$engine" train "$config" --device cpu --run-dir "$tmp/$name" "${sets[@]}" \
-    : -np 1 "$engine" train "$config" --device cpu --run-dir "$tmp/$name" "${sets[@]}" "$@" \
+    : -np 1 "$engine" train "$config" --device cpu --run-dir "${rank1_dir:-$tmp/$name}" "${sets[@]}" "$@" \
     >"$tmp/$name.log" 2>&1 || rc=$?
   local took
   took=$(seconds_since "$t0")
@@ -114,6 +116,8 @@ mpmd_refused() {
 }
 
 mpmd_refused failing 1 "engine: rank 1: data directory '/nonexistent' not found (key data.dir)" --set data.dir=/nonexistent
+# Rank 1 would resume (its run directory holds last.h5), rank 0 start fresh.
+rank1_dir="$tmp/killed" mpmd_refused checkpoint 2 "the checkpoint rank 1 would resume from differs from rank 0's"
 mpmd_refused config 2 "on rank 1: optimizer.lr = 0.02 (rank 0: " --set optimizer.lr=0.02
 
 # The data set with one pixel of training image 3 changed (IDX: a 16-byte header).
