@@ -82,7 +82,7 @@ std::string rank_tag() { return g_rank >= 0 ? "rank " + std::to_string(g_rank) +
 
 [[noreturn]] void fail(const std::string& msg, int code = 1) {
   std::cout << std::flush;
-  std::cerr << "engine: " << rank_tag() << msg << "\n";
+  std::cerr << "engine: " + rank_tag() + msg + "\n" << std::flush;  // one write: ranks' lines do not mix
   if (g_job && g_job->size() > 1) g_job->abort(code);  // every rank ends with `code`
   std::exit(code);
 }
@@ -332,7 +332,7 @@ class ConsoleObserver : public TrainerObserver {
     clear();
     // A warning names its rank and goes to stderr, which every rank keeps (the stdout
     // of ranks other than 0 is discarded).
-    if (g_rank >= 0 && m.rfind("warning", 0) == 0) std::cerr << "engine: " << rank_tag() << m << std::endl;
+    if (g_rank >= 0 && m.rfind("warning", 0) == 0) std::cerr << "engine: " + rank_tag() + m + "\n" << std::flush;
     else std::cout << m << std::endl;
   }
   void on_epoch_begin(int64_t epoch, int64_t epochs, int64_t) override {
@@ -623,7 +623,7 @@ void require_same_start(TrainingSession& session, Trainer& trainer, const std::s
   } catch (const StartMismatchError& e) {
     // Every rank knows: each says so and exits, no abort needed.
     std::cout << std::flush;
-    std::cerr << "engine: " << rank_tag() << e.what() << "\n";
+    std::cerr << "engine: " + rank_tag() + e.what() + "\n" << std::flush;
     std::exit(kExitUsage);
   }
 }

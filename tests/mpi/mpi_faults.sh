@@ -5,7 +5,8 @@
 #  - a rank SIGSTOPped with dist.timeout_s=3: the watchdog ends every rank within
 #    timeout + 10 s, its line names the rank and the timeout; resume bit-exact;
 #  - a rank that fails (data.dir=/nonexistent on rank 1 only): the job ends at once,
-#    one line naming rank 1 and data.dir;
+#    one line naming rank 1 and data.dir; a save that fails on rank 0 (a file size
+#    limit): exit 3 on every rank, or with on_error=continue a warning naming rank 0;
 #  - a config differing on rank 1 (optimizer.lr), data differing on rank 1 (a copy of
 #    the data set with one byte changed) and rank 1 resuming where rank 0 starts fresh
 #    are refused, exit 2, naming what and the rank.
@@ -119,6 +120,23 @@ mpmd_refused failing 1 "engine: rank 1: data directory '/nonexistent' not found 
 # Rank 1 would resume (its run directory holds last.h5), rank 0 start fresh.
 rank1_dir="$tmp/killed" mpmd_refused checkpoint 2 "the checkpoint rank 1 would resume from differs from rank 0's"
 mpmd_refused config 2 "on rank 1: optimizer.lr = 0.02 (rank 0: " --set optimizer.lr=0.02
+
+# A failed save on rank 0 (a file size limit below the checkpoint's size; TCP, as Open
+# MPI's shared-memory segment files are larger than that too): on_error=stop ends every
+# rank with the single-process status 3; on_error=continue warns, naming rank 0.
+limited=(bash -c 'ulimit -f 2000; exec "$0" "$@"' "$engine")
+for policy in stop continue; do
+  rc=0
+  timeout 120 "${mpi[@]}" --mca btl tcp,self -np 1 "${limited[@]}" train "$config" --device cpu --run-dir "$tmp/save_$policy" \
+    "${sets[@]}" --set train.epochs=1 --set checkpoint.on_error=$policy \
+    : -np 1 "$engine" train "$config" --device cpu --run-dir "$tmp/save_$policy" "${sets[@]}" --set train.epochs=1 \
+    --set checkpoint.on_error=$policy >"$tmp/save_$policy.log" 2>&1 || rc=$?
+  want=3 line="engine: rank 0: .*File too large; training stopped"
+  [[ $policy == continue ]] && want=0 line="engine: rank 0: warning: .*File too large; training goes on"
+  [[ $rc == "$want" ]] || { cat "$tmp/save_$policy.log"; fail "failed save ($policy): exit $rc, expected $want"; }
+  grep -aq -- "$line" "$tmp/save_$policy.log" || { cat "$tmp/save_$policy.log"; fail "failed save ($policy): no line '$line'"; }
+  echo "failed save ($policy): exit $rc: $(grep -am1 -o -- "$line" "$tmp/save_$policy.log" | cut -c1-120)..."
+done
 
 # The data set with one pixel of training image 3 changed (IDX: a 16-byte header).
 mkdir "$tmp/data"
