@@ -530,7 +530,7 @@ class TrainingSession {
         device_(resolve_device(cfg_.device)) {
     g_job = comm_;
     if (!writes_run_dir() && !std::freopen("/dev/null", "w", stdout))
-      fail("rank " + std::to_string(comm_->rank()) + ": cannot silence stdout");
+      fail("cannot silence stdout");  // fail() names the rank
     install_signal_handlers();
     if (writes_run_dir()) lock_.emplace(lock_run_dir(cfg_.checkpoint.dir));
   }
