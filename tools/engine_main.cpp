@@ -36,6 +36,7 @@
 #include "engine/run_control.h"
 #include "engine/run_directory.h"
 #include "engine/run_lock.h"
+#include "engine/start_agreement.h"
 #include "engine/trainer.h"
 
 namespace fs = std::filesystem;
@@ -69,9 +70,20 @@ constexpr int kExitTimeLimit = 75;     // --time-limit reached, last.h5 saved (E
 // When the process started: --time-limit counts from here, as a scheduler does.
 const auto g_process_start = std::chrono::steady_clock::now();
 
+// Under mpirun/srun with several ranks: this process's rank, which every error and
+// warning names ("engine: rank 2: ..."); -1 in one process.
+int g_rank = -1;
+// The job's collective once it exists (TrainingSession), kept to the end of the process
+// (an exception may unwind the session before main's catch reports it): an error on one
+// rank then ends every rank through it, instead of leaving the others in a collective.
+std::shared_ptr<Collective> g_job;
+
+std::string rank_tag() { return g_rank >= 0 ? "rank " + std::to_string(g_rank) + ": " : ""; }
+
 [[noreturn]] void fail(const std::string& msg, int code = 1) {
   std::cout << std::flush;
-  std::cerr << "engine: " << msg << "\n";
+  std::cerr << "engine: " + rank_tag() + msg + "\n" << std::flush;  // one write: ranks' lines do not mix
+  if (g_job && g_job->size() > 1) g_job->abort(code);  // every rank ends with `code`
   std::exit(code);
 }
 
@@ -316,7 +328,13 @@ std::string fmt_seconds(double s) {
 class ConsoleObserver : public TrainerObserver {
  public:
   ConsoleObserver() : tty_(::isatty(STDOUT_FILENO) != 0) {}
-  void on_message(const std::string& m) override { clear(); std::cout << m << std::endl; }
+  void on_message(const std::string& m) override {
+    clear();
+    // A warning names its rank and goes to stderr, which every rank keeps (the stdout
+    // of ranks other than 0 is discarded).
+    if (g_rank >= 0 && m.rfind("warning", 0) == 0) std::cerr << "engine: " + rank_tag() + m + "\n" << std::flush;
+    else std::cout << m << std::endl;
+  }
   void on_epoch_begin(int64_t epoch, int64_t epochs, int64_t) override {
     epoch_ = epoch;
     epochs_ = epochs;
@@ -507,16 +525,19 @@ class TrainingSession {
   // directory (its lock, checkpoints, metrics), the other ranks train silently and write
   // nothing (docs/distributed.md).
   TrainingSession(Config cfg, const RunOptions& o)
-      : opts_(o), cfg_(std::move(cfg)), comm_(make_process_collective(detect_launch())),
+      : opts_(o), cfg_(std::move(cfg)),
+        comm_(make_process_collective(detect_launch(), CollectiveOptions{cfg_.dist.timeout_s})),
         device_(resolve_device(cfg_.device)) {
+    g_job = comm_;
     if (!writes_run_dir() && !std::freopen("/dev/null", "w", stdout))
-      fail("rank " + std::to_string(comm_->rank()) + ": cannot silence stdout");
+      fail("cannot silence stdout");  // fail() names the rank
     install_signal_handlers();
     if (writes_run_dir()) lock_.emplace(lock_run_dir(cfg_.checkpoint.dir));
   }
 
   // Rank 0, or the only process.
   bool writes_run_dir() const { return comm_->rank() == 0; }
+  Collective& collective() { return *comm_; }
 
   Trainer& start() {
     apply_process_settings(cfg_);  // cuda.deterministic is process-wide
@@ -580,13 +601,32 @@ class TrainingSession {
  private:
   RunOptions opts_;
   Config cfg_;
-  std::unique_ptr<Collective> comm_;  // outlives the trainer, which uses it
+  std::shared_ptr<Collective> comm_;  // outlives the trainer, which uses it; shared with g_job
   Device device_;
   std::optional<RunDirLock> lock_;
   ConsoleObserver observer_;
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<RunDirectory> run_dir_;  // after trainer_: it writes the trainer's state, so it goes first
 };
+
+// Ranks started with another config, build, data or checkpoint than rank 0 are refused
+// by every rank (exit 2) before anything is trained (docs/distributed.md "Faults").
+void require_same_start(TrainingSession& session, Trainer& trainer, const std::string& checkpoint) {
+  if (session.collective().size() == 1) return;
+  try {
+    const StartAgreement a = agree_on_start(session.collective(), session.config(), trainer.dataset(), checkpoint);
+    std::cout << "ranks agree on config, build, data (" << a.data_bytes / 1000000.0 << " MB) and "
+              << (checkpoint.empty() ? "starting fresh" : "checkpoint") << " (hashing " << std::fixed
+              << std::setprecision(1) << a.hash_ms << " ms, test split read early " << a.test_load_ms
+              << " ms, exchange " << a.exchange_ms << " ms)\n"
+              << std::defaultfloat;
+  } catch (const StartMismatchError& e) {
+    // Every rank knows: each says so and exits, no abort needed.
+    std::cout << std::flush;
+    std::cerr << "engine: " + rank_tag() + e.what() + "\n" << std::flush;
+    std::exit(kExitUsage);
+  }
+}
 
 int cmd_train(const TrainOptions& a) {
   const std::string& path = a.config_path;
@@ -604,6 +644,7 @@ int cmd_train(const TrainOptions& a) {
   if (a.fresh && session.writes_run_dir()) move_previous_run_aside(cfg.checkpoint.dir);
   const bool resume = !a.fresh && fs::exists(last);
   Trainer& trainer = session.start();
+  require_same_start(session, trainer, resume ? last : "");
   std::cout << "training " << cfg.model.name << " (" << trainer.model().parameter_count()
             << " parameters) on " << session.device().str() << ", run dir " << cfg.checkpoint.dir << "\n";
   if (resume) {
@@ -631,6 +672,7 @@ int cmd_resume(const ResumeOptions& a) {
   }
   TrainingSession session(resolve_config(j, path + " (stored config)", a.run), a.run);
   Trainer& trainer = session.start();
+  require_same_start(session, trainer, path);
   StateReport r;
   try {
     r = trainer.restore(ckpt, a.non_strict ? LoadMode::NonStrict : LoadMode::Strict);
@@ -721,6 +763,14 @@ int cmd_report(const ReportCliOptions& a) {
   return 0;
 }
 
+// `engine --version`: the build's components, then the collectives it can run ranks with.
+std::string version_text() {
+  std::string out = to_string(build_info());
+  out += "mpi: " + (mpi_built() ? mpi_library_version() : std::string("not built (one process only)")) + "\n";
+  // NCCL: the integrator adds here one line from the nccl helper's nccl_built()/nccl_version().
+  return out;
+}
+
 // The subcommand being parsed when CLI11 threw (for the message), or null at the top.
 const CLI::App* deepest_parsed(const CLI::App& app) {
   for (const CLI::App* sub : app.get_subcommands()) return sub;
@@ -741,12 +791,13 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   const std::string first = argv[1];
+  if (const LaunchInfo launch = detect_launch(); launch.launched && launch.size > 1) g_rank = launch.rank;
   if (first == "-h" || first == "--help" || first == "help") {
     std::cout << kMainHelp;
     return 0;
   }
   if (first == "--version") {
-    std::cout << to_string(build_info());
+    std::cout << version_text();
     return 0;
   }
 
@@ -772,7 +823,7 @@ int main(int argc, char** argv) {
   const std::string cmd = sub->get_name();
   try {
     if (cmd == "version") {
-      std::cout << to_string(build_info());
+      std::cout << version_text();
       return 0;
     }
     // Forked now, while the process is small: training loads checkpoints later

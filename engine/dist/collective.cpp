@@ -19,6 +19,8 @@ std::vector<int64_t> Collective::agree_max(const std::vector<int64_t>& local) {
   return out;
 }
 
+void Collective::abort(int exit_code) { std::exit(exit_code); }
+
 void SingleProcessCollective::allgather(const void* send, std::size_t bytes, void* recv) {
   if (bytes) std::memmove(recv, send, bytes);
 }
@@ -69,7 +71,7 @@ LaunchInfo detect_launch() {
   return l;
 }
 
-std::unique_ptr<Collective> make_process_collective(const LaunchInfo& launch) {
+std::unique_ptr<Collective> make_process_collective(const LaunchInfo& launch, const CollectiveOptions& options) {
   if (!launch.launched) return std::make_unique<SingleProcessCollective>();
   if (!mpi_built()) {
     if (launch.size == 1) return std::make_unique<SingleProcessCollective>();
@@ -78,7 +80,8 @@ std::unique_ptr<Collective> make_process_collective(const LaunchInfo& launch) {
                              ", but this engine was built without MPI (install libopenmpi-dev and "
                              "reconfigure)");
   }
-  return dist::make_mpi_collective(launch);
+  if (!(options.timeout_s > 0)) throw std::invalid_argument("dist.timeout_s must be > 0 seconds");
+  return dist::make_mpi_collective(launch, options);
 }
 
 }  // namespace engine

@@ -8,7 +8,7 @@
 namespace engine::dist {
 
 // Initialises MPI (once per process) and returns the collective over MPI_COMM_WORLD;
-// MPI_Finalize runs at exit.
-std::unique_ptr<Collective> make_mpi_collective(const LaunchInfo& launch);
+// MPI_Finalize runs at exit. Every collective call is watched by options.timeout_s.
+std::unique_ptr<Collective> make_mpi_collective(const LaunchInfo& launch, const CollectiveOptions& options);
 
 }  // namespace engine::dist

@@ -10,7 +10,7 @@ bool mpi_built() { return false; }
 std::string mpi_library_version() { return ""; }
 
 namespace dist {
-std::unique_ptr<Collective> make_mpi_collective(const LaunchInfo&) {
+std::unique_ptr<Collective> make_mpi_collective(const LaunchInfo&, const CollectiveOptions&) {
   throw std::runtime_error("this engine was built without MPI (install libopenmpi-dev and reconfigure)");
 }
 }  // namespace dist

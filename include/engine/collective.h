@@ -27,6 +27,11 @@ class Collective {
   // The `bytes` bytes at `data` on rank `root` copied into `data` on every rank.
   virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
 
+  // Ends the whole job at once, every rank with `exit_code` (never returns): what a rank
+  // that fails alone calls, so that the others do not wait for it in a collective. The
+  // MPI collective calls MPI_Abort; the default ends this process only (std::exit).
+  [[noreturn]] virtual void abort(int exit_code);
+
   // Agreement on a small vector (stop flags, a step number): every rank gets the
   // element-wise maximum of all ranks' `local` (which must have the same length on
   // every rank). Built on allgather: the same answer on every rank.
@@ -41,6 +46,14 @@ class SingleProcessCollective final : public Collective {
   std::string name() const override { return "single"; }
   void allgather(const void* send, std::size_t bytes, void* recv) override;
   void broadcast(void*, std::size_t, int) override {}
+};
+
+// How a collective behaves when the ranks do not all answer (docs/distributed.md "Faults").
+struct CollectiveOptions {
+  // Watchdog: a collective not complete after this many seconds (config dist.timeout_s)
+  // means a rank has died, stopped or hung: this rank prints one line naming the
+  // operation and the ranks that did not answer, then aborts the job. Must be > 0.
+  double timeout_s = 300;
 };
 
 // World sizes that give the same bits as one process: those dividing the 8 chunks of
@@ -64,6 +77,7 @@ std::string mpi_library_version();
 // This process's collective: MPI (initialised here) when started by a launcher and the
 // build has MPI, the single-process one otherwise (no MPI call at all). Throws
 // std::runtime_error when a launcher started several ranks and the build has no MPI.
-std::unique_ptr<Collective> make_process_collective(const LaunchInfo& launch);
+std::unique_ptr<Collective> make_process_collective(const LaunchInfo& launch,
+                                                    const CollectiveOptions& options = {});
 
 }  // namespace engine

@@ -1,0 +1,224 @@
+#include "engine/start_agreement.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+namespace engine {
+namespace {
+
+// A 64-bit hash of bytes, 8 at a time (multiply-rotate, then an avalanche at the end):
+// to catch accidental differences between ranks, not an adversary.
+class Hash64 {
+ public:
+  void add(const void* data, std::size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    std::size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      mix(w);
+    }
+    uint64_t tail = 0;
+    std::memcpy(&tail, p + i, n - i);
+    mix(tail ^ (static_cast<uint64_t>(n - i) << 56));
+    mix(static_cast<uint64_t>(n));  // lengths too: "ab"+"c" is not "a"+"bc"
+  }
+  void add(const std::string& s) { add(s.data(), s.size()); }
+  uint64_t value() const {
+    uint64_t h = h_;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 33;
+    return h;
+  }
+
+ private:
+  void mix(uint64_t w) {
+    h_ ^= w * 0x9e3779b97f4a7c15ULL;
+    h_ = ((h_ << 31) | (h_ >> 33)) * 0xbf58476d1ce4e5b9ULL;
+  }
+  uint64_t h_ = 0x243f6a8885a308d3ULL;
+};
+
+// The config as compared: paths that may differ between nodes left out (their contents
+// are compared as the data and the checkpoint).
+nlohmann::json comparable_config(const Config& cfg) {
+  nlohmann::json j = config_to_json(cfg);
+  if (j.contains("data")) j["data"].erase("dir");
+  if (j.contains("checkpoint")) j["checkpoint"].erase("dir");
+  return j;
+}
+
+void flatten(const nlohmann::json& j, const std::string& prefix, std::map<std::string, std::string>& out) {
+  if (j.is_object() && !j.empty()) {
+    for (auto it = j.begin(); it != j.end(); ++it)
+      flatten(it.value(), prefix.empty() ? it.key() : prefix + "." + it.key(), out);
+  } else {
+    out[prefix] = j.dump();
+  }
+}
+
+// "optimizer.lr = 0.02 (rank 0: 0.05)" for every key where `mine` differs from rank 0's.
+std::string config_differences(const nlohmann::json& mine, const nlohmann::json& rank0) {
+  std::map<std::string, std::string> a, b;
+  flatten(mine, "", a);
+  flatten(rank0, "", b);
+  std::string out;
+  auto add = [&](const std::string& key, const std::string& here, const std::string& there) {
+    out += (out.empty() ? "" : ", ") + key + " = " + here + " (rank 0: " + there + ")";
+  };
+  for (const auto& [key, value] : a) {
+    const auto it = b.find(key);
+    if (it == b.end()) add(key, value, "absent");
+    else if (it->second != value) add(key, value, it->second);
+  }
+  for (const auto& [key, value] : b)
+    if (!a.count(key)) add(key, "absent", value);
+  return out;
+}
+
+uint64_t build_hash() {
+  Hash64 h;
+  h.add(std::string(ENGINE_VERSION));
+  h.add(std::string(__VERSION__));  // the compiler
+  h.add(mpi_library_version());
+#ifdef ENGINE_WITH_CUDA
+  h.add(std::string("cuda"));
+#else
+  h.add(std::string("no cuda"));
+#endif
+  return h.value();
+}
+
+void hash_split(Hash64& h, const SplitData& s) {
+  for (const Tensor* t : {&s.images, &s.labels}) {
+    if (!t->defined() || t->nbytes() == 0) {
+      h.add("", 0);
+      continue;
+    }
+    if (t->device().is_cpu()) {
+      h.add(t->raw(), t->nbytes());
+    } else {
+      const Tensor host = t->to(Device::cpu());
+      h.add(host.raw(), host.nbytes());
+    }
+  }
+}
+
+// The bytes of the file, 0 for "" (no checkpoint: starting fresh).
+uint64_t file_hash(const std::string& path) {
+  if (path.empty()) return 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(path + ": cannot read the checkpoint to resume from");
+  Hash64 h;
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    h.add(buf.data(), static_cast<std::size_t>(in.gcount()));
+  }
+  return h.value() | 1;  // never 0, which means "none"
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+StartAgreement agree_on_start(Collective& comm, const Config& cfg, Dataset& data,
+                              const std::string& checkpoint_path) {
+  StartAgreement out;
+  const int w = comm.size();
+  if (w == 1) return out;
+  const auto t0 = std::chrono::steady_clock::now();
+
+  const nlohmann::json config = comparable_config(cfg);
+  const std::string config_text = config.dump();
+  enum Item { kConfig, kBuild, kData, kCheckpoint, kItems };
+  std::vector<uint64_t> mine(kItems);
+  {
+    Hash64 h;
+    h.add(config_text);
+    mine[kConfig] = h.value();
+  }
+  mine[kBuild] = build_hash();
+  {
+    // The test split is read now instead of after training (it is kept: read once).
+    const auto load = std::chrono::steady_clock::now();
+    data.get(Split::Test);
+    out.test_load_ms = ms_since(load);
+    Hash64 h;
+    for (const Split s : {Split::Train, Split::Val, Split::Test}) {
+      const SplitData& d = data.get(s);
+      const int64_t count = d.count;
+      h.add(&count, sizeof count);
+      hash_split(h, d);
+      out.data_bytes += static_cast<int64_t>(d.images.nbytes() + d.labels.nbytes());
+    }
+    mine[kData] = h.value();
+  }
+  mine[kCheckpoint] = file_hash(checkpoint_path);
+  out.hash_ms = ms_since(t0) - out.test_load_ms;
+
+  const auto t1 = std::chrono::steady_clock::now();
+  std::vector<uint64_t> all(static_cast<std::size_t>(kItems * w));
+  comm.allgather(mine.data(), kItems * sizeof(uint64_t), all.data());
+  std::vector<int> differ[kItems];
+  for (int r = 1; r < w; ++r)
+    for (int i = 0; i < kItems; ++i)
+      if (all[static_cast<std::size_t>(r * kItems + i)] != all[static_cast<std::size_t>(i)]) differ[i].push_back(r);
+  if (std::all_of(std::begin(differ), std::end(differ), [](const std::vector<int>& v) { return v.empty(); })) {
+    out.exchange_ms = ms_since(t1);
+    return out;
+  }
+
+  // They differ (every rank sees the same hashes, so every rank takes this branch and
+  // makes the same calls). For the config, the keys: rank 0's config to every rank,
+  // each rank's differences back to every rank.
+  std::string message = "the ranks would not train the same run, refusing to start:";
+  if (!differ[kConfig].empty()) {
+    uint64_t length = config_text.size();
+    comm.broadcast(&length, sizeof length, 0);
+    std::string rank0(static_cast<std::size_t>(length), '\0');
+    if (comm.rank() == 0) rank0 = config_text;
+    comm.broadcast(rank0.data(), rank0.size(), 0);
+    constexpr std::size_t kNote = 480;
+    std::string note = comm.rank() == 0 ? "" : config_differences(config, nlohmann::json::parse(rank0));
+    if (note.size() >= kNote) note = note.substr(0, kNote - 4) + "...";
+    std::vector<char> send(kNote, '\0'), notes(kNote * static_cast<std::size_t>(w));
+    std::memcpy(send.data(), note.data(), note.size());
+    comm.allgather(send.data(), kNote, notes.data());
+    message += " the config differs from rank 0's";
+    for (const int r : differ[kConfig])
+      message += " on rank " + std::to_string(r) + ": " + std::string(notes.data() + r * kNote) + ";";
+  }
+  if (!differ[kBuild].empty())
+    message += " " + rank_list(differ[kBuild]) + " run another engine build than rank 0 (version, compiler or MPI "
+               "library; `engine --version` on each node);";
+  if (!differ[kData].empty())
+    message += " the data of " + rank_list(differ[kData]) +
+               " differs from rank 0's (data.dir holds other bytes, or data.* limits differ);";
+  if (!differ[kCheckpoint].empty()) {
+    const bool rank0_resumes = all[kCheckpoint] != 0;
+    message += " the checkpoint " + rank_list(differ[kCheckpoint]) + " would resume from differs from rank 0's (" +
+               std::string(rank0_resumes ? "rank 0 resumes from a checkpoint" : "rank 0 starts fresh") +
+               "; is the run directory shared by every rank?);";
+  }
+  message.pop_back();
+  throw StartMismatchError(message);
+}
+
+}  // namespace engine
