@@ -143,7 +143,7 @@ engine_layer(nn
 engine_layer(train
   SOURCES engine/train/*.cpp
   PREFIXES train=engine/train
-  HEADERS epoch_metrics.h inference.h process_settings.h run_control.h trainer.h)
+  HEADERS dist_backend.h epoch_metrics.h inference.h process_settings.h run_control.h trainer.h)
 
 # The run directory (engine/run/): what owns <run-dir>, above the trainer. Created once
 # the folder holds sources.

@@ -18,6 +18,9 @@ enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice };
 void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind);
 void memset_zero(void* p, std::size_t bytes);
 void synchronize();
+// The compute stream every op runs on, as a cudaStream_t (for NCCL, which must order
+// its exchanges on it: engine/dist/nccl_collective.cpp). Defined in kernels/cuda/chunk_ops.cu.
+void* compute_stream();
 
 // Versions for engine/build_info.cpp (`engine --version`); all empty in CPU-only builds.
 // Works without a GPU or a driver (those give an empty `driver`, zero devices).

@@ -21,6 +21,7 @@ void free(void*) {}
 void copy(void*, const void*, std::size_t, CopyKind) { unavailable(); }
 void memset_zero(void*, std::size_t) { unavailable(); }
 void synchronize() {}
+void* compute_stream() { unavailable(); }
 BackendVersions backend_versions() { return {}; }
 
 // The deterministic setting is recorded even without CUDA so configs behave the same.

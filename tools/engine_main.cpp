@@ -27,6 +27,7 @@
 #include "engine/build_info.h"
 #include "engine/checkpoint.h"
 #include "engine/collective.h"
+#include "engine/dist_backend.h"
 #include "engine/config.h"
 #include "engine/dataset.h"
 #include "engine/inference.h"
@@ -507,7 +508,7 @@ class TrainingSession {
   // directory (its lock, checkpoints, metrics), the other ranks train silently and write
   // nothing (docs/distributed.md).
   TrainingSession(Config cfg, const RunOptions& o)
-      : opts_(o), cfg_(std::move(cfg)), comm_(make_process_collective(detect_launch())),
+      : opts_(o), cfg_(std::move(cfg)), comm_(make_run_collective(cfg_.dist.backend, resolve_device(cfg_.device), detect_launch())),
         device_(resolve_device(cfg_.device)) {
     if (!writes_run_dir() && !std::freopen("/dev/null", "w", stdout))
       fail("rank " + std::to_string(comm_->rank()) + ": cannot silence stdout");

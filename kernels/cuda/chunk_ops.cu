@@ -416,6 +416,8 @@ void batchnorm_backward_chunks(const BatchNormShape& s, int chunks, const int* b
   if (dx) batchnorm_backward_apply(s, x, dy, save_mean, vecs.p, vecs.p + c, vecs.p + 2 * c, dx);
 }
 
+void* compute_stream() { return static_cast<void*>(Context::get().stream()); }
+
 // ---- The A/B switch (kernels/cuda/settings.h) -----------------------------------------
 static bool g_batch_chunks = true;
 void set_batch_chunks(bool on) { g_batch_chunks = on; }
