@@ -118,7 +118,6 @@ void finish_bias_grad_cuda(const BatchChunks* plan, const DeviceValues<double>& 
   host_to_device(bias_grad, f);
 }
 
-
 // Synchronised batch norm on the GPU by chunks. In one process the fused op; across
 // ranks the same steps with the per-channel sums (c values) completed on the host in
 // between. The fused op finishes on the host with the same functions
