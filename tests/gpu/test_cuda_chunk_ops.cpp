@@ -32,6 +32,7 @@
 #include "engine/layers.h"
 #include "engine/rng.h"
 #include "kernels/chunk_tree.h"
+#include "kernels/cuda/settings.h"
 #include "kernels/cuda_runtime.h"
 #include "kernels/ops.h"
 #include "support/random_data.h"
@@ -427,4 +428,43 @@ TEST_CASE("CUDA layers at W = 2 by threads on one GPU give the bits of W = 1") {
       CHECK(same_bits(runs[r].grads[i], one.grads[i]));
     }
   }
+}
+
+namespace {
+// Rank 0 of 2 that is never asked to exchange (the layer refuses before any exchange).
+class IdleTwoRanks final : public engine::Collective {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string name() const override { return "idle"; }
+  void allgather(const void*, std::size_t, void*) override { throw std::logic_error("no exchange expected"); }
+  void broadcast(void*, std::size_t, int) override { throw std::logic_error("no exchange expected"); }
+};
+}  // namespace
+
+TEST_CASE("cuda.batch_chunks=false is refused with several ranks, and used in one process") {
+  using namespace engine;
+  Conv2d conv("conv1", 1, 2, 3, 1);
+  Rng init(1);
+  conv.reset_parameters(init);
+  conv.to(Device::cuda(0));
+  Tensor x = Tensor::zeros({4, 1, 8, 8}, DType::F32, Device::cuda(0));
+  IdleTwoRanks two;
+  const BatchChunks plan(8, &two);  // rank 0 of 2 holds 4 of the 8 samples
+  conv.set_batch_chunks(&plan);
+  Rng rng(2);
+  gpu::set_batch_chunks(false);
+  std::string message;
+  try {
+    conv.forward(x, Mode::Train, rng);
+  } catch (const std::invalid_argument& e) {
+    message = e.what();
+  }
+  CHECK(message == "conv1: cuda.batch_chunks=false computes whole batches, which needs one process; this run has 2 "
+                   "ranks (set cuda.batch_chunks=true)");
+  const BatchChunks one(4);
+  conv.set_batch_chunks(&one);
+  CHECK_NOTHROW(conv.forward(x, Mode::Train, rng));
+  gpu::set_batch_chunks(true);
+  conv.set_batch_chunks(nullptr);
 }
