@@ -102,7 +102,7 @@ else()
   list(APPEND _kernel_sources kernels/no_cuda.cpp)
   include(engine_no_cuda)
   engine_generate_no_cuda_stubs(${PROJECT_BINARY_DIR}/generated/no_cuda/op_stubs.inc
-    kernels/op_signatures.inc)
+    kernels/op_signatures.inc kernels/chunk_ops.inc kernels/chunk_ops_f16.inc)
 endif()
 engine_layer(kernels
   SOURCES ${_kernel_sources}
@@ -143,7 +143,7 @@ engine_layer(nn
 engine_layer(train
   SOURCES engine/train/*.cpp
   PREFIXES train=engine/train
-  HEADERS epoch_metrics.h inference.h process_settings.h run_control.h start_agreement.h trainer.h)
+  HEADERS dist_backend.h epoch_metrics.h inference.h process_settings.h run_control.h start_agreement.h trainer.h)
 
 # The run directory (engine/run/): what owns <run-dir>, above the trainer. Created once
 # the folder holds sources.

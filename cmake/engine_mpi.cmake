@@ -29,3 +29,4 @@ else()
   target_sources(engine PRIVATE ${ENGINE_DIST_DIR}/no_mpi.cpp)
   message(STATUS "engine: MPI not found (or ENGINE_MPI=OFF): one process only; multi-rank launches are refused")
 endif()
+include(engine_nccl)  # cmake/engine_nccl.cmake: the NCCL collective when CUDA and nccl.h are found

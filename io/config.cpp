@@ -470,6 +470,7 @@ Config config_from_json(const json& j, const std::string& origin) {
   r.boolean("logging.tensorboard", c.logging.tensorboard);
 
   r.boolean("cuda.deterministic", c.cuda.deterministic);
+  r.boolean("cuda.batch_chunks", c.cuda.batch_chunks);
 
   r.choice("dist.backend", c.dist.backend, {DistBackend::Auto, DistBackend::Mpi, DistBackend::Nccl});
   r.real("dist.timeout_s", c.dist.timeout_s);
@@ -629,7 +630,7 @@ json config_to_json(const Config& c) {
       {"on_error", to_string(c.checkpoint.on_error)},
   };
   j["logging"] = {{"tensorboard", c.logging.tensorboard}};
-  j["cuda"] = {{"deterministic", c.cuda.deterministic}};
+  j["cuda"] = {{"deterministic", c.cuda.deterministic}, {"batch_chunks", c.cuda.batch_chunks}};
   j["dist"] = {{"backend", to_string(c.dist.backend)}, {"timeout_s", c.dist.timeout_s}};
   return j;
 }

@@ -7,6 +7,8 @@
 #pragma once
 #include <cstdint>
 
+#include "engine/hd.h"
+
 namespace engine::kernels {
 
 inline constexpr int kTreeChunks = 8;
@@ -18,9 +20,10 @@ inline int tree_chunk_begin(int64_t n, int chunk) {
 
 // In-place tree sum of `count` (a power of two) equally long partial vectors: part[i]
 // is at p + i * stride, `len` elements each; the result lands in part 0. Pairs
-// (0,1), (2,3)..., then (0,2), (4,6)..., then (0,4): the tree above.
+// (0,1), (2,3)..., then (0,2), (4,6)..., then (0,4): the tree above. Host and device
+// (the CUDA chunked ops sum per-chunk partials with it, kernels/cuda/chunk_ops.cu).
 template <class T>
-void tree_sum_in_place(T* p, int count, int64_t stride, int64_t len) {
+ENGINE_HD void tree_sum_in_place(T* p, int count, int64_t stride, int64_t len) {
   for (int step = 1; step < count; step *= 2)
     for (int i = 0; i + step < count; i += 2 * step) {
       T* a = p + static_cast<int64_t>(i) * stride;

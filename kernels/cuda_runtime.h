@@ -26,6 +26,9 @@ void free_pinned_host(void* p);
 // the work already queued there, and returns at once; wait_for_copies() waits for it.
 void copy_to_pinned_host_async(void* dst, const void* src, std::size_t bytes);
 void wait_for_copies();
+// The compute stream every op runs on, as a cudaStream_t (for NCCL, which must order
+// its exchanges on it: engine/dist/nccl_collective.cpp). Defined in kernels/cuda/chunk_ops.cu.
+void* compute_stream();
 
 // Versions for engine/build_info.cpp (`engine --version`); all empty in CPU-only builds.
 // Works without a GPU or a driver (those give an empty `driver`, zero devices).

@@ -25,12 +25,16 @@ void* alloc_pinned_host(std::size_t) { unavailable(); }
 void free_pinned_host(void*) {}
 void copy_to_pinned_host_async(void*, const void*, std::size_t) { unavailable(); }
 void wait_for_copies() {}
+void* compute_stream() { unavailable(); }
 BackendVersions backend_versions() { return {}; }
 
 // The deterministic setting is recorded even without CUDA so configs behave the same.
 static bool g_deterministic = true;
 void set_deterministic(bool on) { g_deterministic = on; }
 bool deterministic() { return g_deterministic; }
+static bool g_batch_chunks = true;
+void set_batch_chunks(bool on) { g_batch_chunks = on; }
+bool batch_chunks() { return g_batch_chunks; }
 void cast_f32_to_f16(int64_t, const float*, void*) { unavailable(); }
 void cast_f16_to_f32(int64_t, const void*, float*) { unavailable(); }
 

@@ -41,6 +41,8 @@ namespace cpu {
 }
 namespace cuda {
 #include "kernels/op_signatures.inc"
+#include "kernels/chunk_ops.inc"
+#include "kernels/chunk_ops_f16.inc"
 }
 
 }  // namespace engine::kernels

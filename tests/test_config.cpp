@@ -98,6 +98,7 @@ void check_same(const Config& a, const Config& b) {
   CHECK(a.checkpoint.verify == b.checkpoint.verify);
   CHECK(a.checkpoint.on_error == b.checkpoint.on_error);
   CHECK(a.cuda.deterministic == b.cuda.deterministic);
+  CHECK(a.cuda.batch_chunks == b.cuda.batch_chunks);
   CHECK(a.dist.backend == b.dist.backend);
   CHECK(same_bits(a.dist.timeout_s, b.dist.timeout_s));
 }
@@ -174,6 +175,7 @@ TEST_CASE("config_to_json emits every key, null for unset optionals") {
   CHECK(j["checkpoint"]["keep_epochs"] == json::array());
   CHECK(j["precision"]["loss_scale"]["growth_interval"] == 2000);
   CHECK(j["cuda"]["deterministic"] == true);
+  CHECK(j["cuda"]["batch_chunks"] == true);
   CHECK(j["dist"]["backend"] == "auto");
   CHECK(j["dist"]["timeout_s"] == 300.0);
   CHECK(j == engine::default_config_json());
@@ -217,6 +219,7 @@ TEST_CASE("round trip through JSON is exact") {
   c.checkpoint.verify = false;
   c.checkpoint.on_error = engine::SaveErrorPolicy::Continue;
   c.cuda.deterministic = false;
+  c.cuda.batch_chunks = false;
   c.dist.backend = engine::DistBackend::Nccl;
   c.dist.timeout_s = 12.5;
 

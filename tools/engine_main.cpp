@@ -27,6 +27,7 @@
 #include "engine/build_info.h"
 #include "engine/checkpoint.h"
 #include "engine/collective.h"
+#include "engine/dist_backend.h"
 #include "engine/config.h"
 #include "engine/dataset.h"
 #include "engine/inference.h"
@@ -526,7 +527,8 @@ class TrainingSession {
   // nothing (docs/distributed.md).
   TrainingSession(Config cfg, const RunOptions& o)
       : opts_(o), cfg_(std::move(cfg)),
-        comm_(make_process_collective(detect_launch(), CollectiveOptions{cfg_.dist.timeout_s})),
+        comm_(make_run_collective(cfg_.dist.backend, resolve_device(cfg_.device), detect_launch(),
+                                  CollectiveOptions{cfg_.dist.timeout_s})),
         device_(resolve_device(cfg_.device)) {
     g_job = comm_;
     if (!writes_run_dir() && !std::freopen("/dev/null", "w", stdout))
@@ -767,7 +769,12 @@ int cmd_report(const ReportCliOptions& a) {
 std::string version_text() {
   std::string out = to_string(build_info());
   out += "mpi: " + (mpi_built() ? mpi_library_version() : std::string("not built (one process only)")) + "\n";
-  // NCCL: the integrator adds here one line from the nccl helper's nccl_built()/nccl_version().
+  if (!nccl_built()) {
+    out += "nccl: not built (CUDA ranks exchange through MPI)\n";
+  } else {
+    const std::string v = nccl_version();  // opened at run time: may be missing here
+    out += "nccl: " + (v.empty() ? std::string("built, but libnccl.so.2 does not load here") : v) + "\n";
+  }
   return out;
 }
 

@@ -13,13 +13,15 @@
 # SKIP (a tool the machine's runtime refuses, no GPU, no time left) or TIMEOUT; a failed
 # stage never stops the others:
 #   setup     25  unpack the pack (binaries, libraries, dataset), check the libraries
-#   op-tests  45  GPU op tests vs the CPU reference, mixed precision, threads
+#   op-tests  45  GPU op tests vs the CPU reference (chunked ops too), mixed precision, threads
 #   train     30  the default config for GPU_CHECK_EPOCHS epochs on cuda; verify
+#   nccl      25  a few hundred images plainly and with dist.backend=nccl (a 1-rank NCCL
+#                 communicator, libnccl.so.2 from PyTorch's wheel): engine diff, identical
 #   resume    60  GPU training tests (determinism, stop/SIGKILL resume, GPU<->CPU),
 #                 a GPU checkpoint evaluated and resumed on the CPU
 #   bench    120  engine fp32/fp16 vs every PyTorch peer (tools/bench/gpu_epoch.sh)
 #   ncu       40  per-kernel table, ncu --print-summary per-kernel over a few hundred launches
-#   sanitize 110  compute-sanitizer memcheck, racecheck, initcheck, synccheck on filtered
+#   sanitize  85  compute-sanitizer memcheck, racecheck, initcheck, synccheck on filtered
 #                 op tests and a short training run (8 runs sharing the budget)
 #   ab        40  every switch of tools/bench/gpu_ab_switches.txt, A vs B: time, engine diff
 # Total 470 s of budgets, plus the script's own few seconds: under 8 minutes (480 s; a
@@ -44,7 +46,7 @@ while [ $# -gt 0 ]; do
 done
 
 # Stage budgets, seconds (keep the header comment in step).
-declare -A BUDGET=([setup]=25 [op-tests]=45 [train]=30 [resume]=60 [bench]=120 [ncu]=40 [sanitize]=110 [ab]=40)
+declare -A BUDGET=([setup]=25 [op-tests]=45 [train]=30 [nccl]=25 [resume]=60 [bench]=120 [ncu]=40 [sanitize]=85 [ab]=40)
 
 
 mkdir -p "$OUT"
@@ -143,8 +145,9 @@ else
   BUDGET[setup]=600
   run build 600 bash -c "cmake -S '$ROOT' -B '$BUILD' -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_FLAGS=-lineinfo && cmake --build '$BUILD'"
 fi
-# cuDNN (and cuBLAS when the toolkit has none) come from PyTorch's Python environment there.
-for mod in nvidia.cudnn nvidia.cublas nvidia.cuda_runtime; do
+# cuDNN (and cuBLAS when the toolkit has none) come from PyTorch's Python environment there,
+# and libnccl.so.2 (opened with dlopen for dist.backend=nccl; the pack cannot carry it).
+for mod in nvidia.cudnn nvidia.cublas nvidia.cuda_runtime nvidia.nccl; do
   d=$(python3 -c "import $mod as m, os; print(os.path.join(m.__path__[0], 'lib'))" 2>/dev/null || true)
   [ -n "$d" ] && [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
 done
@@ -167,7 +170,7 @@ TRAIN=("$ENGINE_BIN" train "$CFG" --device cuda --set data.dir="$DATA")
 # ---- op-tests ------------------------------------------------------------------------
 CURRENT=op-tests
 if stage_begin op-tests; then
-  for t in gpu_test_cuda_ops gpu_test_mixed_precision gpu_test_cuda_threads; do
+  for t in gpu_test_cuda_ops gpu_test_cuda_chunk_ops gpu_test_mixed_precision gpu_test_cuda_threads; do
     [ $DRY_RUN -eq 1 ] || [ -x "$BUILD/tests/$t" ] || { say "  FAIL    $t: not in the build"; failures=$((failures + 1)); continue; }
     run "$t" "$(left)" "$BUILD/tests/$t"
     # On a GPU machine a skipped GPU test means the engine did not find the GPU.
@@ -185,6 +188,19 @@ if stage_begin train; then
   run train "$(left)" "${TRAIN[@]}" --run-dir "$RUN" --set train.epochs="$EPOCHS"
   [ -f "$RUN/metrics.jsonl" ] && sed 's/^/    /' "$RUN/metrics.jsonl" | tee -a "$SUMMARY"
   run verify-last "$(left)" "$ENGINE_BIN" verify "$RUN/last.h5"
+fi
+
+# ---- nccl ----------------------------------------------------------------------------
+# One process through a 1-rank NCCL communicator must give the plain run's bits (the
+# layers compute by chunks either way; NCCL exchanges nothing at W = 1 but is started,
+# bootstrapped and torn down). Two GPUs and more: only on a multi-GPU machine.
+CURRENT=nccl
+if stage_begin nccl; then
+  SMALL=(--fresh --set train.epochs=1 --set data.train_limit=512 --set data.test_limit=512 --set checkpoint.verify=false)
+  rm -rf /tmp/engine-nccl-plain /tmp/engine-nccl-nccl
+  run nccl-plain "$(left)" "${TRAIN[@]}" --run-dir /tmp/engine-nccl-plain "${SMALL[@]}"
+  run nccl-1rank "$(left)" "${TRAIN[@]}" --run-dir /tmp/engine-nccl-nccl "${SMALL[@]}" --set dist.backend=nccl
+  run nccl-diff "$(left)" "$ENGINE_BIN" diff /tmp/engine-nccl-plain/last.h5 /tmp/engine-nccl-nccl/last.h5
 fi
 
 # ---- resume --------------------------------------------------------------------------

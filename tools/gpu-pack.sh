@@ -30,8 +30,10 @@ TARGETS=(engine_cli kernel_bench engine_kill_after "${GPU_TESTS[@]}")
 
 # ---- Build: sm_90 (H100/H200) code and PTX; -lineinfo so compute-sanitizer and ncu
 # name source lines. Release host code, not stripped (symbols for host backtraces).
-# No MPI: the GPU machine has no Open MPI, GPU ranks (NCCL) are not built yet, and
-# libmpi with its dependencies would cost the transfer a few MiB for nothing it runs.
+# No MPI: the GPU machine has no Open MPI (one GPU: gpu-check's nccl stage runs a 1-rank
+# NCCL communicator, which needs none), and libmpi with its dependencies would cost the
+# transfer a few MiB for nothing it runs. NCCL is not packed either: the engine opens
+# libnccl.so.2 with dlopen, there from PyTorch's wheel (gpu-check puts it on the path).
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DENGINE_MPI=OFF \
   -DCMAKE_CUDA_ARCHITECTURES="90-real;90-virtual" -DCMAKE_CUDA_FLAGS="-lineinfo" >/dev/null
 compgen -G "$BUILD/CMakeFiles/*/CMakeCUDACompiler.cmake" >/dev/null ||

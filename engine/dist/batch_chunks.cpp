@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "kernels/chunk_tree.h"
+#include "kernels/cuda_runtime.h"
+#include "kernels/ops.h"
 
 namespace engine {
 
@@ -42,6 +44,18 @@ void BatchChunks::complete(T* v, int64_t n) const {
 
 void BatchChunks::complete_tree(float* v, int64_t n) const { complete(v, n); }
 void BatchChunks::complete_tree(double* v, int64_t n) const { complete(v, n); }
+
+void BatchChunks::complete_tree_device(float* v, int64_t n) const {
+  if (world_ == 1 || n == 0) return;
+  const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(n);
+  // Freed stream-ordered: the tree kernel queued before the free has read it by then.
+  struct Scratch {
+    void* p;
+    ~Scratch() { kernels::cuda::free(p); }
+  } all{kernels::cuda::alloc(bytes * world_)};
+  comm_->allgather_device(v, bytes, all.p);
+  kernels::cuda::tree_sum_parts(world_, n, static_cast<const float*>(all.p), v);
+}
 
 template <class T>
 void BatchChunks::gather(T* batch_values, int per_sample) const {

@@ -7,6 +7,8 @@
 #include "engine/batch_chunks.h"
 #include "kernels/batchnorm_math.h"
 #include "kernels/chunk_tree.h"
+#include "kernels/cuda/settings.h"
+#include "kernels/cuda_runtime.h"
 #include "nn/dispatch.h"
 
 namespace engine {
@@ -28,9 +30,11 @@ void expect_rank(const Tensor& x, int rank, const std::string& layer) {
                                 " input, got " + shape_str(x.shape()));
 }
 
-// On the CPU, every layer computes by the fixed chunks of the global batch
-// (kernels/chunk_ops.inc) and completes its cross-sample sums over the ranks
-// (BatchChunks::complete_tree). The CUDA path runs the unchunked ops: one process only.
+// Every layer computes by the fixed chunks of the global batch (kernels/chunk_ops.inc)
+// and completes its cross-sample sums over the ranks (BatchChunks::complete_tree): on the
+// CPU always, on the GPU when the trainer gives a batch plan and cuda.batch_chunks is on
+// (docs/distributed.md, "GPU ranks"). With cuda.batch_chunks off the CUDA path runs the
+// whole-batch ops: one process only.
 struct LocalChunks {
   int chunks = kTreeChunks;
   int bounds[kTreeChunks + 1];
@@ -55,18 +59,140 @@ LocalChunks local_chunks(const BatchChunks* plan, int64_t n, const std::string& 
   return l;
 }
 
-void require_one_process(const BatchChunks* plan, Device d, const std::string& layer) {
-  if (plan && plan->distributed() && d.is_cuda())
-    throw std::logic_error(layer + ": the CUDA backend trains in one process only (no chunked CUDA ops yet)");
-}
-
 template <class T>
 void complete_tree(const BatchChunks* plan, T* v, int64_t n) {
   if (plan) plan->complete_tree(v, n);
 }
+// The same on device memory (weight gradients of the CUDA chunked path).
+void complete_tree_device(const BatchChunks* plan, float* v, int64_t n) {
+  if (plan) plan->complete_tree_device(v, n);
+}
 
 void store_rounded(const std::vector<double>& v, float* out) {
   for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<float>(v[i]);
+}
+
+void require_one_process(const BatchChunks* plan, Device d, const std::string& layer) {
+  if (plan && plan->distributed() && d.is_cuda() && !kernels::cuda::batch_chunks())
+    throw std::invalid_argument(layer + ": cuda.batch_chunks=false computes whole batches, which needs one "
+                                "process; this run has " + std::to_string(plan->world_size()) +
+                                " ranks (set cuda.batch_chunks=true)");
+}
+
+// Whether a CUDA layer computes by chunks: a batch plan is given and the switch is on.
+bool cuda_by_chunks(const BatchChunks* plan) { return plan && kernels::cuda::batch_chunks(); }
+
+// A few values in device memory (per-channel sums and factors), freed stream-ordered.
+template <class T>
+struct DeviceValues {
+  explicit DeviceValues(std::size_t n) : n(n), p(static_cast<T*>(cuda::alloc(sizeof(T) * (n ? n : 1)))) {}
+  ~DeviceValues() { cuda::free(p); }
+  DeviceValues(const DeviceValues&) = delete;
+  DeviceValues& operator=(const DeviceValues&) = delete;
+  std::vector<T> to_host() const {
+    std::vector<T> v(n);
+    cuda::copy(v.data(), p, sizeof(T) * n, cuda::CopyKind::DeviceToHost);
+    return v;
+  }
+  std::size_t n;
+  T* p;
+};
+template <class T>
+std::vector<T> device_to_host(const T* p, std::size_t n) {
+  std::vector<T> v(n);
+  cuda::copy(v.data(), p, sizeof(T) * n, cuda::CopyKind::DeviceToHost);
+  return v;
+}
+template <class T>
+void host_to_device(T* p, const std::vector<T>& v) {
+  cuda::copy(p, v.data(), sizeof(T) * v.size(), cuda::CopyKind::HostToDevice);
+}
+
+// The bias gradient of a CUDA chunked backward: the device tree sums (double) completed
+// over the ranks on the host (n values), rounded to float into the device bias gradient.
+void finish_bias_grad_cuda(const BatchChunks* plan, const DeviceValues<double>& db, float* bias_grad) {
+  std::vector<double> v = db.to_host();
+  complete_tree(plan, v.data(), static_cast<int64_t>(v.size()));
+  std::vector<float> f(v.size());
+  store_rounded(v, f.data());
+  host_to_device(bias_grad, f);
+}
+
+// Synchronised batch norm on the GPU by chunks. In one process the fused op; across
+// ranks the same steps with the per-channel sums (c values) completed on the host in
+// between. The fused op finishes on the host with the same functions
+// (kernels/cuda/chunk_ops.cu), so both give the same bits.
+void bn_forward_train_cuda(const BatchChunks* plan, const LocalChunks& l, const BatchNormShape& s, const float* x,
+                           const float* gamma, const float* beta, float eps, float momentum, float* running_mean,
+                           float* running_var, float* save_mean, float* save_invstd, float* y) {
+  if (!plan->distributed()) {
+    cuda::batchnorm_forward_train_chunks(s, l.chunks, l.bounds, x, gamma, beta, eps, momentum, running_mean,
+                                         running_var, save_mean, save_invstd, y);
+    return;
+  }
+  const std::size_t c = static_cast<std::size_t>(s.c);
+  if (c == 0) return;
+  const double m = static_cast<double>(l.global_batch) * s.hw;
+  DeviceValues<double> dsum(c), dsq(c);
+  DeviceValues<float> dvec(3 * c);  // mean, scale, shift
+  cuda::batchnorm_chunk_sums(s, l.chunks, l.bounds, x, dsum.p);
+  std::vector<double> sum = dsum.to_host();
+  complete_tree(plan, sum.data(), s.c);
+  std::vector<float> mean_f(c);
+  for (std::size_t i = 0; i < c; ++i) mean_f[i] = static_cast<float>(bn_mean(sum[i], m));
+  host_to_device(dvec.p, mean_f);
+  cuda::batchnorm_chunk_centered_squares(s, l.chunks, l.bounds, x, dvec.p, dsq.p);
+  std::vector<double> sq = dsq.to_host();
+  complete_tree(plan, sq.data(), s.c);
+  const std::vector<float> g = device_to_host(gamma, c), b = device_to_host(beta, c);
+  std::vector<float> rm = device_to_host(running_mean, c), rv = device_to_host(running_var, c);
+  std::vector<float> scale_shift(2 * c), smean(c), sinv(c);
+  for (std::size_t i = 0; i < c; ++i) {
+    const BnForwardFactors f = bn_forward_finish(sum[i], sq[i], m, g[i], b[i], eps, momentum, rm[i], rv[i]);
+    scale_shift[i] = f.scale;
+    scale_shift[c + i] = f.shift;
+    smean[i] = f.save_mean;
+    sinv[i] = f.save_invstd;
+  }
+  host_to_device(running_mean, rm);
+  host_to_device(running_var, rv);
+  host_to_device(save_mean, smean);
+  host_to_device(save_invstd, sinv);
+  host_to_device(dvec.p + c, scale_shift);
+  cuda::batchnorm_scale_shift(s, x, dvec.p + c, dvec.p + 2 * c, y);
+}
+
+void bn_backward_cuda(const BatchChunks* plan, const LocalChunks& l, const BatchNormShape& s, const float* x,
+                      const float* dy, const float* gamma, const float* save_mean, const float* save_invstd,
+                      float* dx, float* dgamma, float* dbeta) {
+  if (!plan->distributed()) {
+    cuda::batchnorm_backward_chunks(s, l.chunks, l.bounds, x, dy, gamma, save_mean, save_invstd, dx, dgamma,
+                                    dbeta);
+    return;
+  }
+  const std::size_t c = static_cast<std::size_t>(s.c);
+  if (c == 0) return;
+  const double m = static_cast<double>(l.global_batch) * s.hw;
+  // [sum(dy) | sum(dy * (x - mean))], completed in one exchange.
+  DeviceValues<double> dsums(2 * c);
+  cuda::batchnorm_backward_chunk_sums(s, l.chunks, l.bounds, x, dy, save_mean, dsums.p, dsums.p + c);
+  std::vector<double> sums = dsums.to_host();
+  complete_tree(plan, sums.data(), 2 * s.c);
+  const std::vector<float> g = device_to_host(gamma, c), inv = device_to_host(save_invstd, c);
+  std::vector<float> v(5 * c);  // k, mean_dy, proj, dgamma, dbeta
+  for (std::size_t i = 0; i < c; ++i) {
+    const BnBackwardFactors f = bn_backward_finish(sums[i], sums[c + i], m, g[i], inv[i]);
+    v[i] = f.k;
+    v[c + i] = f.mean_dy;
+    v[2 * c + i] = f.proj;
+    v[3 * c + i] = f.dgamma;
+    v[4 * c + i] = f.dbeta;
+  }
+  DeviceValues<float> dvec(5 * c);
+  host_to_device(dvec.p, v);
+  cuda::copy(dgamma, dvec.p + 3 * c, sizeof(float) * c, cuda::CopyKind::DeviceToDevice);
+  cuda::copy(dbeta, dvec.p + 4 * c, sizeof(float) * c, cuda::CopyKind::DeviceToDevice);
+  cuda::batchnorm_backward_apply(s, x, dy, save_mean, dvec.p, dvec.p + c, dvec.p + 2 * c, dx);
 }
 
 }  // namespace
@@ -100,6 +226,14 @@ Tensor Conv2d::forward(const Tensor& x, Mode, Rng&) {
     const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
     cpu::conv2d_forward_chunks(s, l.chunks, l.bounds, x.f32(), weight_.value.f32(), bias_.value.f32(),
                                y_.f32());
+  } else if (cuda_by_chunks(batch_chunks_)) {
+    const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
+    if (precision_ == Precision::Fp16)
+      cuda::conv2d_forward_chunks_f16(s, l.chunks, l.bounds, x.f32(), weight_.value.f32(), bias_.value.f32(),
+                                      y_.f32());
+    else
+      cuda::conv2d_forward_chunks(s, l.chunks, l.bounds, x.f32(), weight_.value.f32(), bias_.value.f32(),
+                                  y_.f32());
   } else if (precision_ == Precision::Fp16) {
     cuda::conv2d_forward_f16(s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
   } else {
@@ -123,6 +257,17 @@ Tensor Conv2d::backward(const Tensor& dy, InputGrad need) {
     complete_tree(batch_chunks_, weight_.grad.f32(), weight_.grad.numel());
     complete_tree(batch_chunks_, db.data(), out_);
     store_rounded(db, bias_.grad.f32());
+  } else if (cuda_by_chunks(batch_chunks_)) {
+    const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
+    DeviceValues<double> db(static_cast<std::size_t>(out_));
+    if (precision_ == Precision::Fp16)
+      cuda::conv2d_backward_chunks_f16(s, l.chunks, l.bounds, x_.f32(), weight_.value.f32(), dy.f32(), dx,
+                                       weight_.grad.f32(), db.p);
+    else
+      cuda::conv2d_backward_chunks(s, l.chunks, l.bounds, x_.f32(), weight_.value.f32(), dy.f32(), dx,
+                                   weight_.grad.f32(), db.p);
+    complete_tree_device(batch_chunks_, weight_.grad.f32(), weight_.grad.numel());
+    finish_bias_grad_cuda(batch_chunks_, db, bias_.grad.f32());
   } else if (precision_ == Precision::Fp16) {
     cuda::conv2d_backward_f16(s, x_.f32(), weight_.value.f32(), dy.f32(), dx, weight_.grad.f32(),
                               bias_.grad.f32());
@@ -175,6 +320,10 @@ Tensor BatchNorm2d::forward(const Tensor& x, Mode mode, Rng&) {
     require_one_process(batch_chunks_, d, name_);
     if (d.is_cpu())
       forward_train_chunks(x);
+    else if (cuda_by_chunks(batch_chunks_))
+      bn_forward_train_cuda(batch_chunks_, local_chunks(batch_chunks_, s.n, name_), s, x.f32(),
+                            weight_.value.f32(), bias_.value.f32(), eps_, momentum_, running_mean_.f32(),
+                            running_var_.f32(), save_mean_.f32(), save_invstd_.f32(), y_.f32());
     else
       cuda::batchnorm_forward_train(s, x.f32(), weight_.value.f32(), bias_.value.f32(), eps_, momentum_,
                                     running_mean_.f32(), running_var_.f32(), save_mean_.f32(),
@@ -194,6 +343,10 @@ Tensor BatchNorm2d::backward(const Tensor& dy, InputGrad) {
   require_one_process(batch_chunks_, d, name_);
   if (d.is_cpu())
     backward_chunks(dy, dx);
+  else if (cuda_by_chunks(batch_chunks_))
+    bn_backward_cuda(batch_chunks_, local_chunks(batch_chunks_, s.n, name_), s, x_.f32(), dy.f32(),
+                     weight_.value.f32(), save_mean_.f32(), save_invstd_.f32(), dx.f32(), weight_.grad.f32(),
+                     bias_.grad.f32());
   else
     cuda::batchnorm_backward(s, x_.f32(), dy.f32(), weight_.value.f32(), save_mean_.f32(),
                              save_invstd_.f32(), dx.f32(), weight_.grad.f32(), bias_.grad.f32());
@@ -375,6 +528,14 @@ Tensor Linear::forward(const Tensor& x, Mode, Rng&) {
     const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
     cpu::linear_forward_chunks(s, l.chunks, l.bounds, x.f32(), weight_.value.f32(), bias_.value.f32(),
                                y_.f32());
+  } else if (cuda_by_chunks(batch_chunks_)) {
+    const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
+    if (precision_ == Precision::Fp16)
+      cuda::linear_forward_chunks_f16(s, l.chunks, l.bounds, x.f32(), weight_.value.f32(), bias_.value.f32(),
+                                      y_.f32());
+    else
+      cuda::linear_forward_chunks(s, l.chunks, l.bounds, x.f32(), weight_.value.f32(), bias_.value.f32(),
+                                  y_.f32());
   } else if (precision_ == Precision::Fp16) {
     cuda::linear_forward_f16(s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
   } else {
@@ -397,6 +558,17 @@ Tensor Linear::backward(const Tensor& dy, InputGrad need) {
     complete_tree(batch_chunks_, weight_.grad.f32(), weight_.grad.numel());
     complete_tree(batch_chunks_, db.data(), out_);
     store_rounded(db, bias_.grad.f32());
+  } else if (cuda_by_chunks(batch_chunks_)) {
+    const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
+    DeviceValues<double> db(static_cast<std::size_t>(out_));
+    if (precision_ == Precision::Fp16)
+      cuda::linear_backward_chunks_f16(s, l.chunks, l.bounds, x_.f32(), weight_.value.f32(), dy.f32(), dx,
+                                       weight_.grad.f32(), db.p);
+    else
+      cuda::linear_backward_chunks(s, l.chunks, l.bounds, x_.f32(), weight_.value.f32(), dy.f32(), dx,
+                                   weight_.grad.f32(), db.p);
+    complete_tree_device(batch_chunks_, weight_.grad.f32(), weight_.grad.numel());
+    finish_bias_grad_cuda(batch_chunks_, db, bias_.grad.f32());
   } else if (precision_ == Precision::Fp16) {
     cuda::linear_backward_f16(s, x_.f32(), weight_.value.f32(), dy.f32(), dx, weight_.grad.f32(),
                               bias_.grad.f32());

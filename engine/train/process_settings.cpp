@@ -4,6 +4,9 @@
 
 namespace engine {
 
-void apply_process_settings(const Config& cfg) { kernels::cuda::set_deterministic(cfg.cuda.deterministic); }
+void apply_process_settings(const Config& cfg) {
+  kernels::cuda::set_deterministic(cfg.cuda.deterministic);
+  kernels::cuda::set_batch_chunks(cfg.cuda.batch_chunks);
+}
 
 }  // namespace engine

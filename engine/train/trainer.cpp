@@ -164,7 +164,8 @@ Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, Traine
     if (device_.is_cuda())
       throw std::invalid_argument("data-parallel training on " + std::to_string(collective_->size()) +
                                   " ranks runs on the CPU only for now (device " + device_.str() +
-                                  "; the CUDA backend has no chunked ops yet)");
+                                  ": the CUDA layers compute by chunks, but the trainer's loss and "
+                                  "per-sample exchanges on GPU memory are not wired yet)");
     if (!model_->set_batch_chunks(nullptr))
       throw std::invalid_argument("model " + model_->name() +
                                   " does not support data-parallel training (Model::set_batch_chunks)");

@@ -33,6 +33,10 @@ class BatchChunks {
   // every rank (one allgather of n values). Nothing to do in one process.
   void complete_tree(float* v, int64_t n) const;
   void complete_tree(double* v, int64_t n) const;
+  // The same for v in GPU memory (CUDA ranks): the W subtree sums gathered on the
+  // device (Collective::allgather_device: NCCL, or staged through host memory) and the
+  // top of the tree added in a kernel (kernels::cuda::tree_sum_parts).
+  void complete_tree_device(float* v, int64_t n) const;
   // batch_values: the whole batch's per-sample values (global_batch() * per_sample),
   // of which this rank filled its own samples; receives every other rank's.
   void gather_samples(float* batch_values, int per_sample = 1) const;

@@ -31,6 +31,12 @@ class Collective {
   // that fails alone calls, so that the others do not wait for it in a collective. The
   // MPI collective calls MPI_Abort; the default ends this process only (std::exit).
   [[noreturn]] virtual void abort(int exit_code);
+  // The same two on GPU memory (CUDA ranks; docs/distributed.md, "GPU ranks"). These
+  // defaults stage through host memory and the host exchanges above (so dist.backend=mpi
+  // works with CUDA ranks); the NCCL collective exchanges on the device, ordered on the
+  // compute stream.
+  virtual void allgather_device(const void* send, std::size_t bytes, void* recv);
+  virtual void broadcast_device(void* data, std::size_t bytes, int root);
 
   // Agreement on a small vector (stop flags, a step number): every rank gets the
   // element-wise maximum of all ranks' `local` (which must have the same length on
@@ -79,5 +85,18 @@ std::string mpi_library_version();
 // std::runtime_error when a launcher started several ranks and the build has no MPI.
 std::unique_ptr<Collective> make_process_collective(const LaunchInfo& launch,
                                                     const CollectiveOptions& options = {});
+
+// NCCL (engine/dist/nccl_collective.cpp): whether this build has the NCCL collective
+// (CUDA and nccl.h found at configure time), and the version of the libnccl.so.2 that
+// loads at run time ("" when none loads: the library is opened with dlopen on first use,
+// so a binary without NCCL installed still runs everything else).
+bool nccl_built();
+std::string nccl_version();
+// A collective whose device exchanges go through NCCL, over the ranks of `bootstrap`
+// (which it takes over; its host exchanges are the bootstrap's). Rank 0 creates the NCCL
+// id, the bootstrap broadcasts it; this rank uses GPU `local_rank`. Throws
+// std::runtime_error with a message (no NCCL in this build, libnccl.so.2 not loadable,
+// local rank >= GPU count, an NCCL error).
+std::unique_ptr<Collective> make_nccl_collective(std::unique_ptr<Collective> bootstrap, int local_rank);
 
 }  // namespace engine

@@ -101,6 +101,9 @@ struct LoggingConfig {
 
 struct CudaConfig {
   bool deterministic = true;  // restrict cuDNN to deterministic algorithms
+  // Compute by the 8 fixed chunks of the batch (the same bits at any world size); false:
+  // whole-batch calls, faster, one process only (docs/distributed.md, "GPU ranks").
+  bool batch_chunks = true;
 };
 
 // Data-parallel runs under mpirun/srun (docs/distributed.md); ignored in one process.

@@ -373,7 +373,9 @@ __device__ double warp_sum(double value) {
 // One warp per sample (the loops over classes are strided by lane). Log-softmax in
 // double around the maximum logit for stability. An out-of-range label gives a NaN
 // loss (and no one-hot term) rather than a memory error.
-__global__ void cross_entropy_kernel(int n, int classes, const float* logits,
+// The gradient is normalised by batch_total (the whole batch's size; n when the kernel
+// sees all of it, more when it sees one rank's part: cross_entropy_part).
+__global__ void cross_entropy_kernel(int n, int batch_total, int classes, const float* logits,
                                      const int32_t* labels, float grad_scale, float* dlogits,
                                      float* sample_loss, float* sample_correct) {
   const int lane = threadIdx.x % kWarp;
@@ -412,13 +414,13 @@ __global__ void cross_entropy_kernel(int n, int classes, const float* logits,
     sample_correct[sample] = (valid && best_index == label) ? 1.0f : 0.0f;
   }
   if (dlogits) {
-    // The reference's expression and order: (softmax - onehot) * grad_scale / n.
+    // The reference's expression and order: (softmax - onehot) * grad_scale / batch_total.
     float* drow = dlogits + sample * classes;
     for (int j = lane; j < classes; j += kWarp) {
       const double softmax = exp(static_cast<double>(row[j]) - lse);
       const double onehot = (j == label) ? 1.0 : 0.0;
       drow[j] = static_cast<float>((softmax - onehot) * static_cast<double>(grad_scale) /
-                                   static_cast<double>(n));
+                                   static_cast<double>(batch_total));
     }
   }
 }
@@ -625,10 +627,16 @@ void batchnorm_backward(const BatchNormShape& s, const float* x, const float* dy
 
 void cross_entropy(int n, int classes, const float* logits, const int32_t* labels,
                    float grad_scale, float* dlogits, float* sample_loss, float* sample_correct) {
+  cross_entropy_part(n, n, classes, logits, labels, grad_scale, dlogits, sample_loss, sample_correct);
+}
+
+void cross_entropy_part(int n, int batch_total, int classes, const float* logits,
+                        const int32_t* labels, float grad_scale, float* dlogits,
+                        float* sample_loss, float* sample_correct) {
   if (n <= 0 || classes <= 0) return;
   constexpr int kSamplesPerBlock = kThreads / kWarp;
   const unsigned int blocks = static_cast<unsigned int>((n + kSamplesPerBlock - 1) / kSamplesPerBlock);
-  cross_entropy_kernel<<<blocks, kThreads, 0, stream()>>>(n, classes, logits, labels, grad_scale,
+  cross_entropy_kernel<<<blocks, kThreads, 0, stream()>>>(n, batch_total, classes, logits, labels, grad_scale,
                                                           dlogits, sample_loss, sample_correct);
   ENGINE_CUDA_CHECK_LAUNCH("cross_entropy_kernel");
 }
