@@ -32,7 +32,7 @@ BackendVersions backend_versions() { return {}; }
 static bool g_deterministic = true;
 void set_deterministic(bool on) { g_deterministic = on; }
 bool deterministic() { return g_deterministic; }
-static bool g_batch_chunks = true;
+static bool g_batch_chunks = false;  // the config default (cuda.batch_chunks)
 void set_batch_chunks(bool on) { g_batch_chunks = on; }
 bool batch_chunks() { return g_batch_chunks; }
 void cast_f32_to_f16(int64_t, const float*, void*) { unavailable(); }

@@ -175,7 +175,7 @@ TEST_CASE("config_to_json emits every key, null for unset optionals") {
   CHECK(j["checkpoint"]["keep_epochs"] == json::array());
   CHECK(j["precision"]["loss_scale"]["growth_interval"] == 2000);
   CHECK(j["cuda"]["deterministic"] == true);
-  CHECK(j["cuda"]["batch_chunks"] == true);
+  CHECK(j["cuda"]["batch_chunks"] == false);
   CHECK(j["dist"]["backend"] == "auto");
   CHECK(j["dist"]["timeout_s"] == 300.0);
   CHECK(j == engine::default_config_json());
@@ -219,7 +219,7 @@ TEST_CASE("round trip through JSON is exact") {
   c.checkpoint.verify = false;
   c.checkpoint.on_error = engine::SaveErrorPolicy::Continue;
   c.cuda.deterministic = false;
-  c.cuda.batch_chunks = false;
+  c.cuda.batch_chunks = true;
   c.dist.backend = engine::DistBackend::Nccl;
   c.dist.timeout_s = 12.5;
 

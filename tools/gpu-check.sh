@@ -196,7 +196,8 @@ fi
 # bootstrapped and torn down). Two GPUs and more: only on a multi-GPU machine.
 CURRENT=nccl
 if stage_begin nccl; then
-  SMALL=(--fresh --set train.epochs=1 --set data.train_limit=512 --set data.test_limit=512 --set checkpoint.verify=false)
+  SMALL=(--fresh --set train.epochs=1 --set data.train_limit=512 --set data.test_limit=512 --set checkpoint.verify=false
+         --set cuda.batch_chunks=true)  # the chunked kernels (off by default until this passes)
   rm -rf /tmp/engine-nccl-plain /tmp/engine-nccl-nccl
   run nccl-plain "$(left)" "${TRAIN[@]}" --run-dir /tmp/engine-nccl-plain "${SMALL[@]}"
   run nccl-1rank "$(left)" "${TRAIN[@]}" --run-dir /tmp/engine-nccl-nccl "${SMALL[@]}" --set dist.backend=nccl

@@ -103,7 +103,7 @@ struct CudaConfig {
   bool deterministic = true;  // restrict cuDNN to deterministic algorithms
   // Compute by the 8 fixed chunks of the batch (the same bits at any world size); false:
   // whole-batch calls, faster, one process only (docs/distributed.md, "GPU ranks").
-  bool batch_chunks = true;
+  bool batch_chunks = false;
 };
 
 // Data-parallel runs under mpirun/srun (docs/distributed.md); ignored in one process.

@@ -419,7 +419,7 @@ void batchnorm_backward_chunks(const BatchNormShape& s, int chunks, const int* b
 void* compute_stream() { return static_cast<void*>(Context::get().stream()); }
 
 // ---- The A/B switch (kernels/cuda/settings.h) -----------------------------------------
-static bool g_batch_chunks = true;
+static bool g_batch_chunks = false;  // the config default (cuda.batch_chunks)
 void set_batch_chunks(bool on) { g_batch_chunks = on; }
 bool batch_chunks() { return g_batch_chunks; }
 

@@ -14,7 +14,7 @@ namespace engine::kernels::cuda {
 void set_deterministic(bool on);
 bool deterministic();
 
-// cuda.batch_chunks: when on (the default), layers given a batch plan compute by the 8
+// cuda.batch_chunks: when on (off by default, as in the config), layers given a batch plan compute by the 8
 // fixed chunks (kernels/chunk_ops.inc), the same bits at every world size; when off, the
 // whole-batch ops (faster, one process only). Kept in CPU-only builds as well.
 void set_batch_chunks(bool on);

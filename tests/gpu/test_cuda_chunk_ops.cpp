@@ -396,6 +396,7 @@ LayerRun run_layers(const std::vector<float>& batch, int n, engine::Collective* 
 }  // namespace
 
 TEST_CASE("CUDA layers at W = 2 by threads on one GPU give the bits of W = 1") {
+  gpu::set_batch_chunks(true);  // the chunked path (off by default until it has run on a GPU)
   std::mt19937 g(9);
   const int n = 22;
   const std::vector<float> batch = uniform(static_cast<std::size_t>(n) * 64, g);
@@ -465,6 +466,6 @@ TEST_CASE("cuda.batch_chunks=false is refused with several ranks, and used in on
   const BatchChunks one(4);
   conv.set_batch_chunks(&one);
   CHECK_NOTHROW(conv.forward(x, Mode::Train, rng));
-  gpu::set_batch_chunks(true);
+  gpu::set_batch_chunks(false);  // the default
   conv.set_batch_chunks(nullptr);
 }
