@@ -6,7 +6,9 @@
 // growing one during graph capture throws. Exits 77 (skipped) where no GPU is present.
 #include <doctest/doctest.h>
 
+#if defined(ENGINE_WITH_CUDA)  // a CPU-only build compiles only the skip below
 #include <cuda_runtime_api.h>
+#endif
 
 #include <atomic>
 #include <cstdint>
@@ -25,7 +27,9 @@
 #include "engine/inference.h"
 #include "engine/models/registry.h"
 #include "engine/trainer.h"
+#if defined(ENGINE_WITH_CUDA)
 #include "kernels/cuda/context.h"
+#endif
 #include "kernels/cuda_runtime.h"
 #include "kernels/ops.h"
 
@@ -43,6 +47,11 @@ struct SkipWithoutGpu {
     }
   }
 } skip_without_gpu;
+
+}  // namespace
+
+#if defined(ENGINE_WITH_CUDA)
+namespace {
 
 std::string cpu_fixture() { return source_dir() + "/tests/data/checkpoint_v2_cpu_mid_epoch.h5"; }
 
@@ -305,3 +314,4 @@ TEST_CASE("CUDA error messages name the source file relative to the source root"
     CHECK(what.find(source_dir()) == std::string::npos);
   }
 }
+#endif  // ENGINE_WITH_CUDA
