@@ -3,9 +3,9 @@
 # the same step, rank 0 saves once there, every rank exits with the same status, and a
 # resume -- on another number of ranks, or without mpirun -- ends bit-identical to a
 # straight run (`engine diff`). CTest label `mpi`.
-#   mpi_stops.sh ENGINE MPIRUN CONFIG DATA_DIR TMP
+#   mpi_stops.sh ENGINE MPIRUN CONFIG DATA_DIR TMP [AGREE_COST]
 set -u
-engine="$1" mpirun="$2" config="$3" data="$4" tmp="$5"
+engine="$1" mpirun="$2" config="$3" data="$4" tmp="$5" agree_cost="${6:-}"
 [[ -d "$data" ]] || { echo "no data set at $data: skipped"; exit 77; }
 rm -rf "$tmp" && mkdir -p "$tmp"
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -127,4 +127,11 @@ expect_rc 75 $? "f: mpirun -np 2 --time-limit ${limit}s" "$tmp/f.log"
 show "$tmp/f.log" | grep '^time limit' || fail "f: no time-limit message"
 resume f
 compare f
+
+# What the agreement costs per step (five int64 allgathered), against a step here.
+if [[ -n "$agree_cost" ]]; then
+  for np in 2 4; do
+    "${mpi[@]}" -np "$np" "$agree_cost" 500 || fail "agree_cost on $np ranks"
+  done
+fi
 echo "all stops agreed"
