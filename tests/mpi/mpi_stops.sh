@@ -44,7 +44,7 @@ resume() {  # NAME [mpirun -np N]: resumes $tmp/NAME/last.h5 to the end
     || { show "$tmp/$name.resume.log"; fail "$name: the resume failed"; }
 }
 # Starts `engine train` on 2 ranks in the background into $tmp/NAME, and returns once
-# epoch 1 has ended and epoch 2 is about a second in (9 steps of ~0.5 s here).
+# epoch 1 has ended and epoch 2 is about a third in (by epoch 1's time: steps 2-4 of 9).
 start_two_ranks() {
   local name="$1"
   "${mpi[@]}" -np 2 "$engine" train "$config" --device cpu --run-dir "$tmp/$name" "${sets[@]}" >"$tmp/$name.log" 2>&1 &
@@ -54,7 +54,9 @@ start_two_ranks() {
     kill -0 "$bg" 2>/dev/null || break
     sleep 0.1
   done
-  sleep 1
+  local epoch_seconds
+  epoch_seconds=$(show "$tmp/$name.log" | grep 'epoch 1/2  train_loss' | awk '{ sub("s$", "", $NF); print $NF }')
+  sleep "$(awk -v s="${epoch_seconds:-1}" 'BEGIN { printf "%.2f", s / 3 }')"
   mpirun_pid=$(pgrep -P "$bg" | head -n1)  # the signals go to mpirun, not to `timeout`
 }
 # "stopped at epoch 2 step K": mid-epoch, as intended.
