@@ -512,6 +512,25 @@ TEST_CASE("a stop requested on the ranks at different steps stops every rank at 
   }
 }
 
+TEST_CASE("a stop requested on one rank during validation ends every rank's validation at the same batch") {
+  // Rank 1 is asked once step 6 (epoch 1's last) has ended: the request is first seen by
+  // the agreement before the first validation batch, on every rank.
+  const Checkpoint end = straight_to_the_end();
+  std::vector<std::shared_ptr<RequestAt>> req = {nullptr, std::make_shared<RequestAt>(What::Stop, 6)};
+  MemorySink sink;
+  const std::vector<RankStop> got = fit_on_ranks(2, req, &sink);
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    CHECK(got[rank].result.stop_cause == FitResult::StopCause::Requested);
+    CHECK(got[rank].global_step == 6);
+    CHECK(got[rank].result.epochs_done == 0);  // the epoch ends on resume, validation included
+  }
+  expect_same_state(got[0].state, got[1].state);
+  REQUIRE(sink.saves.size() == 1);
+  CHECK(sink.saves[0].kind == CheckpointKind::MidEpoch);
+  expect_resume_reaches(sink.saves[0].state, 2, end);
+}
+
 TEST_CASE("a checkpoint requested on one rank only: one checkpoint at one step, and training goes on") {
   const Checkpoint end = straight_to_the_end();
   std::vector<std::shared_ptr<RequestAt>> req = {nullptr, nullptr, nullptr, std::make_shared<RequestAt>(What::Checkpoint, 3)};
