@@ -16,7 +16,7 @@ sets=(--set "data.dir=$data" --set data.train_limit=600 --set data.val_split=200
       --set data.batch_size=72 --set train.epochs=2 --set checkpoint.verify=false --set logging.tensorboard=false
       --set checkpoint.every_n_steps=null)
 # A rank left waiting would hang: every mpirun has a deadline.
-mpi=(timeout 120 "$mpirun" --oversubscribe --bind-to none)
+mpi=(timeout -k 10 120 "$mpirun" --oversubscribe --bind-to none)
 fail() { echo "FAIL: $*" >&2; exit 1; }
 show() { tr '\r' '\n' <"$1" | sed 's/\x1b\[K//g' | grep -v '\[#'; }  # the log without progress bars (mpirun gives rank 0 a pty)
 
