@@ -248,6 +248,54 @@ Shape Trainer::batch_shape(int64_t n) const {
 
 // ---- training ------------------------------------------------------------------------
 
+template <class SinkCall>
+void Trainer::call_sink(SinkCall&& call) {
+  if (!sink_) return;
+  if (collective_->size() == 1) return call();
+  if (held_sink_error_) return;  // the run stops at the next agreement: no further saves
+  try {
+    call();
+  } catch (...) {
+    held_sink_error_ = std::current_exception();
+  }
+}
+
+namespace {
+// What a rank's held sink failure was, as agreed between the ranks (the largest wins).
+enum class SinkFailure : int64_t { None = 0, Other = 1, Write = 2 };
+}  // namespace
+
+Trainer::Agreed Trainer::agree(bool checkpoint_asked, bool out_of_time_on_rank0) {
+  const Agreed local{control_.stop_requested() || stop_agreed_, checkpoint_asked, out_of_time_on_rank0};
+  if (collective_->size() == 1) return local;
+  const int rank = collective_->rank();
+  SinkFailure failure = SinkFailure::None;
+  if (held_sink_error_) try {
+      std::rethrow_exception(held_sink_error_);
+    } catch (const CheckpointWriteError&) {
+      failure = SinkFailure::Write;
+    } catch (...) {
+      failure = SinkFailure::Other;
+    }
+  // One allgather of five int64 per call. Only rank 0's clock decides the time limit.
+  const std::vector<int64_t> all = collective_->agree_max(
+      {local.stop, local.checkpoint, rank == 0 && local.out_of_time, static_cast<int64_t>(failure),
+       failure == SinkFailure::None ? 0 : rank + 1});
+  if (all[3] != static_cast<int64_t>(SinkFailure::None)) {
+    if (held_sink_error_) {
+      const std::exception_ptr e = held_sink_error_;
+      held_sink_error_ = nullptr;
+      std::rethrow_exception(e);
+    }
+    const std::string what = "rank " + std::to_string(rank) + ": rank " + std::to_string(all[4] - 1) +
+                             " could not save a checkpoint (its message says why), so every rank stops";
+    if (all[3] == static_cast<int64_t>(SinkFailure::Write)) throw CheckpointWriteError(what);
+    throw std::runtime_error(what);
+  }
+  stop_agreed_ = all[0] != 0;
+  return {stop_agreed_, all[1] != 0, all[2] != 0};
+}
+
 FitResult Trainer::fit(const StopPlan& stop, RunSink* sink) {
   // The sink, the requests and the deadline belong to this run: whatever is left of
   // them when it returns does not reach the next fit().
@@ -258,6 +306,8 @@ FitResult Trainer::fit(const StopPlan& stop, RunSink* sink) {
       t.time_budget_.reset();
       t.control_.clear_stop();
       t.control_.take_checkpoint_request();
+      t.stop_agreed_ = false;
+      t.held_sink_error_ = nullptr;
     }
   } run_scope{*this};
   sink_ = sink;
@@ -272,7 +322,10 @@ FitResult Trainer::fit(const StopPlan& stop, RunSink* sink) {
       }
     throw;
   }
-  if (sink_) sink_->flush(*this);
+  call_sink([&] { sink_->flush(*this); });
+  // Several ranks: a failure of the saves just flushed reaches every rank here, so all
+  // of them end the same way (CheckpointWriteError: exit 3 on every rank).
+  if (collective_->size() > 1) agree(false, false);
   return result;
 }
 
@@ -296,7 +349,9 @@ FitResult Trainer::fit_loop(const StopPlan& stop) {
       break;
     }
     const int64_t steps = steps_per_epoch();
-    if (time_budget_ && out_of_time(step_in_epoch_ + 1 >= steps)) {
+    // Several ranks: rank 0's budget decides for all (and a held save failure surfaces).
+    const bool rank0_late = time_budget_ && collective_->rank() == 0 && out_of_time(step_in_epoch_ + 1 >= steps);
+    if (collective_->size() > 1 ? agree(false, rank0_late).out_of_time : rank0_late) {
       // Between epochs (or before the first step of a resumed run): the state here is
       // exactly what a checkpoint of it resumes from.
       save(step_in_epoch_ > 0 ? CheckpointKind::MidEpoch : CheckpointKind::Last);
@@ -313,9 +368,11 @@ FitResult Trainer::fit_loop(const StopPlan& stop) {
   result.epochs_done = epoch_;
   if (result.ending != FitResult::Ending::Stopped) {
     if (stop_early) result.ending = FitResult::Ending::EarlyStopped;
-    if (time_budget_ && !time_budget_->fits(time_budget_->eval_estimate(data_->get(Split::Test).count,
-                                                                        cfg_.data.batch_size),
-                                            save_estimate())) {
+    const bool rank0_late =
+        time_budget_ && collective_->rank() == 0 &&
+        !time_budget_->fits(time_budget_->eval_estimate(data_->get(Split::Test).count, cfg_.data.batch_size),
+                            save_estimate());
+    if (collective_->size() > 1 ? agree(false, rank0_late).out_of_time : rank0_late) {
       observer_->on_message("time limit: training is complete and saved in last.h5, but the test "
                             "evaluation would overrun; run the same command again to evaluate");
       return stopped(FitResult::StopCause::TimeLimit);
@@ -345,9 +402,10 @@ bool Trainer::out_of_time(bool last_step_of_epoch) {
 }
 
 std::string Trainer::time_limit_message() const {
-  char left[96];
-  std::snprintf(left, sizeof left, "%.1f s of the %.1f s limit left", time_budget_->remaining(),
-                time_budget_->limit());
+  char left[96] = "rank 0's time limit near";  // a rank whose host gave it no limit of its own
+  if (time_budget_)
+    std::snprintf(left, sizeof left, "%.1f s of the %.1f s limit left", time_budget_->remaining(),
+                  time_budget_->limit());
   return "time limit: stopping at epoch " + std::to_string(epoch_ + 1) + " step " +
          std::to_string(step_in_epoch_) + " with " + left +
          " (the next step and a checkpoint would not fit); last.h5 saved, resume with the same command";
@@ -433,11 +491,13 @@ void Trainer::train_epoch(bool& interrupted) {
   const auto t0 = Clock::now();
   auto last_report = t0;
   const int64_t first_step = step_in_epoch_;
+  const bool ranks = collective_->size() > 1;
+  bool time_up = false;  // several ranks: rank 0's decision, agreed after the previous step
 
   while (step_in_epoch_ < steps) {
     // The time limit between steps (fit() checks before the epoch's first one: at step 0
     // this epoch's shuffle is already drawn, which a checkpoint must not record).
-    if (time_budget_ && step_in_epoch_ > first_step && out_of_time(step_in_epoch_ + 1 == steps)) {
+    if (ranks ? time_up : time_budget_ && step_in_epoch_ > first_step && out_of_time(step_in_epoch_ + 1 == steps)) {
       save(CheckpointKind::MidEpoch);
       observer_->on_message(time_limit_message());
       stop_cause_ = FitResult::StopCause::TimeLimit;
@@ -447,19 +507,26 @@ void Trainer::train_epoch(bool& interrupted) {
     const auto step_t0 = Clock::now();
     run_step();
     if (time_budget_) time_budget_->record_step(seconds_since(step_t0));
-    if (sink_) sink_->after_step(*this);
+    call_sink([&] { sink_->after_step(*this); });
 
     const bool epoch_done = step_in_epoch_ == steps;
-    const bool halt = control_.stop_requested();
+    // The ranks act on the same requests at the same step: a signal that reaches them at
+    // different steps still gives one stop, or one checkpoint, at one step.
+    const bool checkpoint_local = control_.take_checkpoint_request();
+    const Agreed agreed =
+        agree(checkpoint_local, ranks && !epoch_done && time_budget_ && collective_->rank() == 0 &&
+                                    out_of_time(step_in_epoch_ + 1 == steps));
+    time_up = agreed.out_of_time;
+    const bool halt = agreed.stop;
     // A checkpoint request (SIGUSR1) saves now and training goes on; at the end of an
     // epoch, end_epoch's last.h5 answers it.
-    const bool checkpoint_asked = control_.take_checkpoint_request();
+    const bool checkpoint_asked = agreed.checkpoint;
     if (!epoch_done && ((cfg_.checkpoint.every_n_steps &&
                          global_step_ % *cfg_.checkpoint.every_n_steps == 0) || halt || checkpoint_asked))
       save(CheckpointKind::MidEpoch);
     // A checkpoint request wants a file it can count on: complete before the message.
-    if (checkpoint_asked && !halt && !epoch_done && sink_) sink_->flush(*this);
-    if (checkpoint_asked && !halt)
+    if (checkpoint_asked && !halt && !epoch_done) call_sink([&] { sink_->flush(*this); });
+    if (checkpoint_asked && !halt && !held_sink_error_)
       observer_->on_message(epoch_done ? "checkpoint requested: last.h5 is written at the end of epoch " +
                                              std::to_string(epoch_ + 1)
                                        : "checkpoint requested: last.h5 saved at epoch " +
@@ -644,7 +711,8 @@ std::optional<EvalResult> Trainer::evaluate_impl(Split split, const RunControl* 
     ~PlanScope() { m.set_batch_chunks(nullptr); }
   } plan_scope{*model_};
   for (int64_t start = 0; start < d.count; start += batch) {
-    if (stop && stop->stop_requested()) return std::nullopt;
+    // Several ranks: a stop requested on any of them ends every rank's evaluation here.
+    if (stop && agree(false, false).stop) return std::nullopt;
     const int b = static_cast<int>(std::min<int64_t>(batch, d.count - start));
     // Each rank evaluates its chunks of the batch; the per-sample results are gathered.
     const BatchChunks plan(b, collective_);
@@ -766,11 +834,11 @@ StateReport Trainer::resume_from(const std::string& path, LoadMode mode) {
 }
 
 void Trainer::save(CheckpointKind kind) {
-  if (sink_) sink_->save(*this, kind);
+  call_sink([&] { sink_->save(*this, kind); });
 }
 
 void Trainer::record_metrics(const std::optional<EvalResult>& test) {
-  if (sink_) sink_->record_metrics(*this, test);
+  call_sink([&] { sink_->record_metrics(*this, test); });
 }
 
 double Trainer::save_estimate() const { return sink_ ? sink_->save_estimate(*this) : 0.0; }

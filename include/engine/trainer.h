@@ -9,6 +9,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -219,6 +220,19 @@ class Trainer {
   std::optional<EvalResult> evaluate_impl(Split split, const RunControl* stop);
   // Time-limit check (run_control): true when the work ahead would overrun.
   bool out_of_time(bool last_step_of_epoch);
+  // What every rank acts on after a step or an interruptible evaluation batch: with
+  // several ranks, one small exchange (Collective::agree_max) of each rank's stop and
+  // checkpoint requests, rank 0's time-limit decision and rank 0's held save failure
+  // (which it throws on every rank); in one process, the local flags and no exchange
+  // (docs/distributed.md "Stops and preemption").
+  struct Agreed {
+    bool stop = false, checkpoint = false, out_of_time = false;
+  };
+  Agreed agree(bool checkpoint_asked, bool out_of_time_on_rank0);
+  // Calls the sink; with several ranks, rank 0 holds a failure until the next
+  // agreement instead of throwing alone while the others wait in a collective.
+  template <class SinkCall>
+  void call_sink(SinkCall&& call);
   std::string time_limit_message() const;
   // Hands the state to the run's sink (nothing without one).
   void save(CheckpointKind kind);
@@ -251,6 +265,8 @@ class Trainer {
   RunSink* sink_ = nullptr;                  // set while a fit() runs
   std::unique_ptr<TimeBudget> time_budget_;  // set while a fit() with a time limit runs
   FitResult::StopCause stop_cause_ = FitResult::StopCause::None;
+  bool stop_agreed_ = false;                 // a rank asked to stop (this fit, several ranks)
+  std::exception_ptr held_sink_error_;       // rank 0's, until the next agreement (several ranks)
 
   // Counters and early-stopping state (saved in the "trainer" group).
   int64_t epoch_ = 0, global_step_ = 0, step_in_epoch_ = 0;

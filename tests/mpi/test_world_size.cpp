@@ -5,6 +5,7 @@
 // whole state (snapshot()) must be bit-identical to the plain single-process Trainer's.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <exception>
@@ -180,7 +181,7 @@ Config run_config(Arch arch) {
   return c;
 }
 
-std::unique_ptr<Trainer> make_trainer(Arch arch, Collective* comm) {
+std::unique_ptr<Trainer> make_trainer(Arch arch, Collective* comm, TrainerObserver* observer = nullptr) {
   const Config c = run_config(arch);
   std::unique_ptr<Dataset> data;
   std::unique_ptr<Model> model;
@@ -191,7 +192,7 @@ std::unique_ptr<Trainer> make_trainer(Arch arch, Collective* comm) {
     data = std::make_unique<test_util::SyntheticDataset>(90, 45, 21);
     model = make_model_for(c.model, test_util::SyntheticDataset::kShape, test_util::SyntheticDataset::kClasses);
   }
-  return std::make_unique<Trainer>(c, Device::cpu(), std::move(model), nullptr, SplitsNeeded::All,
+  return std::make_unique<Trainer>(c, Device::cpu(), std::move(model), observer, SplitsNeeded::All,
                                    std::move(data), comm);
 }
 
@@ -363,4 +364,255 @@ TEST_CASE("a state taken mid-epoch on 4 ranks continues on 2 ranks and in one pr
   REQUIRE(one->restore(mid[0], LoadMode::Strict).clean());
   for (int i = 0; i < 4; ++i) one->train_step();
   expect_same_state(want, one->snapshot());
+}
+
+// ---- stops agreed between the ranks (docs/distributed.md "Stops and preemption") -----
+
+namespace {
+
+// Asks this rank's trainer to stop, or to checkpoint, once global step `at` has ended
+// (the request is then seen after the next step, as a signal arriving mid-step is), and
+// may slow the rank down after every step.
+class RequestAt : public TrainerObserver {
+ public:
+  enum class What { Stop, Checkpoint };
+  RequestAt(What what, int64_t at, double sleep_seconds = 0) : what_(what), at_(at), sleep_(sleep_seconds) {}
+  void attach(Trainer& t) { t_ = &t; }
+  void on_step_end(int64_t step) override {
+    if (step == at_ && t_) {
+      if (what_ == What::Stop) t_->control().request_stop();
+      else t_->control().request_checkpoint();
+    }
+    if (sleep_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(sleep_));
+  }
+
+ private:
+  What what_;
+  int64_t at_;
+  double sleep_;
+  Trainer* t_ = nullptr;
+};
+
+// Rank 0's run directory, in memory: the state of every save, and a disk that may refuse
+// the n-th save (CheckpointWriteError, as checkpoint.on_error = stop has it).
+class MemorySink : public RunSink {
+ public:
+  struct Saved {
+    CheckpointKind kind;
+    int64_t global_step;
+    Checkpoint state;
+  };
+  explicit MemorySink(int fail_on_save = 0) : fail_on_(fail_on_save) {}
+  void save(Trainer& t, CheckpointKind kind) override {
+    if (++count_ == fail_on_) throw CheckpointWriteError("memory/last.h5: no space left on device (test)");
+    Checkpoint c = t.snapshot();  // shares the live tensors: keep a copy
+    for (auto& [group, d] : c.groups)
+      for (auto& [key, tensor] : d.tensors) tensor = tensor.clone();
+    saves.push_back({kind, t.global_step(), std::move(c)});
+  }
+  void record_metrics(Trainer&, const std::optional<EvalResult>&) override {}
+  double save_estimate(const Trainer&) const override { return 0; }
+  void flush(Trainer&) override {}
+  std::vector<Saved> saves;
+
+ private:
+  int fail_on_;
+  int count_ = 0;
+};
+
+Checkpoint straight_state_after(int64_t steps) {
+  auto t = make_trainer(Arch::Mlp, nullptr);
+  for (int64_t i = 0; i < steps; ++i) t->train_step();
+  return t->snapshot();
+}
+
+// The whole run (3 epochs and the test evaluation) in one process, and from `mid` on
+// `world` ranks.
+Checkpoint straight_to_the_end() {
+  auto t = make_trainer(Arch::Mlp, nullptr);
+  REQUIRE(t->fit().ending == FitResult::Ending::Completed);
+  return t->snapshot();
+}
+void expect_resume_reaches(const Checkpoint& mid, int world, const Checkpoint& want) {
+  std::vector<Checkpoint> got(static_cast<std::size_t>(world));
+  run_ranks(world, [&](int rank, Collective& comm) {
+    auto t = make_trainer(Arch::Mlp, &comm);
+    REQUIRE(t->restore(mid, LoadMode::Strict).clean());
+    REQUIRE(t->fit().ending == FitResult::Ending::Completed);
+    got[rank] = t->snapshot();
+  });
+  for (const Checkpoint& c : got) expect_same_state(want, c);
+}
+
+struct RankStop {
+  FitResult result;
+  int64_t global_step = 0;
+  Checkpoint state;
+};
+
+// A fit() on `world` ranks, rank r with observer requests[r] (null: none) and rank 0
+// with `sink` and `plans[r]`.
+std::vector<RankStop> fit_on_ranks(int world, const std::vector<std::shared_ptr<RequestAt>>& requests,
+                                   RunSink* sink = nullptr, const std::vector<StopPlan>& plans = {}) {
+  std::vector<RankStop> out(static_cast<std::size_t>(world));
+  run_ranks(world, [&](int rank, Collective& comm) {
+    RequestAt* obs = rank < static_cast<int>(requests.size()) ? requests[rank].get() : nullptr;
+    auto t = make_trainer(Arch::Mlp, &comm, obs);
+    if (obs) obs->attach(*t);
+    const StopPlan plan = rank < static_cast<int>(plans.size()) ? plans[rank] : StopPlan{};
+    out[rank].result = t->fit(plan, rank == 0 ? sink : nullptr);
+    out[rank].global_step = t->global_step();
+    out[rank].state = t->snapshot();
+  });
+  return out;
+}
+
+using What = RequestAt::What;
+
+}  // namespace
+
+TEST_CASE("a stop requested on the ranks at different steps stops every rank at the same step") {
+  // The MLP run has 6 steps an epoch. Rank 0 is asked after step 2, rank 1 two steps
+  // later: every rank stops after step 3 (the first request seen), in epoch 1.
+  const Checkpoint end = straight_to_the_end();
+  std::vector<std::shared_ptr<RequestAt>> req = {std::make_shared<RequestAt>(What::Stop, 2),
+                                                 std::make_shared<RequestAt>(What::Stop, 4), nullptr, nullptr};
+  MemorySink sink;
+  const std::vector<RankStop> got = fit_on_ranks(4, req, &sink);
+  const Checkpoint want = straight_state_after(3);
+  for (int rank = 0; rank < 4; ++rank) {
+    CAPTURE(rank);
+    CHECK(got[rank].result.ending == FitResult::Ending::Stopped);
+    CHECK(got[rank].result.stop_cause == FitResult::StopCause::Requested);
+    CHECK(got[rank].global_step == 3);
+    expect_same_state(want, got[rank].state);
+  }
+  // One checkpoint, at that step (rank 0's sink), and it resumes to the straight run's end.
+  REQUIRE(sink.saves.size() == 1);
+  CHECK(sink.saves[0].kind == CheckpointKind::MidEpoch);
+  CHECK(sink.saves[0].global_step == 3);
+  expect_same_state(want, sink.saves[0].state);
+  expect_resume_reaches(sink.saves[0].state, 2, end);
+  expect_resume_reaches(sink.saves[0].state, 1, end);
+
+  SUBCASE("a stop requested on rank 2 only, in epoch 2") {
+    std::vector<std::shared_ptr<RequestAt>> only2 = {nullptr, nullptr, std::make_shared<RequestAt>(What::Stop, 8)};
+    MemorySink sink2;
+    const std::vector<RankStop> got2 = fit_on_ranks(4, only2, &sink2);
+    const Checkpoint want2 = straight_state_after(9);
+    for (int rank = 0; rank < 4; ++rank) {
+      CAPTURE(rank);
+      CHECK(got2[rank].result.stop_cause == FitResult::StopCause::Requested);
+      CHECK(got2[rank].global_step == 9);
+      expect_same_state(want2, got2[rank].state);
+    }
+    REQUIRE(!sink2.saves.empty());
+    CHECK(sink2.saves.back().global_step == 9);
+    expect_resume_reaches(sink2.saves.back().state, 4, end);
+  }
+}
+
+TEST_CASE("a stop requested on one rank during validation ends every rank's validation at the same batch") {
+  // Rank 1 is asked once step 6 (epoch 1's last) has ended: the request is first seen by
+  // the agreement before the first validation batch, on every rank.
+  const Checkpoint end = straight_to_the_end();
+  std::vector<std::shared_ptr<RequestAt>> req = {nullptr, std::make_shared<RequestAt>(What::Stop, 6)};
+  MemorySink sink;
+  const std::vector<RankStop> got = fit_on_ranks(2, req, &sink);
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    CHECK(got[rank].result.stop_cause == FitResult::StopCause::Requested);
+    CHECK(got[rank].global_step == 6);
+    CHECK(got[rank].result.epochs_done == 0);  // the epoch ends on resume, validation included
+  }
+  expect_same_state(got[0].state, got[1].state);
+  REQUIRE(sink.saves.size() == 1);
+  CHECK(sink.saves[0].kind == CheckpointKind::MidEpoch);
+  expect_resume_reaches(sink.saves[0].state, 2, end);
+}
+
+TEST_CASE("a checkpoint requested on one rank only: one checkpoint at one step, and training goes on") {
+  const Checkpoint end = straight_to_the_end();
+  std::vector<std::shared_ptr<RequestAt>> req = {nullptr, nullptr, nullptr, std::make_shared<RequestAt>(What::Checkpoint, 3)};
+  MemorySink sink;
+  const std::vector<RankStop> got = fit_on_ranks(4, req, &sink);
+  for (int rank = 0; rank < 4; ++rank) {
+    CAPTURE(rank);
+    CHECK(got[rank].result.ending == FitResult::Ending::Completed);
+    expect_same_state(end, got[rank].state);
+  }
+  std::vector<const MemorySink::Saved*> mid;
+  for (const auto& s : sink.saves)
+    if (s.kind == CheckpointKind::MidEpoch) mid.push_back(&s);
+  REQUIRE(mid.size() == 1);
+  CHECK(mid[0]->global_step == 4);
+  expect_same_state(straight_state_after(4), mid[0]->state);
+  expect_resume_reaches(mid[0]->state, 1, end);
+}
+
+TEST_CASE("the time limit is rank 0's: it stops every rank at one step, other ranks' limits decide nothing") {
+  const Checkpoint end = straight_to_the_end();
+  SUBCASE("rank 0's limit runs out (rank 0 is slowed down after each step)") {
+    std::vector<std::shared_ptr<RequestAt>> slow0 = {std::make_shared<RequestAt>(What::Stop, -1, 0.12)};
+    StopPlan limited;
+    limited.time_limit_seconds = 1.0;
+    MemorySink sink;
+    const std::vector<RankStop> got = fit_on_ranks(2, slow0, &sink, {limited, StopPlan{}});
+    const int64_t at = got[0].global_step;
+    MESSAGE("rank 0's time limit stopped both ranks at global step " << at);
+    CHECK(at > 0);
+    CHECK(at < 18);
+    for (int rank = 0; rank < 2; ++rank) {
+      CAPTURE(rank);
+      CHECK(got[rank].result.stop_cause == FitResult::StopCause::TimeLimit);
+      CHECK(got[rank].global_step == at);
+    }
+    const Checkpoint want = straight_state_after(at);
+    expect_same_state(want, got[1].state);
+    REQUIRE(!sink.saves.empty());
+    CHECK(sink.saves.back().global_step == at);
+    expect_same_state(want, sink.saves.back().state);
+    expect_resume_reaches(sink.saves.back().state, 2, end);
+  }
+  SUBCASE("a limit on rank 1 only, already past, stops nothing") {
+    StopPlan past;
+    past.time_limit_seconds = 0.001;
+    past.time_limit_from = std::chrono::steady_clock::now() - std::chrono::seconds(10);
+    const std::vector<RankStop> got = fit_on_ranks(2, {}, nullptr, {StopPlan{}, past});
+    for (int rank = 0; rank < 2; ++rank) {
+      CAPTURE(rank);
+      CHECK(got[rank].result.ending == FitResult::Ending::Completed);
+      expect_same_state(end, got[rank].state);
+    }
+  }
+}
+
+TEST_CASE("a save that fails on rank 0 stops every rank with a CheckpointWriteError, none left waiting") {
+  // Rank 0's saves: 1 last.h5 and 2 best.h5 at the end of epoch 1 (step 6), 3 the
+  // mid-epoch last.h5 of a checkpoint request on rank 1 (seen after step 9). The first
+  // fails: every rank stops before epoch 2; the third: after step 10.
+  for (int fail_on : {1, 3}) {
+    CAPTURE(fail_on);
+    std::vector<std::string> errors(4);
+    std::vector<int64_t> steps(4);
+    run_ranks(4, [&](int rank, Collective& comm) {
+      RequestAt ask(What::Checkpoint, rank == 1 ? 8 : -1);
+      auto t = make_trainer(Arch::Mlp, &comm, &ask);
+      ask.attach(*t);
+      MemorySink sink(fail_on);
+      try {
+        t->fit({}, rank == 0 ? &sink : nullptr);
+      } catch (const CheckpointWriteError& e) {
+        errors[rank] = e.what();
+      }
+      steps[rank] = t->global_step();
+    });
+    CHECK(errors[0].find("no space left on device") != std::string::npos);
+    for (int rank = 1; rank < 4; ++rank) {
+      CAPTURE(rank);
+      CHECK(errors[rank].find("rank 0 could not save a checkpoint") != std::string::npos);
+      CHECK(steps[rank] == steps[0]);
+    }
+    MESSAGE("save " << fail_on << " failed: every rank stopped after global step " << steps[0] << ": " << errors[1]);
+  }
 }
