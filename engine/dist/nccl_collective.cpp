@@ -121,7 +121,10 @@ class NcclCollective final : public Collective {
   void allgather(const void* send, std::size_t bytes, void* recv) override { bootstrap_->allgather(send, bytes, recv); }
   void broadcast(void* data, std::size_t bytes, int root) override { bootstrap_->broadcast(data, bytes, root); }
   // The bootstrap (MPI) ends the job; NCCL's communicator dies with the processes.
-  [[noreturn]] void abort(int exit_code) override { bootstrap_->abort(exit_code); }
+  [[noreturn]] void abort(int exit_code) override {
+    bootstrap_->abort(exit_code);
+    std::_Exit(exit_code);  // not reached: the bootstrap's abort does not return
+  }
 
   // Queued on the compute stream: kernels queued later see the result, a copy to the
   // host waits for it.
