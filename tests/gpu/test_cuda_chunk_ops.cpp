@@ -33,9 +33,11 @@
 #include "engine/rng.h"
 #include "kernels/chunk_tree.h"
 #include "kernels/cuda/settings.h"
+#include "gpu/device_test_util.h"
 #include "kernels/cuda_runtime.h"
 #include "kernels/ops.h"
 #include "support/random_data.h"
+#include "support/thread_collective.h"
 
 namespace gpu = engine::kernels::cuda;
 namespace ref = engine::kernels::ref;
@@ -46,41 +48,9 @@ using engine::kernels::kTreeChunks;
 using engine::kernels::tree_chunk_begin;
 using test_support::uniform;
 
+using gpu_test::DeviceArray;
+
 namespace {
-
-struct SkipWithoutGpu {
-  SkipWithoutGpu() {
-    if (!(gpu::built() && gpu::device_count() > 0)) {
-      std::printf("no CUDA GPU: skipping\n");
-      std::fflush(stdout);
-      std::exit(77);
-    }
-  }
-} skip_without_gpu;
-
-template <typename T>
-class DeviceArray {
- public:
-  explicit DeviceArray(std::size_t count) : count_(count), ptr_(static_cast<T*>(gpu::alloc((count ? count : 1) * sizeof(T)))) {
-    gpu::memset_zero(ptr_, count_ * sizeof(T));
-  }
-  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) {
-    gpu::copy(ptr_, host.data(), host.size() * sizeof(T), gpu::CopyKind::HostToDevice);
-  }
-  ~DeviceArray() { gpu::free(ptr_); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  T* get() const { return ptr_; }
-  std::vector<T> host() const {
-    std::vector<T> v(count_);
-    gpu::copy(v.data(), ptr_, count_ * sizeof(T), gpu::CopyKind::DeviceToHost);
-    return v;
-  }
-
- private:
-  std::size_t count_;
-  T* ptr_;
-};
 
 std::vector<int> whole_bounds(int n) {
   std::vector<int> b(kTreeChunks + 1);
@@ -134,15 +104,15 @@ TEST_CASE("CUDA chunked conv and linear ops match the reference chunked ops") {
     gpu::conv2d_forward_chunks(s, kTreeChunks, b.data(), dx_.get(), dw_.get(), dbias.get(), dyo.get());
     gpu::conv2d_backward_chunks(s, kTreeChunks, b.data(), dx_.get(), dw_.get(), ddy.get(), ddx.get(), ddw.get(),
                                 ddb.get());
-    check_close(dyo.host(), y_ref, 1e-4, "conv y");
-    check_close(ddx.host(), dx_ref, 1e-4, "conv dx");
-    check_close(ddw.host(), dw_ref, 1e-4, "conv dw");
-    check_close(ddb.host(), db_ref, 1e-12, "conv db", sum_abs(dy));
+    check_close(dyo.download(), y_ref, 1e-4, "conv y");
+    check_close(ddx.download(), dx_ref, 1e-4, "conv dx");
+    check_close(ddw.download(), dw_ref, 1e-4, "conv dw");
+    check_close(ddb.download(), db_ref, 1e-12, "conv db", sum_abs(dy));
     // Deterministic: the same bits again.
-    const std::vector<float> dw_first = ddw.host();
+    const std::vector<float> dw_first = ddw.download();
     gpu::conv2d_backward_chunks(s, kTreeChunks, b.data(), dx_.get(), dw_.get(), ddy.get(), ddx.get(), ddw.get(),
                                 ddb.get());
-    CHECK(same_bits(ddw.host(), dw_first));
+    CHECK(same_bits(ddw.download(), dw_first));
 
     LinearShape ls{n, 20, 7};
     const std::vector<float> lx = uniform(static_cast<std::size_t>(n) * 20, g), lw = uniform(140, g),
@@ -157,10 +127,10 @@ TEST_CASE("CUDA chunked conv and linear ops match the reference chunked ops") {
     gpu::linear_forward_chunks(ls, kTreeChunks, b.data(), d_lx.get(), d_lw.get(), d_lb.get(), d_ly.get());
     gpu::linear_backward_chunks(ls, kTreeChunks, b.data(), d_lx.get(), d_lw.get(), d_ldy.get(), d_ldx.get(),
                                 d_ldw.get(), d_ldb.get());
-    check_close(d_ly.host(), ly_ref, 1e-4, "linear y");
-    check_close(d_ldx.host(), ldx_ref, 1e-4, "linear dx");
-    check_close(d_ldw.host(), ldw_ref, 1e-4, "linear dw");
-    check_close(d_ldb.host(), ldb_ref, 1e-12, "linear db", sum_abs(ldy));
+    check_close(d_ly.download(), ly_ref, 1e-4, "linear y");
+    check_close(d_ldx.download(), ldx_ref, 1e-4, "linear dx");
+    check_close(d_ldw.download(), ldw_ref, 1e-4, "linear dw");
+    check_close(d_ldb.download(), ldb_ref, 1e-12, "linear db", sum_abs(ldy));
   }
 }
 
@@ -184,10 +154,10 @@ TEST_CASE("CUDA chunked batch-norm ops match the reference chunked ops") {
     gpu::batchnorm_chunk_centered_squares(s, kTreeChunks, b.data(), dx.get(), dmean.get(), sq.get());
     gpu::batchnorm_backward_chunk_sums(s, kTreeChunks, b.data(), dx.get(), ddy.get(), dmean.get(), sdy.get(), sxc.get());
     const double scale = 16.0 * static_cast<double>(total);  // |x| <= 3, |x - mean| <= 4: sums of magnitudes
-    check_close(sum.host(), sum_ref, 1e-12, "sum x", scale);
-    check_close(sq.host(), sq_ref, 1e-12, "sum (x - mean)^2", scale);
-    check_close(sdy.host(), sdy_ref, 1e-12, "sum dy", scale);
-    check_close(sxc.host(), sxc_ref, 1e-12, "sum dy (x - mean)", scale);
+    check_close(sum.download(), sum_ref, 1e-12, "sum x", scale);
+    check_close(sq.download(), sq_ref, 1e-12, "sum (x - mean)^2", scale);
+    check_close(sdy.download(), sdy_ref, 1e-12, "sum dy", scale);
+    check_close(sxc.download(), sxc_ref, 1e-12, "sum dy (x - mean)", scale);
 
     // The fused ops.
     std::vector<float> rm_ref(5, 0.1f), rv_ref(5, 0.9f), sm_ref(5), si_ref(5), y_ref(total), dx_ref(total),
@@ -197,18 +167,18 @@ TEST_CASE("CUDA chunked batch-norm ops match the reference chunked ops") {
                                         rm_ref.data(), rv_ref.data(), sm_ref.data(), si_ref.data(), y_ref.data());
     gpu::batchnorm_forward_train_chunks(s, kTreeChunks, b.data(), dx.get(), dgamma.get(), dbeta.get(), 1e-5f, 0.1f,
                                         rm.get(), rv.get(), sm.get(), si.get(), y.get());
-    check_close(y.host(), y_ref, 1e-5, "bn y");
-    check_close(rm.host(), rm_ref, 1e-6, "running mean");
-    check_close(rv.host(), rv_ref, 1e-6, "running var");
-    check_close(sm.host(), sm_ref, 1e-6, "save mean");
-    check_close(si.host(), si_ref, 1e-6, "save invstd");
+    check_close(y.download(), y_ref, 1e-5, "bn y");
+    check_close(rm.download(), rm_ref, 1e-6, "running mean");
+    check_close(rv.download(), rv_ref, 1e-6, "running var");
+    check_close(sm.download(), sm_ref, 1e-6, "save mean");
+    check_close(si.download(), si_ref, 1e-6, "save invstd");
     ref::batchnorm_backward_chunks(s, kTreeChunks, b.data(), x.data(), dy.data(), gamma.data(), sm_ref.data(),
                                    si_ref.data(), dx_ref.data(), dg_ref.data(), db_ref.data());
     gpu::batchnorm_backward_chunks(s, kTreeChunks, b.data(), dx.get(), ddy.get(), dgamma.get(), sm.get(), si.get(),
                                    dxo.get(), dg.get(), db.get());
-    check_close(dxo.host(), dx_ref, 1e-5, "bn dx");
-    check_close(dg.host(), dg_ref, 1e-5, "bn dgamma");
-    check_close(db.host(), db_ref, 1e-5, "bn dbeta");
+    check_close(dxo.download(), dx_ref, 1e-5, "bn dx");
+    check_close(dg.download(), dg_ref, 1e-5, "bn dgamma");
+    check_close(db.download(), db_ref, 1e-5, "bn dbeta");
   }
 }
 
@@ -223,9 +193,9 @@ TEST_CASE("CUDA cross_entropy_part normalises by the whole batch") {
   DeviceArray<float> dl(logits), dd(logits.size()), ll(n), cc(n);
   DeviceArray<int32_t> lab(labels);
   gpu::cross_entropy_part(n, total, classes, dl.get(), lab.get(), 2.0f, dd.get(), ll.get(), cc.get());
-  check_close(dd.host(), d_ref, 1e-5, "dlogits");
-  check_close(ll.host(), l_ref, 1e-5, "loss");
-  CHECK(same_bits(cc.host(), c_ref));
+  check_close(dd.download(), d_ref, 1e-5, "dlogits");
+  check_close(ll.download(), l_ref, 1e-5, "loss");
+  CHECK(same_bits(cc.download(), c_ref));
 }
 
 // Rank r of W: its chunks' bounds relative to its first sample (as BatchChunks gives).
@@ -255,7 +225,7 @@ TEST_CASE("CUDA chunked ops: rank shares plus the top of the tree give the whole
                               db_whole.get());
   BatchNormShape bs{n, 2, 36};
   gpu::batchnorm_chunk_sums(bs, kTreeChunks, b.data(), dx.get(), bn_whole.get());
-  const std::vector<float> y_all = y_whole.host();
+  const std::vector<float> y_all = y_whole.download();
   for (int world : {2, 4, 8}) {
     CAPTURE(world);
     DeviceArray<float> dw_parts(wn * world);
@@ -268,7 +238,7 @@ TEST_CASE("CUDA chunked ops: rank shares plus the top of the tree give the whole
       const int chunks = kTreeChunks / world;
       gpu::conv2d_forward_chunks(part, chunks, sh.bounds.data(), dx.get() + sh.begin * in, dw.get(), dbias.get(),
                                  y_part.get());
-      const std::vector<float> yp = y_part.host();
+      const std::vector<float> yp = y_part.download();
       CHECK(std::memcmp(yp.data(), y_all.data() + sh.begin * out, sizeof(float) * sh.count * out) == 0);
       gpu::conv2d_backward_chunks(part, chunks, sh.bounds.data(), dx.get() + sh.begin * in, dw.get(),
                                   ddy.get() + sh.begin * out, nullptr, dw_parts.get() + r * wn, db_parts.get() + r * 3);
@@ -278,80 +248,17 @@ TEST_CASE("CUDA chunked ops: rank shares plus the top of the tree give the whole
     gpu::tree_sum_parts(world, wn, dw_parts.get(), dw_parts.get());
     gpu::tree_sum_parts_f64(world, 3, db_parts.get(), db_parts.get());
     gpu::tree_sum_parts_f64(world, 2, bn_parts.get(), bn_parts.get());
-    const std::vector<float> dwp = dw_parts.host();
-    const std::vector<double> dbp = db_parts.host(), bnp = bn_parts.host();
-    CHECK(same_bits(std::vector<float>(dwp.begin(), dwp.begin() + wn), dw_whole.host()));
-    CHECK(same_bits(std::vector<double>(dbp.begin(), dbp.begin() + 3), db_whole.host()));
-    CHECK(same_bits(std::vector<double>(bnp.begin(), bnp.begin() + 2), bn_whole.host()));
+    const std::vector<float> dwp = dw_parts.download();
+    const std::vector<double> dbp = db_parts.download(), bnp = bn_parts.download();
+    CHECK(same_bits(std::vector<float>(dwp.begin(), dwp.begin() + wn), dw_whole.download()));
+    CHECK(same_bits(std::vector<double>(dbp.begin(), dbp.begin() + 3), db_whole.download()));
+    CHECK(same_bits(std::vector<double>(bnp.begin(), bnp.begin() + 2), bn_whole.download()));
   }
 }
 
 // ---- Layers at W = 2 by threads on one GPU ---------------------------------------------
 
 namespace {
-
-// An in-process collective over threads (as tests/mpi/test_world_size.cpp's).
-class ThreadGroup {
- public:
-  explicit ThreadGroup(int world) : world_(world), slots_(static_cast<std::size_t>(world)) {}
-  int world() const { return world_; }
-  void allgather(int rank, const void* send, std::size_t bytes, void* recv) {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      const auto* p = static_cast<const unsigned char*>(send);
-      slots_[rank].assign(p, p + bytes);
-    }
-    barrier();
-    for (int r = 0; r < world_; ++r)
-      if (bytes) std::memcpy(static_cast<unsigned char*>(recv) + r * bytes, slots_[r].data(), bytes);
-    barrier();
-  }
-  void abort() {
-    std::lock_guard<std::mutex> lock(m_);
-    aborted_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  void barrier() {
-    std::unique_lock<std::mutex> lock(m_);
-    if (aborted_) throw std::runtime_error("another rank failed");
-    const uint64_t gen = generation_;
-    if (++arrived_ == world_) {
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return generation_ != gen || aborted_; });
-    if (generation_ == gen) throw std::runtime_error("another rank failed");
-  }
-  int world_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  int arrived_ = 0;
-  uint64_t generation_ = 0;
-  bool aborted_ = false;
-  std::vector<std::vector<unsigned char>> slots_;
-};
-
-class ThreadCollective final : public engine::Collective {
- public:
-  ThreadCollective(ThreadGroup& g, int rank) : g_(g), rank_(rank) {}
-  int rank() const override { return rank_; }
-  int size() const override { return g_.world(); }
-  std::string name() const override { return "threads"; }
-  void allgather(const void* send, std::size_t bytes, void* recv) override { g_.allgather(rank_, send, bytes, recv); }
-  void broadcast(void* data, std::size_t bytes, int root) override {
-    std::vector<unsigned char> all(bytes * g_.world());
-    g_.allgather(rank_, data, bytes, all.data());
-    if (bytes) std::memcpy(data, all.data() + root * bytes, bytes);
-  }
-
- private:
-  ThreadGroup& g_;
-  int rank_;
-};
 
 // conv -> batch norm -> ReLU -> flatten -> linear on this rank's share of a batch; the
 // outputs of its samples and every gradient, on the host.
@@ -401,23 +308,8 @@ TEST_CASE("CUDA layers at W = 2 by threads on one GPU give the bits of W = 1") {
   const int n = 22;
   const std::vector<float> batch = uniform(static_cast<std::size_t>(n) * 64, g);
   const LayerRun one = run_layers(batch, n, nullptr);
-  ThreadGroup group(2);
   std::vector<LayerRun> runs(2);
-  std::vector<std::exception_ptr> errors(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      ThreadCollective c(group, r);
-      try {
-        runs[r] = run_layers(batch, n, &c);
-      } catch (...) {
-        errors[r] = std::current_exception();
-        group.abort();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  test_support::run_ranks(2, [&](int r, engine::Collective& c) { runs[r] = run_layers(batch, n, &c); });
   std::vector<float> joined = runs[0].logits;
   joined.insert(joined.end(), runs[1].logits.begin(), runs[1].logits.end());
   CHECK(same_bits(joined, one.logits));
