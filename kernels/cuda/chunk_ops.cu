@@ -23,6 +23,7 @@
 
 #include "kernels/batchnorm_math.h"
 #include "kernels/chunk_tree.h"
+#include "kernels/cuda/block_sum.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/reduction_order.h"
 #include "kernels/cuda/settings.h"
@@ -41,20 +42,6 @@ cudaStream_t stream() { return Context::get().stream(); }
 // use that one while these buffers are live). Used under SharedStateLock.
 PersistentBuffer g_chunk_parts{"chunk partials"};
 PersistentBuffer g_channel_parts{"chunk channel partials"};
-
-// Sum over the block in a fixed tree (as elementwise_ops.cu's block_sum).
-__device__ double chunk_block_sum(double value, double* buffer) {
-  const int t = threadIdx.x;
-  buffer[t] = value;
-  __syncthreads();
-  for (int half = blockDim.x / 2; half > 0; half >>= 1) {
-    if (t < half) buffer[t] += buffer[t + half];
-    __syncthreads();
-  }
-  const double total = buffer[0];
-  __syncthreads();
-  return total;
-}
 
 struct ChunkBounds {
   int b[kTreeChunks + 1];
@@ -87,8 +74,8 @@ __global__ void channel_chunk_sums_kernel(ChannelTerm term, int c, int64_t hw, C
       b += g * (static_cast<double>(x[idx]) - mu);
     }
   }
-  const double total_a = chunk_block_sum(a, buffer);
-  const double total_b = term == ChannelTerm::GradAndGradCentered ? chunk_block_sum(b, buffer) : 0.0;
+  const double total_a = block_sum(a, buffer);
+  const double total_b = term == ChannelTerm::GradAndGradCentered ? block_sum(b, buffer) : 0.0;
   if (threadIdx.x == 0) {
     part_a[static_cast<int64_t>(k) * c + ch] = total_a;
     if (part_b) part_b[static_cast<int64_t>(k) * c + ch] = total_b;

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/block_sum.h"
 #include "kernels/cuda/cast.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/reduction_order.h"
@@ -38,22 +39,6 @@ __device__ __forceinline__ int64_t first_index() {
 }
 __device__ __forceinline__ int64_t grid_stride() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
-
-// Sum of one value per thread over the block, in a fixed tree order: the same inputs
-// always give the same bits. `buffer` holds blockDim.x doubles (a power of two).
-// Every thread receives the total.
-__device__ double block_sum(double value, double* buffer) {
-  const int t = threadIdx.x;
-  buffer[t] = value;
-  __syncthreads();
-  for (int half = blockDim.x / 2; half > 0; half >>= 1) {
-    if (t < half) buffer[t] += buffer[t + half];
-    __syncthreads();
-  }
-  const double total = buffer[0];
-  __syncthreads();  // all threads have read buffer[0] before anyone reuses the buffer
-  return total;
 }
 
 // ---- Per-channel reductions over many blocks ----------------------------------------
