@@ -548,6 +548,11 @@ void apply_override(json& j, const std::string& assignment) {
   }
 
   if (j.is_null()) j = json::object();
+  // Checked before every step down: operator[] with a key throws json::type_error on an
+  // array or a scalar, which would leave here as a crash (found by tests/fuzz/fuzz_config).
+  if (!j.is_object())
+    throw ConfigError(one_line("--set: cannot set '" + key + "': the config is not a JSON object (got " +
+                               describe(j) + ")"));
   json* node = &j;
   std::string walked;
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
@@ -559,8 +564,6 @@ void apply_override(json& j, const std::string& assignment) {
                                  "' in the config is not an object (got " + describe(child) + ")"));
     node = &child;
   }
-  if (!node->is_object())
-    throw ConfigError(one_line("--set: cannot set '" + key + "': the config is not a JSON object"));
   (*node)[parts.back()] = std::move(value);
 }
 

@@ -402,6 +402,17 @@ TEST_CASE("non-finite numbers are rejected") {
   CHECK(contains(config_error([&] { engine::apply_override(k, "optimizer.lr=1e999"); }),
                  "--set: value for 'optimizer.lr' is not usable: number overflow"));
 
+  // A config file whose top level is not an object: a nested --set must be refused, not
+  // thrown past as json::type_error (found by tests/fuzz/fuzz_config).
+  for (const char* text : {"[]", "[1, 2]", "5", "\"cpu\"", "true"}) {
+    json top = json::parse(text);
+    CHECK(contains(config_error([&] { engine::apply_override(top, "train.epochs=1"); }),
+                   "--set: cannot set 'train.epochs': the config is not a JSON object"));
+    json flat = json::parse(text);
+    CHECK(contains(config_error([&] { engine::apply_override(flat, "seed=1"); }),
+                   "--set: cannot set 'seed': the config is not a JSON object"));
+  }
+
   const fs::path path = temp_dir() / "overflow.json";
   write_file(path, R"({"optimizer": {"lr": 1e999}})");
   CHECK(contains(config_error([&] { engine::load_config(path.string()); }),
