@@ -153,7 +153,7 @@ class Trainer::MetricsState : public Stateful {
 
 Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, TrainerObserver* observer,
                  SplitsNeeded splits, std::unique_ptr<Dataset> data, Collective* collective)
-    : cfg_(std::move(cfg)), device_(device), observer_(observer ? observer : &silent_),
+    : cfg_(std::move(cfg)), config_json_(config_to_json(cfg_).dump()), device_(device), observer_(observer ? observer : &silent_),
       data_(std::move(data)), rng_(cfg_.seed), model_(std::move(model)) {
   // cfg.cuda.deterministic is process-wide: the host applies
   // it (apply_process_settings, engine/process_settings.h), not each Trainer.
@@ -770,7 +770,7 @@ Tensor Trainer::logits(Split split, int64_t n) {
 Checkpoint Trainer::snapshot() const {
   Checkpoint c;
   c.meta.saved_on = device_.str();
-  c.config_json = config_to_json(cfg_).dump();
+  c.config_json = config_json_;
   for (auto& [name, comp] : const_cast<Trainer*>(this)->components()) c.groups[name] = comp->state();
   return c;
 }

@@ -246,7 +246,8 @@ class Trainer {
   std::vector<std::pair<std::string, Stateful*>> builtin_components();
   std::vector<std::pair<std::string, Stateful*>> components();
 
-  Config cfg_;
+  const Config cfg_;
+  const std::string config_json_;  // cfg_ resolved, as every checkpoint stores it (made once)
   Device device_;
   TrainerObserver* observer_;
   TrainerObserver silent_;
