@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -37,6 +38,14 @@ double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// The q-quantile by the nearest rank: a measured value, never an interpolation.
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[rank == 0 ? 0 : rank - 1];
 }
 
 struct Round {
@@ -126,7 +135,8 @@ int main(int argc, char** argv) {
   std::printf("epoch, saving at its end only:  median %.3f s\n", median(end_s));
   std::printf("ratio every-step / end-only: median %.3f (range %.3f .. %.3f)\n", median(ratios),
               *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()));
-  std::printf("training-thread stall per save: median %.3f ms, largest %.3f ms (%zu saves)\n", 1e3 * median(stalls),
+  std::printf("training-thread stall per save: median %.3f ms, 90th percentile %.3f ms, largest %.3f ms (%zu saves)\n",
+              1e3 * median(stalls), 1e3 * quantile(stalls, 0.9),
               1e3 * *std::max_element(stalls.begin(), stalls.end()), stalls.size());
   return 0;
 }
