@@ -3,6 +3,7 @@
 // kernels/cuda/runtime.cpp for CUDA builds and kernels/no_cuda.cpp otherwise.
 #pragma once
 #include <cstddef>
+#include <memory>
 #include <string>
 
 namespace engine::kernels::cuda {
@@ -23,9 +24,16 @@ void synchronize();
 void* alloc_pinned_host(std::size_t bytes);
 void free_pinned_host(void* p);
 // Queues a copy from device memory into pinned host memory on the compute stream, after
-// the work already queued there, and returns at once; wait_for_copies() waits for it.
+// the work already queued there, and returns at once. What is queued behind it on that
+// stream (the next step's kernels) cannot change its source before it has read it.
 void copy_to_pinned_host_async(void* dst, const void* src, std::size_t bytes);
-void wait_for_copies();
+// A mark on the compute stream after everything queued so far (a CUDA event), which any
+// thread may wait for: the async save's writer waits for its copies, the training thread
+// queues the next step at once.
+using StreamMark = std::shared_ptr<void>;
+StreamMark mark_stream();
+// Blocks (sleeping, not spinning) until the work before `mark` is done; null: returns.
+void wait_for(const StreamMark& mark);
 // The compute stream every op runs on, as a cudaStream_t (for NCCL, which must order
 // its exchanges on it: engine/dist/nccl_collective.cpp). Defined in kernels/cuda/chunk_ops.cu.
 void* compute_stream();

@@ -24,7 +24,8 @@ void synchronize() {}
 void* alloc_pinned_host(std::size_t) { unavailable(); }
 void free_pinned_host(void*) {}
 void copy_to_pinned_host_async(void*, const void*, std::size_t) { unavailable(); }
-void wait_for_copies() {}
+StreamMark mark_stream() { unavailable(); }
+void wait_for(const StreamMark&) {}
 void* compute_stream() { unavailable(); }
 BackendVersions backend_versions() { return {}; }
 

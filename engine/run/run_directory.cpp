@@ -64,6 +64,9 @@ struct RunDirectory::Impl {
     std::string path;
     CheckpointKind kind = CheckpointKind::Last;
     std::shared_ptr<const Checkpoint> state;  // null: a metrics job
+    // Set when device tensors of `state` are still being copied into the snapshot buffer
+    // on the compute stream: the writer waits for it before it reads them.
+    kernels::cuda::StreamMark copies_done;
     std::size_t record = 0;
     Clock::time_point requested;
     // metrics job
@@ -123,6 +126,7 @@ struct RunDirectory::Impl {
     std::exception_ptr error;
     try {
       if (j.state) {
+        kernels::cuda::wait_for(j.copies_done);
         save_checkpoint(j.path, *j.state);
         if (cfg.checkpoint.verify) verify_saved_checkpoint(j.path, *j.state, *prototype);
         if (j.kind == CheckpointKind::Milestone) rotate_milestones();
@@ -219,9 +223,14 @@ struct RunDirectory::Impl {
   // The state into the snapshot buffer: host tensors kept from save to save (reallocated
   // only when a shape changes). Only called while no queued job holds the buffer. The
   // buffer of a device tensor is pinned host memory: its copies are queued on the
-  // compute stream behind the step that produced the state and waited for once, before
-  // the writer thread may read them.
-  std::shared_ptr<const Checkpoint> copy_into_buffer(const Checkpoint& live) {
+  // compute stream behind the step that produced the state, and `copies_done` marks
+  // their end for the writer thread, which waits for it before it reads them. The
+  // training thread does not wait: the next step queues behind the copies.
+  struct Snapshot {
+    std::shared_ptr<const Checkpoint> state;
+    kernels::cuda::StreamMark copies_done;  // null when every tensor was on the host
+  };
+  Snapshot copy_into_buffer(const Checkpoint& live) {
     auto c = std::make_shared<Checkpoint>(live);  // meta, config and scalars by value; tensors below
     bool copies_queued = false;
     for (auto& [group, d] : c->groups) {
@@ -240,8 +249,10 @@ struct RunDirectory::Impl {
         t = b;
       }
     }
-    if (copies_queued) kernels::cuda::wait_for_copies();
-    return c;
+    Snapshot s;
+    if (copies_queued) s.copies_done = kernels::cuda::mark_stream();
+    s.state = std::move(c);
+    return s;
   }
   static Tensor host_buffer_for(const Tensor& t) {
     if (!t.device().is_cuda()) return Tensor::empty(t.shape(), t.dtype());
@@ -292,15 +303,15 @@ void RunDirectory::save(Trainer& trainer, CheckpointKind kind) {
   // Saves in a row with nothing trained between them (last.h5, then best.h5 or a
   // milestone, at an epoch's end) hold the same state: they share one snapshot.
   const std::array<int64_t, 3> taken_at{trainer.global_step(), trainer.epochs_done(), trainer.step_in_epoch()};
-  std::shared_ptr<const Checkpoint> state;
+  Impl::Snapshot snap;
   {
     std::lock_guard<std::mutex> g(m.mutex);
-    if (const Impl::Job* p = m.pending_checkpoint(); p && p->taken_at == taken_at) state = p->state;
+    if (const Impl::Job* p = m.pending_checkpoint(); p && p->taken_at == taken_at) snap = {p->state, p->copies_done};
   }
-  if (!state) {
+  if (!snap.state) {
     // One snapshot buffer: a save still holding it is waited for (that wait is stall).
     m.wait_until([&m] { return m.pending_checkpoint() == nullptr; });
-    state = m.copy_into_buffer(trainer.snapshot());
+    snap = m.copy_into_buffer(trainer.snapshot());
   }
   m.report_outcomes();  // an earlier save's failure surfaces here at the latest
   SaveRecord record;
@@ -312,7 +323,8 @@ void RunDirectory::save(Trainer& trainer, CheckpointKind kind) {
   Impl::Job job;
   job.path = path(file);
   job.kind = kind;
-  job.state = std::move(state);
+  job.state = std::move(snap.state);
+  job.copies_done = std::move(snap.copies_done);
   job.requested = t0;
   job.taken_at = taken_at;
   {

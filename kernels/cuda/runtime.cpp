@@ -91,8 +91,18 @@ void copy_to_pinned_host_async(void* dst, const void* src, std::size_t bytes) {
   ENGINE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, Context::get().stream()));
 }
 
-void wait_for_copies() {
-  if (const Context* c = Context::existing()) ENGINE_CUDA_CHECK(cudaStreamSynchronize(c->stream()));
+StreamMark mark_stream() {
+  cudaEvent_t event = nullptr;
+  // Blocking sync: the waiting writer thread sleeps instead of spinning on a core that
+  // training may need.
+  ENGINE_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventBlockingSync));
+  StreamMark mark(event, [](void* e) { (void)cudaEventDestroy(static_cast<cudaEvent_t>(e)); });
+  ENGINE_CUDA_CHECK(cudaEventRecord(event, Context::get().stream()));
+  return mark;
+}
+
+void wait_for(const StreamMark& mark) {
+  if (mark) ENGINE_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(mark.get())));
 }
 
 void synchronize() {
