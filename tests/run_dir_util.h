@@ -3,10 +3,15 @@
 #pragma once
 #include <unistd.h>
 
+#include <filesystem>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "engine/checkpoint.h"
+#include "engine/models/registry.h"
 #include "engine/run_directory.h"
+#include "engine/trainer.h"
 
 namespace test_util {
 
@@ -27,6 +32,31 @@ inline bool wait_for_checkpoint(const std::string& path, int64_t min_global_step
     ::usleep(100000);
   }
   return false;
+}
+
+// Trains `cfg` on `device` through fit() in its run directory and keeps a copy of every
+// checkpoint as the observer hears of it (on the training thread, before the next save
+// is handed to the writer), in `keep_dir`, numbered in order: NNN-last.h5, NNN-best.h5...
+// For comparing runs save by save (checkpoint.async on against off).
+inline std::vector<std::string> keep_every_checkpoint(const engine::Config& cfg, engine::Device device,
+                                                      const std::string& keep_dir) {
+  namespace fs = std::filesystem;
+  class KeepEach : public engine::TrainerObserver {
+   public:
+    explicit KeepEach(std::string dir) : dir_(std::move(dir)) { fs::create_directories(dir_); }
+    void on_checkpoint(const std::string& path, engine::CheckpointKind) override {
+      kept.push_back(dir_ + "/" + std::to_string(kept.size()) + "-" + fs::path(path).filename().string());
+      fs::copy_file(path, kept.back());
+    }
+    std::vector<std::string> kept;
+
+   private:
+    std::string dir_;
+  } keep(keep_dir);
+  engine::Trainer t(cfg, device, engine::make_model(cfg), &keep);
+  if (fit_in_run_dir(t).ending != engine::FitResult::Ending::Completed)
+    throw std::runtime_error("keep_every_checkpoint: the run in " + cfg.checkpoint.dir + " did not complete");
+  return keep.kept;
 }
 
 }  // namespace test_util

@@ -400,20 +400,6 @@ TEST_CASE("fit() without a run directory writes no file; a RunDirectory estimate
 
 TEST_CASE("checkpoint.async: every save holds the state of the moment it was requested, as a save on the training thread") {
   if (!dataset_available()) return;
-  // Keeps a copy of each checkpoint as its observer hears of it (on the training thread,
-  // before the next save is handed to the writer).
-  class KeepEach : public TrainerObserver {
-   public:
-    explicit KeepEach(std::string keep_dir) : dir_(std::move(keep_dir)) { fs::create_directories(dir_); }
-    void on_checkpoint(const std::string& path, CheckpointKind) override {
-      kept.push_back(dir_ + "/" + std::to_string(kept.size()) + "-" + fs::path(path).filename().string());
-      fs::copy_file(path, kept.back());
-    }
-    std::vector<std::string> kept;
-
-   private:
-    std::string dir_;
-  };
   std::vector<std::vector<std::string>> kept;
   for (const bool async : {true, false}) {
     CAPTURE(async);
@@ -421,10 +407,7 @@ TEST_CASE("checkpoint.async: every save holds the state of the moment it was req
     Config cfg = tiny_config(dir + "/run");
     cfg.checkpoint.async = async;
     cfg.checkpoint.every_n_steps = 3;  // mid-epoch saves while the next steps train
-    KeepEach keep(dir + "/kept");
-    Trainer t(cfg, Device::cpu(), make_model(cfg), &keep);
-    REQUIRE(fit_in_run_dir(t).ending == FitResult::Ending::Completed);
-    kept.push_back(keep.kept);
+    kept.push_back(keep_every_checkpoint(cfg, Device::cpu(), dir + "/kept"));
   }
   REQUIRE(kept[0].size() == kept[1].size());
   CHECK(kept[0].size() >= 6);  // two epochs: mid-epoch saves, last.h5 and best.h5 at each end

@@ -8,7 +8,10 @@
 #include <limits>
 
 #include "cli_util.h"
+#include "run_dir_util.h"
+#include "engine/config.h"
 #include "engine/device.h"
+#include "engine/process_settings.h"
 #include "engine/scaler.h"
 #include "engine/checkpoint.h"
 
@@ -107,4 +110,32 @@ TEST_CASE("GPU: the loss scaler skips the step and backs off on an inf gradient"
               Tensor::from_vector({2}, {8.0f, 16.0f}, Device::cuda())};
   CHECK_FALSE(s.unscale({&q}));
   CHECK(q.grad.to_vector() == std::vector<float>{2.0f, 4.0f});
+}
+
+TEST_CASE("GPU: checkpoint.async copies the state on the compute stream; every save holds the state of its request") {
+  // The writer waits for the device-to-pinned copies (a CUDA event) while the training
+  // thread queues the next steps behind them: each save must equal the one a run that
+  // saves on the training thread (checkpoint.async off) wrote at the same moment.
+  std::vector<std::vector<std::string>> kept;
+  for (const bool async : {true, false}) {
+    CAPTURE(async);
+    const std::string dir = fresh_dir(async ? "gpu_async" : "gpu_sync");
+    engine::Config cfg;
+    cfg.device = "cuda";
+    cfg.data.dir = data_dir();
+    cfg.data.train_limit = 1024;
+    cfg.data.val_split = 256;
+    cfg.data.test_limit = 256;
+    cfg.data.batch_size = 64;
+    cfg.train.epochs = 2;
+    cfg.checkpoint.dir = dir + "/run";
+    cfg.checkpoint.every_n_epochs = std::nullopt;
+    cfg.checkpoint.every_n_steps = 3;
+    cfg.checkpoint.async = async;
+    engine::apply_process_settings(cfg);  // deterministic cuDNN, as `engine train` sets it
+    kept.push_back(keep_every_checkpoint(cfg, engine::Device::cuda(0), dir + "/kept"));
+  }
+  REQUIRE(kept[0].size() == kept[1].size());
+  CHECK(kept[0].size() >= 10);
+  for (std::size_t i = 0; i < kept[0].size(); ++i) expect_identical(kept[0][i], kept[1][i]);
 }
