@@ -8,12 +8,32 @@
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
 #include "engine/checkpoint.h"
+#include "engine/config.h"
 #include "engine/models/registry.h"
 #include "engine/run_directory.h"
 #include "engine/trainer.h"
 
 namespace test_util {
+
+// A short run of the default model on `device` ("cpu", "cuda"): `train_limit` training
+// images, 256 validation images (from the end of the training file), 256 test images, batches of 64, `epochs`
+// epochs, no milestones; its run directory is `run_dir`.
+inline engine::Config small_run_config(const std::string& device, const std::string& run_dir,
+                                       int64_t train_limit = 512, int64_t epochs = 2) {
+  engine::Config c;
+  c.device = device;
+  c.data.dir = data_dir();
+  c.data.train_limit = train_limit;
+  c.data.val_split = 256;
+  c.data.test_limit = 256;
+  c.data.batch_size = 64;
+  c.train.epochs = epochs;
+  c.checkpoint.dir = run_dir;
+  c.checkpoint.every_n_epochs = std::nullopt;
+  return c;
+}
 
 inline engine::FitResult fit_in_run_dir(engine::Trainer& trainer, const engine::StopPlan& stop = {}) {
   engine::RunDirectory run(trainer);

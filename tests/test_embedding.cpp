@@ -79,15 +79,8 @@ class CountingObserver : public TrainerObserver {
 
 TEST_CASE("Classifier: 4 threads give the single-threaded bits and the trainer's evaluation") {
   if (!dataset_available()) return;
-  Config c;
-  c.device = "cpu";
-  c.data.dir = data_dir();
-  c.data.train_limit = 512;
-  c.data.val_split = 256;
+  Config c = small_run_config("cpu", fresh_dir("embedding_classifier"), 512, 1);
   c.data.test_limit = 512;
-  c.data.batch_size = 64;
-  c.train.epochs = 1;
-  c.checkpoint.dir = fresh_dir("embedding_classifier");
   Trainer trainer(c, Device::cpu(), make_model(c));
   const FitResult fit = test_util::fit_in_run_dir(trainer);
   REQUIRE(fit.test);

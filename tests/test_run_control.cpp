@@ -32,17 +32,7 @@ namespace {
 
 // A tiny CPU run: 512 training images in batches of 64 (8 steps per epoch), 2 epochs.
 Config tiny_config(const std::string& run_dir, int64_t train_limit = 512) {
-  Config c;
-  c.device = "cpu";
-  c.data.dir = data_dir();
-  c.data.train_limit = train_limit;
-  c.data.val_split = 256;
-  c.data.test_limit = 256;
-  c.data.batch_size = 64;
-  c.train.epochs = 2;
-  c.checkpoint.dir = run_dir;
-  c.checkpoint.every_n_epochs = std::nullopt;
-  return c;
+  return small_run_config("cpu", run_dir, train_limit);
 }
 
 // snapshot() aliases the live tensors: a copy that later changes cannot reach.

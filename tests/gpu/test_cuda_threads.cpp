@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cli_util.h"
+#include "run_dir_util.h"
 #include "engine/config.h"
 #include "engine/device.h"
 #include "engine/inference.h"
@@ -140,18 +141,7 @@ std::vector<std::vector<float>> op_mix(int scale) {
   return out;
 }
 
-engine::Config small_gpu_config(const std::string& dir) {
-  engine::Config c;
-  c.device = "cuda";
-  c.data.dir = data_dir();
-  c.data.train_limit = 1024;
-  c.data.val_split = 256;
-  c.data.test_limit = 256;
-  c.data.batch_size = 64;
-  c.train.epochs = 1;
-  c.checkpoint.dir = dir;
-  return c;
-}
+engine::Config small_gpu_config(const std::string& dir) { return small_run_config("cuda", dir, 1024, 1); }
 
 }  // namespace
 

@@ -120,16 +120,7 @@ TEST_CASE("GPU: checkpoint.async copies the state on the compute stream; every s
   for (const bool async : {true, false}) {
     CAPTURE(async);
     const std::string dir = fresh_dir(async ? "gpu_async" : "gpu_sync");
-    engine::Config cfg;
-    cfg.device = "cuda";
-    cfg.data.dir = data_dir();
-    cfg.data.train_limit = 1024;
-    cfg.data.val_split = 256;
-    cfg.data.test_limit = 256;
-    cfg.data.batch_size = 64;
-    cfg.train.epochs = 2;
-    cfg.checkpoint.dir = dir + "/run";
-    cfg.checkpoint.every_n_epochs = std::nullopt;
+    engine::Config cfg = small_run_config("cuda", dir + "/run", 1024, 2);
     cfg.checkpoint.every_n_steps = 3;
     cfg.checkpoint.async = async;
     engine::apply_process_settings(cfg);  // deterministic cuDNN, as `engine train` sets it
