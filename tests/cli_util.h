@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "support/child_process.h"
+
 namespace test_util {
 
 struct RunResult {
@@ -45,20 +47,27 @@ inline std::string fresh_dir(const std::string& name) {
   return p.string();
 }
 
-// Runs `program args` with extra environment assignments ("A=1 B=2") before it.
+// The wait status as a RunResult's exit code and signal.
+// `through_shell`: the status is a shell's, which reports a child killed by signal N as
+// 128+N (the engine's own 130 and 137 are then read as signals too, as they always were
+// for run()).
+inline void set_status(RunResult& r, int status, bool through_shell) {
+  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+  if (through_shell && r.exit_code > 128 && r.signal == 0) r.signal = r.exit_code - 128, r.exit_code = -1;
+}
+
+// Runs `program args` with extra environment assignments ("A=1 B=2") before it, in a
+// child that dies with the test (ChildProcess).
 inline RunResult run_program(const std::string& env, const std::string& program, const std::string& args) {
   RunResult r;
   const std::string cmd = (env.empty() ? "" : "env " + env + " ") + program + " " + args + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return r;
+  ChildProcess child = ChildProcess::shell(cmd);
+  if (!child.output()) return r;
   char buf[4096];
   std::size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.output.append(buf, n);
-  const int status = pclose(f);
-  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
-  // popen runs through /bin/sh, which reports a child killed by signal N as 128+N.
-  if (r.exit_code > 128 && r.signal == 0) r.signal = r.exit_code - 128, r.exit_code = -1;
+  while ((n = fread(buf, 1, sizeof buf, child.output())) > 0) r.output.append(buf, n);
+  set_status(r, child.wait(), true);
   return r;
 }
 
@@ -69,20 +78,30 @@ inline RunResult run_with_env(const std::string& env, const std::string& args) {
 
 inline RunResult run(const std::string& args) { return run_with_env("", args); }
 
-// An engine process running in the background, its output read line by line, so a test
-// can signal it at a known point of the run.
+// tests/tools/engine_paused.cpp (path from $ENGINE_PAUSED_BIN): `engine` held at a step.
+inline std::string paused_bin() {
+  const char* b = std::getenv("ENGINE_PAUSED_BIN");
+  return b ? b : "./engine_paused";
+}
+
+// `engine ARGS` held after global step `step` until one signal reaches it (the pause
+// options of engine_paused.cpp, e.g. "--release-after-signals 2"), as a command line for
+// Background or run_program: "PAUSED_BIN --at-step N OPTIONS -- ARGS".
+inline std::string paused_at(int64_t step, const std::string& args, const std::string& options = "") {
+  return paused_bin() + " --at-step " + std::to_string(step) + (options.empty() ? "" : " " + options) + " -- " +
+         args;
+}
+
+// A process running in the background (by default `engine ARGS`; Background::command
+// runs any command line), its output read line by line, so a test can signal it at a
+// known point of the run. It is killed when the Background goes out of scope unfinished:
+// a failed REQUIRE leaves nothing running.
 class Background {
  public:
-  explicit Background(const std::string& args) {
-    // The shell prints its pid and becomes the engine (exec keeps the pid).
-    f_ = popen(("echo $$; exec " + engine_bin() + " " + args + " 2>&1").c_str(), "r");
-    std::string first;
-    if (f_ && next_line(first)) pid_ = std::atoi(first.c_str());
-  }
-  ~Background() {
-    if (f_) finish();
-  }
-  int pid() const { return pid_; }
+  explicit Background(const std::string& args) : Background(engine_bin() + " " + args, 0) {}
+  static Background command(const std::string& command_line) { return Background(command_line, 0); }
+
+  int pid() const { return child_.pid(); }
   const std::string& output() const { return output_; }
   // Reads until a line containing `needle` (true) or the end of the output (false).
   bool wait_for(const std::string& needle) {
@@ -95,23 +114,21 @@ class Background {
     for (std::string l; next_line(l);) {}
     RunResult r;
     r.output = output_;
-    const int status = pclose(f_);
-    f_ = nullptr;
-    if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-    if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+    set_status(r, child_.wait(), false);
     return r;
   }
 
  private:
+  Background(const std::string& command_line, int)
+      : child_(ChildProcess::shell("exec " + command_line + " 2>&1")) {}  // exec: the pid is the program's
   bool next_line(std::string& line) {
     char buf[4096];
-    if (!f_ || !fgets(buf, sizeof buf, f_)) return false;
+    if (!child_.output() || !fgets(buf, sizeof buf, child_.output())) return false;
     line = buf;
     output_ += line;
     return true;
   }
-  FILE* f_ = nullptr;
-  int pid_ = -1;
+  ChildProcess child_;
   std::string output_;
 };
 // `args` is an `engine train ...` command line; the run SIGKILLs itself right after

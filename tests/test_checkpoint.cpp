@@ -26,6 +26,7 @@
 #include "io/deferred_remove.h"
 #include "support/checkpoint_testing.h"
 #include "scratch_dir.h"
+#include "support/child_process.h"
 
 using namespace engine;
 namespace fs = std::filesystem;
@@ -348,16 +349,14 @@ TEST_CASE("a process forked after a save saves, drains and exits without waiting
   const std::string path = dir + "/last.h5";
   save_checkpoint(path, sample());
   save_checkpoint(path, sample());  // a replacement: the background remover runs now
-  const pid_t child = fork();
-  if (child == 0) {
+  test_util::ChildProcess child = test_util::ChildProcess::fork_running([&] {
     alarm(20);  // a hang ends the child with SIGALRM, which the parent sees
     save_checkpoint(path, sample());
     finish_pending_removals();
     std::exit(0);  // runs the exit handlers, as a normal child would
-  }
-  REQUIRE(child > 0);
-  int status = 0;
-  REQUIRE(waitpid(child, &status, 0) == child);
+  });
+  REQUIRE(child.pid() > 0);
+  const int status = child.wait();
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
   finish_pending_removals();
@@ -385,10 +384,10 @@ TEST_CASE("a reader holding the replaced file open keeps reading the old version
 TEST_CASE("hidden leftovers of a process that died are swept by the next save in that directory") {
   const std::string dir = tmp_path("sweep_dir");
   fs::create_directories(dir);
-  const pid_t child = fork();
-  if (child == 0) _exit(0);
+  test_util::ChildProcess exited = test_util::ChildProcess::fork_running([] { _exit(0); });
+  const pid_t child = exited.pid();
   REQUIRE(child > 0);
-  REQUIRE(waitpid(child, nullptr, 0) == child);  // its pid now belongs to no process
+  exited.wait();  // its pid now belongs to no process
   const std::string dead = std::to_string(child), alive = std::to_string(getppid());
   // Temporary files go only once an hour old: in a directory shared between machines a
   // young one may be another machine's save in progress.

@@ -233,9 +233,11 @@ TEST_CASE("resume with another training-set size: accepted at an epoch boundary,
 TEST_CASE("one writer per run directory: a second train or resume is refused at once; a killed holder's lock is taken over") {
   if (!dataset_available()) return;
   const std::string dir = fresh_dir("cli_lock");
-  Background holder(small_run(dir));
+  // The holder is held after step 20, in epoch 2, for as long as the test needs it
+  // (tests/tools/engine_paused.cpp): on a fast machine it would otherwise end first.
+  Background holder = Background::command(paused_at(20, small_run(dir)));
   REQUIRE(holder.pid() > 0);
-  REQUIRE(holder.wait_for("epoch 1/4"));
+  REQUIRE(holder.wait_for("paused after step 20"));
   REQUIRE(wait_for_checkpoint(dir + "/best.h5", 16));  // last.h5 and best.h5 exist (checkpoint.async)
   REQUIRE(wait_for_checkpoint(dir + "/last.h5", 16));
   const std::string pid = "pid " + std::to_string(holder.pid());
@@ -243,7 +245,9 @@ TEST_CASE("one writer per run directory: a second train or resume is refused at 
     CAPTURE(cmd);
     const auto t0 = std::chrono::steady_clock::now();
     const RunResult r = run(cmd);
-    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 1.0);
+    // At once: the holder keeps the lock for minutes, so a second writer that waited
+    // for it would take that long. The bound tells the two apart; it asks no speed.
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 60.0);
     expect_one_line_error(r, {dir, "in use", pid, "host", "since"});
   }
   // Readers take no lock.
@@ -368,59 +372,38 @@ TEST_CASE("output to a file reaches it line by line: a second Ctrl-C loses no li
   if (!dataset_available()) return;
   const std::string dir = fresh_dir("cli_double_int");
   const std::string log = dir + "/log.txt";
-  // The engine in a child of ours, stdout and stderr redirected to a file.
-  const std::string cmd = "exec " + engine_bin() + " " + small_run(dir + "/r") +
-                          " --set train.epochs=50 --set data.train_limit=null > " + log + " 2>&1";
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  int status = 0;
-  bool exited = false;
-  struct Reaper {  // a failed REQUIRE leaves no engine running
-    pid_t pid;
-    bool& exited;
-    ~Reaper() {
-      if (!exited) ::kill(pid, SIGKILL), ::waitpid(pid, nullptr, 0);
-    }
-  } reaper{pid, exited};
-  auto alive = [&] {
-    if (!exited && ::waitpid(pid, &status, WNOHANG) == pid) exited = true;
-    return !exited;
-  };
+  // The engine in a child of ours, stdout and stderr redirected to a file, held after
+  // step 2 (in epoch 1) until two signals have reached it (tests/tools/engine_paused.cpp):
+  // the first asks for a stop, the second ends the process at once.
+  test_util::ChildProcess engine = test_util::ChildProcess::shell(
+      "exec " + paused_at(2, small_run(dir + "/r"), "--release-after-signals 2") + " > " + log + " 2>&1",
+      test_util::ChildProcess::Output::Inherit);
+  REQUIRE(engine.pid() > 0);
   auto log_has = [&](const std::string& needle) {
     std::ifstream in(log);
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     return text.find(needle) != std::string::npos;
   };
+  auto wait_for_log = [&](const std::string& needle) {
+    for (int i = 0; i < 30000 && engine.running(); ++i) {
+      if (log_has(needle)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return log_has(needle);
+  };
+  REQUIRE(wait_for_log("paused after step 2"));
   // The header is printed before the first step; it must reach the file then, not when
   // the first epoch's line flushes stdout (metrics.jsonl is written just before that).
-  // The whole training set makes epoch 1 long enough to be interrupted in.
-  const std::string metrics = dir + "/r/metrics.jsonl";
-  bool header_during_epoch_1 = false;
-  const auto t0 = std::chrono::steady_clock::now();
-  while (alive() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(300)) {
-    const bool header = log_has("training fashion_cnn");  // read first, then the epoch's end
-    if (fs::exists(metrics)) break;
-    if (header) {
-      header_during_epoch_1 = true;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  REQUIRE(alive());
-  CHECK(header_during_epoch_1);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // into the training steps
-  ::kill(pid, SIGINT);
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  ::kill(pid, SIGINT);
-  for (int i = 0; i < 1000 && alive(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  REQUIRE_FALSE(alive());
+  CHECK(log_has("training fashion_cnn"));
+  CHECK_FALSE(fs::exists(dir + "/r/metrics.jsonl"));
+  ::kill(engine.pid(), SIGINT);
+  REQUIRE(wait_for_log("saw signal 1"));  // two pending SIGINTs would merge into one
+  ::kill(engine.pid(), SIGINT);
+  const int status = engine.wait();
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 130);
   CHECK(log_has("training fashion_cnn"));
+  CHECK(log_has("interrupted again, exiting now"));
 }
 
 TEST_CASE("engine::DataError comes with the documented headers (engine/trainer.h) and names data.dir") {

@@ -22,6 +22,7 @@
 #include "io/hdf5_sandbox.h"
 #include "support/sandbox_faults.h"
 #include "scratch_dir.h"
+#include "support/child_process.h"
 #include "support/checkpoint_testing.h"
 
 using namespace engine;
@@ -168,9 +169,7 @@ TEST_CASE("a forked process loads through its own parser") {
   (void)load_checkpoint(fixture());
   const int parent_parser = sandbox_testing::parser_pid();
   REQUIRE(parent_parser > 0);
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
+  test_util::ChildProcess child = test_util::ChildProcess::fork_running([&] {
     int code = 1;
     try {
       (void)load_checkpoint(fixture());
@@ -179,9 +178,9 @@ TEST_CASE("a forked process loads through its own parser") {
       code = 3;
     }
     ::_exit(code);
-  }
-  int status = 0;
-  REQUIRE(::waitpid(child, &status, 0) == child);
+  });
+  REQUIRE(child.pid() > 0);
+  const int status = child.wait();
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
   CHECK(sandbox_testing::parser_pid() == parent_parser);

@@ -15,14 +15,18 @@
 
 using namespace test_util;
 
+// The run is held after a chosen step (tests/tools/engine_paused.cpp) until the signal
+// has reached it, so the signal lands at that step on any machine, however fast or
+// loaded: 16 steps per epoch, held after step 20 (epoch 2, step 4), the request acted on
+// after the next step.
 TEST_CASE("SIGUSR1 (a scheduler's warning) saves last.h5 mid-run and training goes on, bit-exactly") {
   if (!dataset_available()) return;
   const std::string b = fresh_dir("resume_usr1");
-  Background run_bg(small_run(b));
+  Background run_bg = Background::command(paused_at(20, small_run(b)));
   REQUIRE(run_bg.pid() > 0);
-  REQUIRE(run_bg.wait_for("epoch 1/4"));  // now in epoch 2, 16 steps per epoch
+  REQUIRE(run_bg.wait_for("paused after step 20"));
   ::kill(run_bg.pid(), SIGUSR1);
-  REQUIRE(run_bg.wait_for("checkpoint requested: last.h5 saved at epoch 2 step"));
+  REQUIRE(run_bg.wait_for("checkpoint requested: last.h5 saved at epoch 2 step 5; training goes on"));
   // That last.h5 is a sound mid-epoch checkpoint of epoch 2 (unless epoch 2 has ended
   // since, and end_epoch replaced it).
   const engine::Checkpoint mid = engine::load_checkpoint(b + "/last.h5");
@@ -37,16 +41,15 @@ TEST_CASE("SIGUSR1 (a scheduler's warning) saves last.h5 mid-run and training go
 TEST_CASE("--time-limit stops with a checkpoint before the limit and resumes bit-exactly") {
   if (!dataset_available()) return;
   const std::string b = fresh_dir("resume_time_limit");
-  // About a quarter of the run's time (it takes 5-60 s, shared machines included).
+  // Every step 0.1 s longer (engine_paused --slow-from-step): the 64 steps take more
+  // than 6.4 s, so the run cannot end within the 4 s limit on any machine, and the
+  // engine must stop itself before it, keeping its margin (2 %, at least 0.25 s, more
+  // than the 0.1 s it cannot foresee).
   const auto t0 = std::chrono::steady_clock::now();
-  RunResult r = run(small_run(b) + " --time-limit 4");
+  RunResult r = run_program("", paused_bin() + " --slow-from-step 1 --step-seconds 0.1 --", small_run(b) + " --time-limit 4");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(r.output);
-  if (r.exit_code == 0) {  // a machine fast enough to finish in 4 s: nothing to test
-    MESSAGE("the run finished within the time limit");
-    return;
-  }
-  CHECK(r.exit_code == 75);
+  REQUIRE(r.exit_code == 75);
   CHECK(r.output.find("time limit: stopping at epoch") != std::string::npos);
   CHECK(seconds < 4.0 + 1.0);  // counted from the process' start; a margin is kept
   CHECK(run("verify \"" + b + "/last.h5\"").exit_code == 0);
@@ -60,27 +63,28 @@ TEST_CASE("--time-limit stops with a checkpoint before the limit and resumes bit
 TEST_CASE("a second Ctrl-C exits at once; last.h5 stays sound") {
   if (!dataset_available()) return;
   const std::string b = fresh_dir("resume_double_interrupt");
-  Background run_bg(small_run(b));
+  // Held after step 20 until two signals have reached it: the first asks for a stop, and
+  // the second must end the process there and then, before any step or save (were it
+  // ignored, the pause would let the run go on to stop and save at step 21).
+  Background run_bg = Background::command(paused_at(20, small_run(b), "--release-after-signals 2"));
   REQUIRE(run_bg.pid() > 0);
-  REQUIRE(run_bg.wait_for("epoch 1/4"));
+  REQUIRE(run_bg.wait_for("paused after step 20"));
   // The epoch's line is printed while its last.h5 may still be on the writer thread
   // (checkpoint.async): wait until it is complete, as its observer would hear.
   REQUIRE(wait_for_checkpoint(b + "/last.h5", 16));
-  const auto t0 = std::chrono::steady_clock::now();
   ::kill(run_bg.pid(), SIGINT);
-  // Two pending SIGINTs would merge into one; 20 ms lets the first be handled, and is
-  // well within the step and the save a stop takes.
-  ::usleep(20000);
+  // Two pending SIGINTs would merge into one: the second goes once the first is seen.
+  REQUIRE(run_bg.wait_for("engine_paused: rank 0 saw signal 1"));
   ::kill(run_bg.pid(), SIGINT);
   const RunResult r = run_bg.finish();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(r.output);
   CHECK(r.exit_code == 130);
-  CHECK(seconds < 1.1);
   CHECK(r.output.find("interrupted again, exiting now") != std::string::npos);
+  CHECK(r.output.find("released after step") == std::string::npos);
+  CHECK(r.output.find("stopped at epoch") == std::string::npos);
   const RunResult v = run("verify \"" + b + "/last.h5\"");
   INFO(v.output);
   CHECK(v.exit_code == 0);
-  // and the run resumes from it
-  CHECK(engine::load_checkpoint(b + "/last.h5").groups.at("trainer").get_int("global_step") >= 16);
+  // and the run resumes from it: epoch 1's end, the last save before the stop
+  CHECK(engine::load_checkpoint(b + "/last.h5").groups.at("trainer").get_int("global_step") == 16);
 }

@@ -3,6 +3,7 @@
 // and resumed ends bit-identical to an uninterrupted run. test_preemption.cpp does the
 // same for the signals and limits of batch schedulers.
 #include <doctest/doctest.h>
+#include <signal.h>
 
 #include "cli_util.h"
 #include "engine/checkpoint.h"
@@ -73,21 +74,20 @@ TEST_CASE("SIGKILL mid-epoch (between and right after mid-epoch saves) resumes b
 TEST_CASE("SIGTERM (a scheduler's time limit) stops after a step, saves, and resumes bit-exactly") {
   if (!dataset_available()) return;
   const std::string b = fresh_dir("resume_sigterm");
-  // timeout(1) sends SIGTERM after 2 s, wherever the run is: mid-epoch, in validation...
-  const std::string cmd = "timeout -s TERM 2 " + engine_bin() + " " + small_run(b) + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  REQUIRE(f);
-  std::string out;
-  char buf[4096];
-  for (std::size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
-  const int status = pclose(f);
-  INFO(out);
-  // 124: stopped by the signal (the engine exits 130 after saving); 0: finished first.
-  REQUIRE(WIFEXITED(status));
-  CHECK((WEXITSTATUS(status) == 124 || WEXITSTATUS(status) == 0));
+  // Held after step 20 (epoch 2, step 4) until the signal has reached it
+  // (tests/tools/engine_paused.cpp), so it lands mid-epoch on any machine.
+  Background run_bg = Background::command(paused_at(20, small_run(b)));
+  REQUIRE(run_bg.wait_for("paused after step 20"));
+  ::kill(run_bg.pid(), SIGTERM);
+  const RunResult stopped = run_bg.finish();
+  INFO(stopped.output);
+  CHECK(stopped.exit_code == 130);
+  CHECK(stopped.output.find("stopped at epoch 2 step 5; resume with the same command") != std::string::npos);
+  CHECK(engine::load_checkpoint(b + "/last.h5").groups.at("trainer").get_int("global_step") == 21);
   const RunResult r = run(small_run(b));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("resuming from epoch 1, step 5 of epoch 2") != std::string::npos);
   expect_same_run(reference_run(), b);
 }
 

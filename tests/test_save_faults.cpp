@@ -162,8 +162,7 @@ TEST_CASE("a real EFBIG (RLIMIT_FSIZE), SIGXFSZ ignored or not, keeps the previo
   REQUIRE(before.size() > 8192);
   int pipe_fds[2];
   REQUIRE(pipe(pipe_fds) == 0);
-  const pid_t child = fork();
-  if (child == 0) {
+  test_util::ChildProcess child = test_util::ChildProcess::fork_running([&] {
     alarm(20);
     // SIG_DFL kills a process that writes past the limit, unless the writer blocks it.
     signal(SIGXFSZ, disposition);
@@ -174,15 +173,14 @@ TEST_CASE("a real EFBIG (RLIMIT_FSIZE), SIGXFSZ ignored or not, keeps the previo
     finish_pending_removals();
     (void)!write(pipe_fds[1], msg.data(), msg.size());
     _exit(write_error ? 0 : 1);
-  }
-  REQUIRE(child > 0);
+  });
+  REQUIRE(child.pid() > 0);
   close(pipe_fds[1]);
   std::string msg;
   char buf[512];
   for (ssize_t n; (n = read(pipe_fds[0], buf, sizeof buf)) > 0;) msg.append(buf, static_cast<std::size_t>(n));
   close(pipe_fds[0]);
-  int status = 0;
-  REQUIRE(waitpid(child, &status, 0) == child);
+  const int status = child.wait();
   INFO(msg);
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
@@ -343,15 +341,10 @@ TEST_CASE("engine train exits 3 when the file size limit refuses a save, and the
   // SIGXFSZ left at its default disposition (death), which the engine must not depend on.
   const std::string limited = "bash -c 'ulimit -f 1024; exec \"$0\" \"$@\"' " + test_util::engine_bin() +
                               " " + cmd + " 2>&1";
-  FILE* f = popen(limited.c_str(), "r");
-  REQUIRE(f);
-  std::string out;
-  char buf[4096];
-  for (std::size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
-  const int status = pclose(f);
+  const test_util::RunResult limited_run = test_util::run_program("", limited, "");
+  const std::string& out = limited_run.output;
   INFO(out);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 3);
+  CHECK(limited_run.exit_code == 3);
   CHECK(out.find("engine: " + dir + "/last.h5: cannot write temporary file") != std::string::npos);
   CHECK(out.find("File too large; training stopped (checkpoint.on_error = stop)") != std::string::npos);
   CHECK(read_bytes(dir + "/last.h5") == before);

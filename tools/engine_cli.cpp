@@ -1,5 +1,5 @@
-// The `engine` command line: a thin layer over the library (engine/trainer.h,
-// engine/checkpoint.h, engine/inference.h). Arguments are parsed by CLI11, one
+// The `engine` command line (tools/engine_cli.h): a thin layer over the library
+// (engine/trainer.h, engine/checkpoint.h, engine/inference.h). Arguments are parsed by CLI11, one
 // subcommand at a time: a command takes only its own options and refuses any other with
 // a one-line usage error (exit 2). Every other error is one line on stderr, exit 1.
 #include <malloc.h>
@@ -39,6 +39,7 @@
 #include "engine/run_lock.h"
 #include "engine/start_agreement.h"
 #include "engine/trainer.h"
+#include "engine_cli.h"
 
 namespace fs = std::filesystem;
 using namespace engine;
@@ -78,6 +79,9 @@ int g_rank = -1;
 // (an exception may unwind the session before main's catch reports it): an error on one
 // rank then ends every rank through it, instead of leaving the others in a collective.
 std::shared_ptr<Collective> g_job;
+// The host's own observer (engine::cli::run's `also`): hears every training event the
+// console does, after it.
+TrainerObserver* g_also = nullptr;
 
 std::string rank_tag() { return g_rank >= 0 ? "rank " + std::to_string(g_rank) + ": " : ""; }
 
@@ -335,12 +339,15 @@ class ConsoleObserver : public TrainerObserver {
     // of ranks other than 0 is discarded).
     if (g_rank >= 0 && m.rfind("warning", 0) == 0) std::cerr << "engine: " + rank_tag() + m + "\n" << std::flush;
     else std::cout << m << std::endl;
+    if (g_also) g_also->on_message(m);
   }
-  void on_epoch_begin(int64_t epoch, int64_t epochs, int64_t) override {
+  void on_epoch_begin(int64_t epoch, int64_t epochs, int64_t steps) override {
     epoch_ = epoch;
     epochs_ = epochs;
+    if (g_also) g_also->on_epoch_begin(epoch, epochs, steps);
   }
   void on_progress(const Progress& p) override {
+    if (g_also) g_also->on_progress(p);
     if (!tty_) return;
     const int width = 30;
     const int filled = p.steps ? static_cast<int>(width * p.step / p.steps) : width;
@@ -358,8 +365,14 @@ class ConsoleObserver : public TrainerObserver {
                 static_cast<long long>(m.epoch), static_cast<long long>(epochs_), m.train_loss,
                 m.val_loss, 100.0 * m.val_acc, m.lr, m.epoch_seconds);
     std::fflush(stdout);
+    if (g_also) g_also->on_epoch_end(m);
   }
-  void on_checkpoint(const std::string&, CheckpointKind) override {}
+  void on_step_end(int64_t global_step) override {
+    if (g_also) g_also->on_step_end(global_step);
+  }
+  void on_checkpoint(const std::string& path, CheckpointKind kind) override {
+    if (g_also) g_also->on_checkpoint(path, kind);
+  }
 
  private:
   void clear() {
@@ -786,7 +799,8 @@ const CLI::App* deepest_parsed(const CLI::App& app) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int engine::cli::run(int argc, char** argv, TrainerObserver* also) {
+  g_also = also;
   // Tensor buffers of 1 MiB and more get their own mappings and go back to the OS when
   // freed (glibc would otherwise raise this threshold and keep them in the heap).
   mallopt(M_MMAP_THRESHOLD, 1 << 20);

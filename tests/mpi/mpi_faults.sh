@@ -10,9 +10,13 @@
 #  - a config differing on rank 1 (optimizer.lr), data differing on rank 1 (a copy of
 #    the data set with one byte changed) and rank 1 resuming where rank 0 starts fresh
 #    are refused, exit 2, naming what and the rank.
-# CTest label `mpi`.   mpi_faults.sh ENGINE MPIRUN CONFIG DATA_DIR TMP
+# The faults land mid-run on any machine, fast or loaded: the ranks are
+# tests/tools/engine_paused.cpp (the engine, held after step 12 -- epoch 2, step 3 --
+# until the test has struck).
+# CTest label `mpi`.   mpi_faults.sh ENGINE MPIRUN CONFIG DATA_DIR TMP ENGINE_PAUSED
 set -euo pipefail
-engine="$1" mpirun="$2" config="$3" data="$4" tmp="$5"
+engine="$1" mpirun="$2" config="$3" data="$4" tmp="$5" paused="$6"
+source "$(dirname "$0")/job_control.sh"
 [[ -d "$data" ]] || { echo "no data set at $data: skipped"; exit 77; }
 command -v pgrep >/dev/null || { echo "no pgrep: skipped"; exit 77; }
 rm -rf "$tmp" && mkdir -p "$tmp"
@@ -39,24 +43,21 @@ rank_pid() {
   fail "no process of rank $2 under mpirun $1"
 }
 
-# NAME SIGNAL BOUND_S [SETS...]: 2 ranks in the background; once epoch 1 is done, SIGNAL
-# to rank 1; the job must end within BOUND_S seconds, not with status 0.
+# NAME SIGNAL BOUND_S [SETS...]: 2 ranks in the background, held after step 12 (epoch 2);
+# SIGNAL to rank 1, then rank 0 let go on; the job must end within BOUND_S seconds, not
+# with status 0.
 fault_run() {
   local name="$1" sig="$2" bound="$3"
   shift 3
-  "${mpi[@]}" -np 2 "$engine" train "$config" --device cpu --run-dir "$tmp/$name" "${sets[@]}" "$@" \
-    >"$tmp/$name.log" 2>&1 &
-  local job=$! i
-  for i in $(seq 600); do
-    grep -aq "epoch 1/$epochs  train_loss" "$tmp/$name.log" && break
-    kill -0 "$job" 2>/dev/null || { cat "$tmp/$name.log"; fail "$name: the job ended before epoch 1"; }
-    sleep 0.1
-  done
-  grep -aq "epoch 1/$epochs  train_loss" "$tmp/$name.log" || fail "$name: no epoch 1 within a minute"
+  "${mpi[@]}" -np 2 "$paused" --at-step 12 --release-file "$tmp/$name.go" -- train "$config" --device cpu \
+    --run-dir "$tmp/$name" "${sets[@]}" "$@" >"$tmp/$name.log" 2>&1 &
+  local job=$!
+  wait_for_paused_ranks "$name" 2 12 "$tmp/$name.log" "$job"
   local victim t0 rc=0
   victim=$(rank_pid "$job" 1)
   t0=$(now)
   kill "-$sig" "$victim"
+  touch "$tmp/$name.go"  # rank 0 goes on, towards the collective rank 1 will not join
   while kill -0 "$job" 2>/dev/null && within "$(seconds_since "$t0")" "$bound"; do sleep 0.1; done
   if kill -0 "$job" 2>/dev/null; then
     kill -9 "$job" "$victim" 2>/dev/null || true

@@ -3,9 +3,13 @@
 # the same step, rank 0 saves once there, every rank exits with the same status, and a
 # resume -- on another number of ranks, or without mpirun -- ends bit-identical to a
 # straight run (`engine diff`). CTest label `mpi`.
-#   mpi_stops.sh ENGINE MPIRUN CONFIG DATA_DIR TMP [AGREE_COST]
+# The signals land at a step chosen by the test on any machine, fast or loaded: the
+# ranks are tests/tools/engine_paused.cpp (the engine, held after a step until the
+# signal has reached them).
+#   mpi_stops.sh ENGINE MPIRUN CONFIG DATA_DIR TMP ENGINE_PAUSED [AGREE_COST]
 set -u
-engine="$1" mpirun="$2" config="$3" data="$4" tmp="$5" agree_cost="${6:-}"
+engine="$1" mpirun="$2" config="$3" data="$4" tmp="$5" paused="$6" agree_cost="${7:-}"
+source "$(dirname "$0")/job_control.sh"
 [[ -d "$data" ]] || { echo "no data set at $data: skipped"; exit 77; }
 rm -rf "$tmp" && mkdir -p "$tmp"
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -43,36 +47,26 @@ resume() {  # NAME [mpirun -np N]: resumes $tmp/NAME/last.h5 to the end
   "$@" "$engine" resume "$tmp/$name/last.h5" --device cpu >"$tmp/$name.resume.log" 2>&1 \
     || { show "$tmp/$name.resume.log"; fail "$name: the resume failed"; }
 }
-# The signal cases need an epoch long enough to land in on any machine: one epoch of
-# 1800 images (25 steps), against its own straight run.
+# The signal cases: one epoch of 1800 images (25 steps), against its own straight run.
 sig_sets=("${sets[@]}" --set data.train_limit=1800 --set train.epochs=1)
-t0=$(date +%s.%N)
 "$engine" train "$config" --device cpu --run-dir "$tmp/plain1800" "${sig_sets[@]}" >"$tmp/plain1800.log" 2>&1 \
   || { show "$tmp/plain1800.log"; fail "the straight run of 1800 images failed"; }
-sig_seconds=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-echo "straight run of 1800 images: $sig_seconds s"
 
-# Starts `engine train` of sig_sets on 2 ranks in the background into $tmp/NAME and
-# returns early in the epoch: once rank 0's progress bar (mpirun gives it a pty) shows
-# step 2-12 of 25, or without a bar, half the straight run's time after the start.
+# Starts `engine train` of sig_sets on 2 ranks in the background into $tmp/NAME, each
+# rank held after step 5 of 25 until a signal reaches it, and returns once both are held.
 start_two_ranks() {
-  local name="$1" started
-  started=$(date +%s.%N)
-  "${mpi[@]}" -np 2 "$engine" train "$config" --device cpu --run-dir "$tmp/$name" "${sig_sets[@]}" >"$tmp/$name.log" 2>&1 &
+  local name="$1"
+  "${mpi[@]}" -np 2 "$paused" --at-step 5 -- train "$config" --device cpu --run-dir "$tmp/$name" "${sig_sets[@]}" \
+    >"$tmp/$name.log" 2>&1 &
   bg=$!
-  for _ in $(seq 6000); do
-    kill -0 "$bg" 2>/dev/null || break
-    grep -qE 'epoch 1/1 \[[#.]*\] ([2-9]|1[0-2])/25' "$tmp/$name.log" 2>/dev/null && break
-    awk -v a="$started" -v b="$(date +%s.%N)" -v s="$sig_seconds" 'BEGIN { exit !(b - a > s / 2) }' && break
-    sleep 0.02
-  done
+  wait_for_paused_ranks "$name" 2 5 "$tmp/$name.log" "$bg"
   mpirun_pid=$(pgrep -P "$bg" | head -n1)  # the signals go to mpirun, not to `timeout`
-  [[ -n "$mpirun_pid" ]] || { show "$tmp/$name.log"; fail "$name: the run ended before it could be signalled"; }
+  [[ -n "$mpirun_pid" ]] || { show "$tmp/$name.log"; fail "$name: no mpirun under timeout"; }
 }
-# "stopped at epoch 1 step K", K < 25: mid-epoch, as intended.
+# "stopped at epoch 1 step 6": the step after the one the ranks were held at.
 mid_epoch_stop() {
   local name="$1"
-  show "$tmp/$name.log" | grep -qE '^stopped at epoch 1 step ([1-9]|1[0-9]|2[0-4]);' \
+  show "$tmp/$name.log" | grep -qE '^stopped at epoch 1 step 6;' \
     || { show "$tmp/$name.log"; fail "$name: no mid-epoch stop"; }
   [[ "$(show "$tmp/$name.log" | grep -c '^stopped at epoch')" == 1 ]] || fail "$name: more than one stop message"
   echo "$name: $(show "$tmp/$name.log" | grep '^stopped at epoch' | cut -d';' -f1); $(show "$tmp/$name.log" | grep '^stopped after')"
@@ -110,7 +104,7 @@ compare d plain1800
 # one's step, exit 130, and mpirun returns 130.
 start_two_ranks d2
 for rank_pid in $(pgrep -P "$mpirun_pid"); do  # timeout -> mpirun -> the ranks
-  [[ "$(cat /proc/"$rank_pid"/comm 2>/dev/null)" == engine ]] && { kill -TERM "$rank_pid" 2>/dev/null; sleep 0.3; }
+  [[ "$(cat /proc/"$rank_pid"/comm 2>/dev/null)" == engine_paused ]] && { kill -TERM "$rank_pid" 2>/dev/null; sleep 0.3; }
 done
 wait "$bg"; rc=$?
 expect_rc 130 "$rc" "d2: SIGTERM to the ranks" "$tmp/d2.log"
@@ -124,25 +118,21 @@ start_two_ranks e
 kill -USR1 "$mpirun_pid"
 wait "$bg"; rc=$?
 expect_rc 0 "$rc" "e: SIGUSR1" "$tmp/e.log"
-show "$tmp/e.log" | grep -qE '^checkpoint requested: last.h5 saved at epoch 1 step ([1-9]|1[0-9]|2[0-4]); training goes on' \
+show "$tmp/e.log" | grep -qE '^checkpoint requested: last.h5 saved at epoch 1 step 6; training goes on' \
   || { show "$tmp/e.log"; fail "e: no mid-epoch checkpoint message"; }
 echo "e: $(show "$tmp/e.log" | grep '^checkpoint requested')"
 cp "$tmp/e.log" "$tmp/e.resume.log"  # the run itself went to the end
 compare e plain1800
 
 # (f) --time-limit on 2 ranks: rank 0's clock decides for both, exit 75 from mpirun. The
-# limit, 1.5 times (c)'s resume on 2 ranks (start, one epoch, test), falls in epoch 2;
-# should this shared machine speed up and the run end in time, a halved limit is tried.
+# limit, 1.5 times (c)'s resume on 2 ranks (start, one epoch, test), lets training begin;
+# every step made limit/9 s longer (engine_paused --slow-from-step) makes the 18 steps
+# twice the limit, so the run cannot end in time on any machine.
 limit=$(awk -v s="$epoch_on_two" 'BEGIN { printf "%.1f", 1.5 * s }')
-for try in 1 2 3; do
-  rm -rf "$tmp/f"
-  "${mpi[@]}" -np 2 "$engine" train "$config" --device cpu --run-dir "$tmp/f" "${sets[@]}" --time-limit "${limit}s" \
-    >"$tmp/f.log" 2>&1
-  rc=$?
-  [[ "$rc" == 0 && "$try" != 3 ]] || break
-  echo "f: the run ended within ${limit}s; again with half"
-  limit=$(awk -v s="$limit" 'BEGIN { printf "%.1f", s / 2 }')
-done
+step_seconds=$(awk -v s="$limit" 'BEGIN { printf "%.3f", s / 9 }')
+"${mpi[@]}" -np 2 "$paused" --slow-from-step 1 --step-seconds "$step_seconds" -- train "$config" --device cpu \
+  --run-dir "$tmp/f" "${sets[@]}" --time-limit "${limit}s" >"$tmp/f.log" 2>&1
+rc=$?
 expect_rc 75 "$rc" "f: mpirun -np 2 --time-limit ${limit}s" "$tmp/f.log"
 show "$tmp/f.log" | grep '^time limit' || fail "f: no time-limit message"
 resume f
