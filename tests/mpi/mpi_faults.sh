@@ -11,8 +11,9 @@
 #    the data set with one byte changed) and rank 1 resuming where rank 0 starts fresh
 #    are refused, exit 2, naming what and the rank.
 # The faults land mid-run on any machine, fast or loaded: the ranks are
-# tests/tools/engine_paused.cpp (the engine, held after step 12 -- epoch 2, step 3 --
-# until the test has struck).
+# tests/tools/engine_paused.cpp (the engine, held at epoch 2's third step until the test
+# has struck). ENGINE_TEST_BATCH_SIZE (default 72: 9 steps an epoch) makes the steps
+# smaller and more numerous: a deliberately slow run.
 # CTest label `mpi`.   mpi_faults.sh ENGINE MPIRUN CONFIG DATA_DIR TMP ENGINE_PAUSED
 set -euo pipefail
 engine="$1" mpirun="$2" config="$3" data="$4" tmp="$5" paused="$6"
@@ -23,8 +24,10 @@ rm -rf "$tmp" && mkdir -p "$tmp"
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
 epochs=4
+batch=${ENGINE_TEST_BATCH_SIZE:-72}
+hold_step=$(( (600 + batch - 1) / batch + 3 ))  # epoch 2, step 3
 sets=(--set "data.dir=$data" --set data.train_limit=600 --set data.val_split=200 --set data.test_limit=200
-      --set data.batch_size=72 --set train.epochs=$epochs --set checkpoint.verify=false --set logging.tensorboard=false)
+      --set data.batch_size=$batch --set train.epochs=$epochs --set checkpoint.verify=false --set logging.tensorboard=false)
 mpi=("$mpirun" --oversubscribe --bind-to none)
 fail() { echo "FAIL: $*" >&2; exit 1; }
 now() { echo "${EPOCHREALTIME/,/.}"; }
@@ -43,16 +46,16 @@ rank_pid() {
   fail "no process of rank $2 under mpirun $1"
 }
 
-# NAME SIGNAL BOUND_S [SETS...]: 2 ranks in the background, held after step 12 (epoch 2);
+# NAME SIGNAL BOUND_S [SETS...]: 2 ranks in the background, held after epoch 2's step 3;
 # SIGNAL to rank 1, then rank 0 let go on; the job must end within BOUND_S seconds, not
 # with status 0.
 fault_run() {
   local name="$1" sig="$2" bound="$3"
   shift 3
-  "${mpi[@]}" -np 2 "$paused" --at-step 12 --release-file "$tmp/$name.go" -- train "$config" --device cpu \
+  "${mpi[@]}" -np 2 "$paused" --at-step "$hold_step" --release-file "$tmp/$name.go" -- train "$config" --device cpu \
     --run-dir "$tmp/$name" "${sets[@]}" "$@" >"$tmp/$name.log" 2>&1 &
   local job=$!
-  wait_for_paused_ranks "$name" 2 12 "$tmp/$name.log" "$job"
+  wait_for_paused_ranks "$name" 2 "$hold_step" "$tmp/$name.log" "$job"
   local victim t0 rc=0
   victim=$(rank_pid "$job" 1)
   t0=$(now)
@@ -73,7 +76,7 @@ fault_run() {
   done
   [[ "$(ps -o stat= -p "$victim" 2>/dev/null)" =~ ^[^Z] ]] && { kill -9 "$victim"; fail "$name: rank 1 (pid $victim) outlived the job by 5 s"; }
   [[ $rc != 0 ]] || { cat "$tmp/$name.log"; fail "$name: exit status 0 after SIG$sig to rank 1"; }
-  echo "$name: SIG$sig to rank 1 after epoch 1: every rank ended ${took} s later (bound $bound s), mpirun exit $rc"
+  echo "$name: SIG$sig to rank 1 after step $hold_step: every rank ended ${took} s later (bound $bound s), mpirun exit $rc"
 }
 
 # NAME: last.h5 of the faulted run is sound, and resuming it under 2 ranks ends with the

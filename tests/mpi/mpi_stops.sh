@@ -15,9 +15,11 @@ rm -rf "$tmp" && mkdir -p "$tmp"
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
 # As mpi_identity.sh: 600 images in batches of 72 (9 steps an epoch), two epochs, no
-# mid-epoch saves of their own (checkpoint.every_n_steps off).
+# mid-epoch saves of their own (checkpoint.every_n_steps off). ENGINE_TEST_BATCH_SIZE
+# makes the steps smaller and more numerous: a deliberately slow run.
+batch=${ENGINE_TEST_BATCH_SIZE:-72}
 sets=(--set "data.dir=$data" --set data.train_limit=600 --set data.val_split=200 --set data.test_limit=200
-      --set data.batch_size=72 --set train.epochs=2 --set checkpoint.verify=false --set logging.tensorboard=false
+      --set data.batch_size=$batch --set train.epochs=2 --set checkpoint.verify=false --set logging.tensorboard=false
       --set checkpoint.every_n_steps=null)
 # A rank left waiting would hang: every mpirun has a deadline.
 mpi=(timeout -k 10 120 "$mpirun" --oversubscribe --bind-to none)
@@ -47,13 +49,14 @@ resume() {  # NAME [mpirun -np N]: resumes $tmp/NAME/last.h5 to the end
   "$@" "$engine" resume "$tmp/$name/last.h5" --device cpu >"$tmp/$name.resume.log" 2>&1 \
     || { show "$tmp/$name.resume.log"; fail "$name: the resume failed"; }
 }
-# The signal cases: one epoch of 1800 images (25 steps), against its own straight run.
+# The signal cases: one epoch of 1800 images (25 steps of 72), against its own straight
+# run.
 sig_sets=("${sets[@]}" --set data.train_limit=1800 --set train.epochs=1)
 "$engine" train "$config" --device cpu --run-dir "$tmp/plain1800" "${sig_sets[@]}" >"$tmp/plain1800.log" 2>&1 \
   || { show "$tmp/plain1800.log"; fail "the straight run of 1800 images failed"; }
 
 # Starts `engine train` of sig_sets on 2 ranks in the background into $tmp/NAME, each
-# rank held after step 5 of 25 until a signal reaches it, and returns once both are held.
+# rank held after step 5 until a signal reaches it, and returns once both are held.
 start_two_ranks() {
   local name="$1"
   "${mpi[@]}" -np 2 "$paused" --at-step 5 -- train "$config" --device cpu --run-dir "$tmp/$name" "${sig_sets[@]}" \
@@ -126,10 +129,12 @@ compare e plain1800
 
 # (f) --time-limit on 2 ranks: rank 0's clock decides for both, exit 75 from mpirun. The
 # limit, 1.5 times (c)'s resume on 2 ranks (start, one epoch, test), lets training begin;
-# every step made limit/9 s longer (engine_paused --slow-from-step) makes the 18 steps
-# twice the limit, so the run cannot end in time on any machine.
+# every step made limit/(steps per epoch) s longer (engine_paused --slow-from-step)
+# makes the two epochs' steps twice the limit, so the run cannot end in time on any
+# machine.
 limit=$(awk -v s="$epoch_on_two" 'BEGIN { printf "%.1f", 1.5 * s }')
-step_seconds=$(awk -v s="$limit" 'BEGIN { printf "%.3f", s / 9 }')
+steps_per_epoch=$(( (600 + batch - 1) / batch ))
+step_seconds=$(awk -v s="$limit" -v n="$steps_per_epoch" 'BEGIN { printf "%.3f", s / n }')
 "${mpi[@]}" -np 2 "$paused" --slow-from-step 1 --step-seconds "$step_seconds" -- train "$config" --device cpu \
   --run-dir "$tmp/f" "${sets[@]}" --time-limit "${limit}s" >"$tmp/f.log" 2>&1
 rc=$?
