@@ -76,11 +76,6 @@ endfunction()
 
 _engine_pc_dep(nlohmann_json)
 _engine_pc_dep(hdf5 ${HDF5_C_LIBRARIES})
-if(ENGINE_BLA_VENDOR STREQUAL "OpenBLAS")
-  _engine_pc_dep(openblas ${BLAS_LIBRARIES})
-else()
-  _engine_pc_dep(blas ${BLAS_LIBRARIES})
-endif()
 _engine_pc_dep(zlib ${ZLIB_LIBRARIES})
 if(ENGINE_WITH_MPI)  # cmake/engine_mpi.cmake
   _engine_pc_dep(ompi-cxx ${MPI_CXX_LIBRARIES})

@@ -15,11 +15,11 @@ bool has_line(const std::string& text, const std::string& pattern) {
 }
 }  // namespace
 
-TEST_CASE("build_info names the engine, HDF5, BLAS, OpenMP and the CUDA backend") {
+TEST_CASE("build_info names the engine, HDF5, the CPU kernels, OpenMP and the CUDA backend") {
   const engine::BuildInfo info = engine::build_info();
   CHECK(std::regex_match(info.engine_version, std::regex(R"(\d+\.\d+\.\d+)")));
   CHECK(std::regex_match(info.hdf5, std::regex(R"(\d+\.\d+\.\d+)")));
-  CHECK(!info.blas.empty());
+  CHECK(std::regex_match(info.cpu_kernels, std::regex(R"((avx512|avx2|portable) \(\d+ threads?(, ENGINE_CPU_KERNELS)?\).*)")));
   CHECK(!info.openmp.empty());
 #if defined(ENGINE_WITH_CUDA)
   CHECK(info.cuda == engine::CudaBackend::On);
@@ -42,7 +42,7 @@ TEST_CASE("engine --version and engine version print the build") {
     CHECK(r.exit_code == 0);
     CHECK(has_line(r.output, "engine " + info.engine_version));
     CHECK(has_line(r.output, "HDF5: " + info.hdf5));
-    CHECK(has_line(r.output, "BLAS: .+"));
+    CHECK(has_line(r.output, "cpu kernels: " + std::regex_replace(info.cpu_kernels, std::regex(R"([()])"), R"(\$&)")));
     CHECK(has_line(r.output, "OpenMP: .+"));
 #if defined(ENGINE_WITH_CUDA)
     CHECK(has_line(r.output, R"(CUDA backend: on \(built against CUDA runtime \d+\.\d+\))"));
@@ -57,5 +57,28 @@ TEST_CASE("engine --version and engine version print the build") {
 #else
     CHECK(has_line(r.output, R"(CUDA backend: off .*)"));
 #endif
+  }
+}
+
+TEST_CASE("ENGINE_CPU_KERNELS forces a path; one this CPU lacks, or none, is a one-line error and exit 2") {
+  for (const char* path : {"avx512", "avx2", "portable"}) {
+    CAPTURE(path);
+    const RunResult r = run_with_env(std::string("ENGINE_CPU_KERNELS=") + path, "--version");
+    INFO(r.output);
+    const bool runs = r.exit_code == 0;
+    if (runs) {
+      CHECK(has_line(r.output, std::string("cpu kernels: ") + path + R"( \(\d+ threads?, ENGINE_CPU_KERNELS\).*)"));
+    } else {
+      CHECK(r.exit_code == 2);
+      CHECK(r.output == std::string("engine: ENGINE_CPU_KERNELS=") + path + ": this CPU cannot run it (it runs: " +
+                            r.output.substr(r.output.find("(it runs: ") + 10));
+    }
+    CHECK((std::string(path) == "portable" ? runs : true));
+  }
+  for (const char* cmd : {"--version", "inspect none.h5", "train none.json"}) {
+    CAPTURE(cmd);
+    const RunResult r = run_with_env("ENGINE_CPU_KERNELS=sse9", cmd);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output == "engine: ENGINE_CPU_KERNELS=sse9: not a path (avx512, avx2 or portable)\n");
   }
 }

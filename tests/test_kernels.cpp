@@ -47,7 +47,7 @@
 #include <vector>
 
 #include "engine/philox.h"
-#include "kernels/cpu/blas.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/cpu/bulk_copy.h"
 #include "kernels/ops.h"
 #include "support/random_data.h"

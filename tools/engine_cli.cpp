@@ -817,6 +817,13 @@ int engine::cli::run(int argc, char** argv, TrainerObserver* also) {
     std::cout << kMainHelp;
     return 0;
   }
+  // ENGINE_CPU_KERNELS forcing a path this CPU lacks: refused before anything runs (an
+  // illegal instruction later would be a crash, not an error).
+  try {
+    (void)cpu_kernels_in_use();
+  } catch (const std::runtime_error& e) {
+    fail(e.what(), kExitUsage);
+  }
   if (first == "--version") {
     std::cout << version_text();
     return 0;

@@ -4,19 +4,14 @@
 #include <H5public.h>
 
 #include <sstream>
+#include <stdexcept>
 
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cuda_runtime.h"
 
 #ifndef ENGINE_VERSION
 #define ENGINE_VERSION "0.0.0-dev"  // standalone builds; CMake defines the real one
 #endif
-#ifndef ENGINE_BLAS_LIBRARIES
-#define ENGINE_BLAS_LIBRARIES "unknown"  // CMake passes the file names it linked
-#endif
-
-// Present only when the BLAS linked in is OpenBLAS: a weak reference resolves to null
-// otherwise, so any BLAS links.
-extern "C" char* openblas_get_config(void) __attribute__((weak));
 
 namespace engine {
 
@@ -46,12 +41,15 @@ std::string hdf5_version() {
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
 }
 
-std::string blas_description() {
-  if (openblas_get_config) return openblas_get_config();  // "OpenBLAS 0.3.26 ..."
-  return ENGINE_BLAS_LIBRARIES;
-}
-
 }  // namespace
+
+std::string cpu_kernels_in_use() {
+  try {
+    return kernels::cpu::cpu_kernels_description();
+  } catch (const kernels::cpu::CpuKernelsError& e) {
+    throw std::runtime_error(e.what());
+  }
+}
 
 BuildInfo build_info() {
   BuildInfo info;
@@ -67,7 +65,11 @@ BuildInfo build_info() {
       info.gpus.push_back(kernels::cuda::device_name(i));
   }
   info.hdf5 = hdf5_version();
-  info.blas = blas_description();
+  try {
+    info.cpu_kernels = cpu_kernels_in_use();
+  } catch (const std::runtime_error& e) {
+    info.cpu_kernels = std::string("unusable: ") + e.what();
+  }
   info.openmp = openmp_version();
   return info;
 }
@@ -88,7 +90,7 @@ std::string to_string(const BuildInfo& info) {
     out << "CUDA backend: off (CPU-only build)\n";
   }
   out << "HDF5: " << info.hdf5 << "\n";
-  out << "BLAS: " << info.blas << "\n";
+  out << "cpu kernels: " << info.cpu_kernels << "\n";
   out << "OpenMP: " << info.openmp << "\n";
   return out.str();
 }

@@ -1,5 +1,7 @@
 #include "engine/trainer.h"
 
+#include "engine/build_info.h"
+
 #include <atomic>
 #include <chrono>
 #include <algorithm>
@@ -158,6 +160,7 @@ Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, Traine
   // cfg.cuda.deterministic is process-wide: the host applies
   // it (apply_process_settings, engine/process_settings.h), not each Trainer.
   if (!model_) throw std::invalid_argument("Trainer: no model given");
+  (void)cpu_kernels_in_use();  // ENGINE_CPU_KERNELS that this CPU cannot run: refused here, not mid-step
   if (collective) collective_ = collective;
   if (collective_->size() > 1) {
     require_valid_world_size(collective_->size());

@@ -19,12 +19,20 @@ struct BuildInfo {
   std::vector<std::string> gpus;  // one description per visible GPU; empty: no CUDA device
   // Always:
   std::string hdf5;    // HDF5 library version in use
-  std::string blas;    // OpenBLAS's own description when it is OpenBLAS, else the library files
+  // The CPU kernels' instruction-set path and threads, e.g. "avx512 (2 threads)"
+  // (cpu_kernels_in_use); "unusable: ..." when ENGINE_CPU_KERNELS asks for what the CPU lacks.
+  std::string cpu_kernels;
   std::string openmp;  // OpenMP version the compiler implements, e.g. "4.5 (201511)"
 };
 
 // Never throws for a missing GPU or driver: those are ordinary answers.
 BuildInfo build_info();
+
+// The CPU kernels' path (avx512, avx2 or portable: chosen from CPUID, or forced by the
+// environment variable ENGINE_CPU_KERNELS) and the threads, e.g. "avx2 (2 threads)".
+// Every path gives the same bits. Throws std::runtime_error, one line naming the
+// variable, when it names no path or one this CPU cannot run.
+std::string cpu_kernels_in_use();
 
 // One "name: value" line per component, as `engine --version` prints it.
 std::string to_string(const BuildInfo& info);

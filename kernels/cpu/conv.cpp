@@ -7,7 +7,8 @@
 #include <vector>
 
 #include "kernels/chunk_tree.h"
-#include "kernels/cpu/blas.h"
+#include "kernels/cpu/scratch.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/ops.h"
 
 namespace engine::kernels::cpu {
@@ -116,12 +117,12 @@ void backward_chunk_partials(const ConvShape& s, int chunks, const int* bounds, 
           db_c[k] += acc;
         }
         // dW_chunk[K, CRS] (+)= dy_c[K, nb*OHW] * col^T[nb*OHW, CRS]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.k, crs, static_cast<int>(ld), 1.0f,
+        gemm(Trans::No, Trans::Yes, s.k, crs, static_cast<int>(ld),
                     dyc, static_cast<int>(ld), col, static_cast<int>(ld), n0 == c0 ? 0.0f : 1.0f,
                     dw_c, crs);
         if (dx) {
           // col[CRS, nb*OHW] = W^T[CRS, K] * dy_c[K, nb*OHW]
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, crs, static_cast<int>(ld), s.k, 1.0f,
+          gemm(Trans::Yes, Trans::No, crs, static_cast<int>(ld), s.k,
                       w, crs, dyc, static_cast<int>(ld), 0.0f, col, static_cast<int>(ld));
           for (int j = 0; j < nb; ++j) col2im(s, col + j * ohw, ld, dx + (n0 + j) * in_size);
         }
@@ -138,7 +139,6 @@ void conv2d_forward(const ConvShape& s, const float* x, const float* w, const fl
 
 void conv2d_forward_chunks(const ConvShape& s, int chunks, const int* bounds, const float* x,
                            const float* w, const float* b, float* y) {
-  blas_single_threaded();
   const int64_t ohw = static_cast<int64_t>(s.out_h()) * s.out_w();
   const int crs = s.c * s.r * s.s;
   const int64_t in_size = static_cast<int64_t>(s.c) * s.h * s.w;
@@ -155,7 +155,7 @@ void conv2d_forward_chunks(const ConvShape& s, int chunks, const int* bounds, co
         for (int j = 0; j < nb; ++j) im2col(s, x + (n0 + j) * in_size, col + j * ohw, ld);
         for (int k = 0; k < s.k; ++k) std::fill(out + k * ld, out + (k + 1) * ld, b ? b[k] : 0.0f);
         // out[K, nb*OHW] += W[K, CRS] * col[CRS, nb*OHW]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.k, static_cast<int>(ld), crs, 1.0f,
+        gemm(Trans::No, Trans::No, s.k, static_cast<int>(ld), crs,
                     w, crs, col, static_cast<int>(ld), 1.0f, out, static_cast<int>(ld));
         for (int j = 0; j < nb; ++j)
           for (int k = 0; k < s.k; ++k)
@@ -168,7 +168,6 @@ void conv2d_forward_chunks(const ConvShape& s, int chunks, const int* bounds, co
 
 void conv2d_backward(const ConvShape& s, const float* x, const float* w, const float* dy,
                      float* dx, float* dw, float* db) {
-  blas_single_threaded();
   const int64_t wsize = static_cast<int64_t>(s.k) * s.c * s.r * s.s;
   float* dw_chunks = thread_scratch(2, static_cast<std::size_t>(kBatchChunks * wsize));
   std::vector<double> db_chunks(static_cast<std::size_t>(kBatchChunks) * s.k, 0.0);
@@ -192,7 +191,6 @@ void conv2d_backward(const ConvShape& s, const float* x, const float* w, const f
 void conv2d_backward_chunks(const ConvShape& s, int chunks, const int* bounds, const float* x,
                             const float* w, const float* dy, float* dx, float* dw_tree,
                             double* db_tree) {
-  blas_single_threaded();
   const int64_t wsize = static_cast<int64_t>(s.k) * s.c * s.r * s.s;
   float* dw_chunks = thread_scratch(2, static_cast<std::size_t>(chunks * wsize));
   std::vector<double> db_chunks(static_cast<std::size_t>(chunks) * s.k, 0.0);

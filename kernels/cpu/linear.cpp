@@ -6,7 +6,8 @@
 #include <vector>
 
 #include "kernels/chunk_tree.h"
-#include "kernels/cpu/blas.h"
+#include "kernels/cpu/scratch.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/ops.h"
 
 namespace engine::kernels::cpu {
@@ -23,7 +24,6 @@ void linear_forward(const LinearShape& s, const float* x, const float* w, const 
 
 void linear_forward_chunks(const LinearShape& s, int chunks, const int* bounds, const float* x,
                            const float* w, const float* b, float* y) {
-  blas_single_threaded();
 #pragma omp parallel for schedule(static)
   for (int chunk = 0; chunk < chunks; ++chunk) {
     const int n0 = bounds[chunk], n1 = bounds[chunk + 1];
@@ -32,14 +32,13 @@ void linear_forward_chunks(const LinearShape& s, int chunks, const int* bounds, 
     for (int n = n0; n < n1; ++n)
       for (int o = 0; o < s.out; ++o) y[static_cast<int64_t>(n) * s.out + o] = b ? b[o] : 0.0f;
     // y[rows, OUT] += x[rows, IN] * W^T[IN, OUT]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n1 - n0, s.out, s.in, 1.0f,
+    gemm(Trans::No, Trans::Yes, n1 - n0, s.out, s.in,
                 x + static_cast<int64_t>(n0) * s.in, s.in, w, s.in, 1.0f, yc, s.out);
   }
 }
 
 void linear_backward(const LinearShape& s, const float* x, const float* w, const float* dy,
                      float* dx, float* dw, float* db) {
-  blas_single_threaded();
 #pragma omp parallel for schedule(static)
   for (int chunk = 0; chunk < kBatchChunks; ++chunk) {
     // dW by fixed blocks of output rows, each summed over the whole batch in one GEMM:
@@ -47,12 +46,12 @@ void linear_backward(const LinearShape& s, const float* x, const float* w, const
     const int o0 = chunk_begin(s.out, chunk), o1 = chunk_begin(s.out, chunk + 1);
     if (o1 > o0)
       // dW[o0:o1, IN] = dy[:, o0:o1]^T[rows, N] * x[N, IN]
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, s.in, s.n, 1.0f, dy + o0,
+      gemm(Trans::Yes, Trans::No, o1 - o0, s.in, s.n, dy + o0,
                   s.out, x, s.in, 0.0f, dw + static_cast<int64_t>(o0) * s.in, s.in);
     const int n0 = chunk_begin(s.n, chunk), n1 = chunk_begin(s.n, chunk + 1);
     if (dx && n1 > n0)
       // dx_c[rows, IN] = dy_c[rows, OUT] * W[OUT, IN]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n1 - n0, s.in, s.out, 1.0f,
+      gemm(Trans::No, Trans::No, n1 - n0, s.in, s.out,
                   dy + static_cast<int64_t>(n0) * s.out, s.out, w, s.in, 0.0f,
                   dx + static_cast<int64_t>(n0) * s.in, s.in);
   }
@@ -72,7 +71,6 @@ void linear_backward(const LinearShape& s, const float* x, const float* w, const
 void linear_backward_chunks(const LinearShape& s, int chunks, const int* bounds, const float* x,
                             const float* w, const float* dy, float* dx, float* dw_tree,
                             double* db_tree) {
-  blas_single_threaded();
   // The 8 partials of a block within ~256 KB (L2).
   constexpr int64_t kBlockFloats = 65536;
   const int rows = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(s.out, kBlockFloats / (kTreeChunks * static_cast<int64_t>(s.in)))));
@@ -92,7 +90,7 @@ void linear_backward_chunks(const LinearShape& s, int chunks, const int* bounds,
           continue;
         }
         // part[o0:o1, IN] = dy_c[:, o0:o1]^T[rows, n_c] * x_c[n_c, IN]
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, s.in, n1 - n0, 1.0f,
+        gemm(Trans::Yes, Trans::No, o1 - o0, s.in, n1 - n0,
                     dy + static_cast<int64_t>(n0) * s.out + o0, s.out,
                     x + static_cast<int64_t>(n0) * s.in, s.in, 0.0f, part, s.in);
       }
@@ -104,7 +102,7 @@ void linear_backward_chunks(const LinearShape& s, int chunks, const int* bounds,
       const int n0 = bounds[c], n1 = bounds[c + 1];
       if (dx && n1 > n0)
         // dx_c[rows, IN] = dy_c[rows, OUT] * W[OUT, IN]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n1 - n0, s.in, s.out, 1.0f,
+        gemm(Trans::No, Trans::No, n1 - n0, s.in, s.out,
                     dy + static_cast<int64_t>(n0) * s.out, s.out, w, s.in, 0.0f,
                     dx + static_cast<int64_t>(n0) * s.in, s.in);
     }

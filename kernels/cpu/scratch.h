@@ -1,15 +1,11 @@
-// The CPU path's access to BLAS. The engine parallelises over fixed chunks of the
-// batch itself (so results do not depend on the thread count) and calls BLAS from
-// inside those parallel regions, so the BLAS library must run single-threaded.
+// What the CPU ops share: the fixed chunks of a batch, and per-thread scratch. The
+// engine parallelises over fixed chunks of the batch itself (so results do not depend
+// on the thread count) and runs its single-threaded GEMM (kernels/cpu/gemm.h) inside
+// those parallel regions.
 #pragma once
-#include <cblas.h>
-
 #include <cstddef>
 
 namespace engine::kernels::cpu {
-
-// Pins the BLAS library to one thread (idempotent, cheap after the first call).
-void blas_single_threaded();
 
 // Number of fixed work chunks a batch is split into for reductions over the batch.
 // A constant, not the thread count: the summation order, hence the bits, are the

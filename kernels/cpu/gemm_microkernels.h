@@ -1,0 +1,111 @@
+// The GEMM's micro-kernels (kernels/cpu/gemm.cpp): one MR x NR tile of C, run over a
+// packed k block. ap holds the tile's op(A) rows k-major (ap[kk * MR + r]), bp its op(B)
+// columns (bp[kk * NR + q]). Each element is its own chain: acc = fma(a, b, acc) for kk
+// in order, from C (load_c) or +0. The paths differ only in how many chains a vector
+// holds, so they give the same bits. Compiled for their instruction sets by function
+// attributes; the driver calls the one the CPU supports (kernels/cpu/cpu_features.h).
+#pragma once
+#include <cmath>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define ENGINE_X86_TARGET(isa) __attribute__((target(isa)))
+#endif
+
+namespace engine::kernels::cpu {
+namespace {
+
+#if defined(__x86_64__)
+// 8 rows x 32 columns: 16 accumulators of 16 floats (of the 32 ZMM registers), enough
+// independent chains to keep two FMA units busy through their latency.
+struct Avx512Tile {
+  static constexpr int MR = 8, NR = 32;
+  ENGINE_X86_TARGET("avx512f")
+  static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, bool load_c) {
+    __m512 acc0[MR], acc1[MR];
+    for (int r = 0; r < MR; ++r) {
+      acc0[r] = load_c ? _mm512_loadu_ps(c + static_cast<long>(r) * ldc) : _mm512_setzero_ps();
+      acc1[r] = load_c ? _mm512_loadu_ps(c + static_cast<long>(r) * ldc + 16) : _mm512_setzero_ps();
+    }
+    for (int kk = 0; kk < kc; ++kk) {
+      const __m512 b0 = _mm512_load_ps(bp + kk * NR), b1 = _mm512_load_ps(bp + kk * NR + 16);
+      const float* a = ap + kk * MR;
+      for (int r = 0; r < MR; ++r) {
+        const __m512 ar = _mm512_set1_ps(a[r]);
+        acc0[r] = _mm512_fmadd_ps(ar, b0, acc0[r]);
+        acc1[r] = _mm512_fmadd_ps(ar, b1, acc1[r]);
+      }
+    }
+    for (int r = 0; r < MR; ++r) {
+      _mm512_storeu_ps(c + static_cast<long>(r) * ldc, acc0[r]);
+      _mm512_storeu_ps(c + static_cast<long>(r) * ldc + 16, acc1[r]);
+    }
+  }
+};
+
+// 6 rows x 16 columns: 12 accumulators of 8 floats, 2 for op(B) and 1 broadcast, of
+// the 16 YMM registers (BLIS's Haswell shape).
+struct Avx2Tile {
+  static constexpr int MR = 6, NR = 16;
+  ENGINE_X86_TARGET("avx2,fma")
+  static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, bool load_c) {
+    __m256 acc0[MR], acc1[MR];
+    for (int r = 0; r < MR; ++r) {
+      acc0[r] = load_c ? _mm256_loadu_ps(c + static_cast<long>(r) * ldc) : _mm256_setzero_ps();
+      acc1[r] = load_c ? _mm256_loadu_ps(c + static_cast<long>(r) * ldc + 8) : _mm256_setzero_ps();
+    }
+    for (int kk = 0; kk < kc; ++kk) {
+      const __m256 b0 = _mm256_load_ps(bp + kk * NR), b1 = _mm256_load_ps(bp + kk * NR + 8);
+      const float* a = ap + kk * MR;
+      for (int r = 0; r < MR; ++r) {
+        const __m256 ar = _mm256_broadcast_ss(a + r);
+        acc0[r] = _mm256_fmadd_ps(ar, b0, acc0[r]);
+        acc1[r] = _mm256_fmadd_ps(ar, b1, acc1[r]);
+      }
+    }
+    for (int r = 0; r < MR; ++r) {
+      _mm256_storeu_ps(c + static_cast<long>(r) * ldc, acc0[r]);
+      _mm256_storeu_ps(c + static_cast<long>(r) * ldc + 8, acc1[r]);
+    }
+  }
+};
+#endif
+
+// Any CPU: std::fma, one correctly rounded multiply-add. The body is written once;
+// on x86-64 it is compiled twice, for CPUs with FMA (the instruction, vectorised) and
+// without (glibc's exact software fmaf, a call per multiply-add: the same bits, slowly).
+template <int MR, int NR>
+__attribute__((always_inline)) inline void portable_tile(int kc, const float* ap, const float* bp, float* c, int ldc,
+                                                         bool load_c) {
+  float acc[MR][NR];
+  for (int r = 0; r < MR; ++r)
+    for (int q = 0; q < NR; ++q) acc[r][q] = load_c ? c[static_cast<long>(r) * ldc + q] : 0.0f;
+  for (int kk = 0; kk < kc; ++kk) {
+    const float* a = ap + kk * MR;
+    const float* b = bp + kk * NR;
+    for (int r = 0; r < MR; ++r)
+      for (int q = 0; q < NR; ++q) acc[r][q] = std::fma(a[r], b[q], acc[r][q]);
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int q = 0; q < NR; ++q) c[static_cast<long>(r) * ldc + q] = acc[r][q];
+}
+
+struct PortableTile {
+  static constexpr int MR = 4, NR = 16;
+  static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, bool load_c) {
+    portable_tile<MR, NR>(kc, ap, bp, c, ldc, load_c);
+  }
+};
+
+#if defined(__x86_64__)
+struct PortableFmaTile {
+  static constexpr int MR = 4, NR = 16;
+  ENGINE_X86_TARGET("fma")
+  static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, bool load_c) {
+    portable_tile<MR, NR>(kc, ap, bp, c, ldc, load_c);
+  }
+};
+#endif
+
+}  // namespace
+}  // namespace engine::kernels::cpu

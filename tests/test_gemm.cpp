@@ -1,0 +1,234 @@
+// The engine's GEMM (kernels/cpu/gemm.h) on every instruction-set path this CPU runs:
+// bit for bit the definition (each element one std::fma chain over k = 0..K-1 from its
+// initial value), on ragged shapes, every transpose, beta 0 and 1, misaligned and
+// padded operands; and the definition itself within the error bound of a K-term float
+// sum of products against a double-precision product (so the chain computes the right
+// thing, not only the same thing).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
+#include <cstring>
+
+using engine::kernels::cpu::CpuKernels;
+using engine::kernels::cpu::Trans;
+namespace cpu = engine::kernels::cpu;
+
+namespace {
+
+struct Problem {
+  Trans ta, tb;
+  int m, n, k;
+  int lda, ldb, ldc;
+  float beta;
+  int offset;  // floats from a 64-byte boundary, for every operand
+};
+
+// Values with a spread of exponents and signs, so a different order of operations
+// almost surely changes a bit.
+std::vector<float> random_floats(std::size_t n, uint64_t seed) {
+  std::vector<float> v(n);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& f : v) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    const double u = static_cast<double>(x >> 11) / 9007199254740992.0;  // [0, 1)
+    f = static_cast<float>((u - 0.5) * std::ldexp(1.0, static_cast<int>(x % 7) - 3));
+  }
+  return v;
+}
+
+float op_a(const Problem& p, const float* a, int i, int kk) {
+  return p.ta == Trans::No ? a[static_cast<int64_t>(i) * p.lda + kk] : a[static_cast<int64_t>(kk) * p.lda + i];
+}
+float op_b(const Problem& p, const float* b, int kk, int j) {
+  return p.tb == Trans::No ? b[static_cast<int64_t>(kk) * p.ldb + j] : b[static_cast<int64_t>(j) * p.ldb + kk];
+}
+
+// The definition, as plainly as it can be written.
+void definition(const Problem& p, const float* a, const float* b, float* c) {
+  for (int i = 0; i < p.m; ++i)
+    for (int j = 0; j < p.n; ++j) {
+      float acc = p.beta == 0.0f ? 0.0f : c[static_cast<int64_t>(i) * p.ldc + j];
+      for (int kk = 0; kk < p.k; ++kk) acc = std::fma(op_a(p, a, i, kk), op_b(p, b, kk, j), acc);
+      c[static_cast<int64_t>(i) * p.ldc + j] = acc;
+    }
+}
+
+struct Operands {
+  std::vector<float> a, b, c;
+  float* pa;
+  float* pb;
+  float* pc;
+  Operands(const Problem& p, uint64_t seed) {
+    const int64_t a_rows = p.ta == Trans::No ? p.m : p.k, b_rows = p.tb == Trans::No ? p.k : p.n;
+    pa = place(a, static_cast<std::size_t>(a_rows * p.lda + 32), seed) + p.offset;
+    pb = place(b, static_cast<std::size_t>(b_rows * p.ldb + 32), seed + 1) + p.offset;
+    pc = place(c, static_cast<std::size_t>(int64_t{p.m} * p.ldc + 32), seed + 2) + p.offset;
+  }
+  // n random floats from a 64-byte boundary inside v (the same values wherever v is).
+  static float* place(std::vector<float>& v, std::size_t n, uint64_t seed) {
+    v.assign(n + 16, 0.0f);
+    auto addr = reinterpret_cast<uintptr_t>(v.data());
+    float* base = v.data() + ((64 - addr % 64) % 64) / sizeof(float);
+    const std::vector<float> values = random_floats(n, seed);
+    std::copy(values.begin(), values.end(), base);
+    return base;
+  }
+};
+
+std::vector<CpuKernels> paths_here() {
+  std::vector<CpuKernels> paths;
+  for (CpuKernels k : {CpuKernels::Avx512, CpuKernels::Avx2, CpuKernels::Portable})
+    if (cpu::cpu_supports(k)) paths.push_back(k);
+  return paths;
+}
+
+// Every path against the definition, bit for bit, C's padding included (untouched).
+void check_problem(const Problem& p, uint64_t seed) {
+  Operands ref(p, seed);
+  definition(p, ref.pa, ref.pb, ref.pc);
+  std::vector<std::string> names;
+  for (CpuKernels path : paths_here()) names.push_back(cpu::cpu_kernels_name(path));
+  names.push_back("portable, software fma");
+  for (std::size_t v = 0; v < names.size(); ++v) {
+    CAPTURE(names[v]);
+    Operands got(p, seed);
+    if (v + 1 < names.size())
+      cpu::gemm_with(paths_here()[v], p.ta, p.tb, p.m, p.n, p.k, got.pa, p.lda, got.pb, p.ldb, p.beta, got.pc, p.ldc);
+    else  // what a CPU without FMA runs
+      cpu::gemm_portable_software_fma(p.ta, p.tb, p.m, p.n, p.k, got.pa, p.lda, got.pb, p.ldb, p.beta, got.pc, p.ldc);
+    // From each one's 64-byte-aligned start (the vectors sit at different addresses):
+    // C and the floats around it.
+    const float* g = got.pc - p.offset;
+    const float* r = ref.pc - p.offset;
+    const int64_t span = int64_t{p.m} * p.ldc + 16;
+    int64_t differing = 0, first = -1;
+    for (int64_t i = 0; i < span; ++i)
+      if (std::memcmp(g + i, r + i, sizeof(float)) != 0) {
+        if (first < 0) first = i;
+        ++differing;
+      }
+    CAPTURE(first);
+    CHECK(differing == 0);
+  }
+}
+
+std::string describe(const Problem& p) {
+  return std::string(p.ta == Trans::No ? "N" : "T") + (p.tb == Trans::No ? "N" : "T") + " m=" + std::to_string(p.m) +
+         " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k) + " beta=" + std::to_string(static_cast<int>(p.beta)) +
+         " offset=" + std::to_string(p.offset);
+}
+
+Problem make(Trans ta, Trans tb, int m, int n, int k, float beta, int offset, int pad) {
+  Problem p{ta, tb, m, n, k, 0, 0, 0, beta, offset};
+  p.lda = (ta == Trans::No ? k : m) + pad;
+  p.ldb = (tb == Trans::No ? n : k) + pad;
+  p.ldc = n + pad;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("the GEMM paths this CPU runs include the portable one, and the chosen one is among them") {
+  const std::vector<CpuKernels> paths = paths_here();
+  REQUIRE(!paths.empty());
+  CHECK(paths.back() == CpuKernels::Portable);
+  MESSAGE("paths here: " << [&] {
+    std::string s;
+    for (CpuKernels k : paths) s += std::string(cpu::cpu_kernels_name(k)) + " ";
+    return s;
+  }());
+  if (!std::getenv("ENGINE_CPU_KERNELS")) CHECK(cpu::cpu_kernels() == paths.front());
+}
+
+TEST_CASE("every path is the definition bit for bit: ragged shapes, transposes, beta 0 and 1, offsets") {
+  // Around the tiles (MR 4/6/8, NR 16/32) and blocks (KC 256, MC 96, NC 2048), primes.
+  const int sizes[] = {1, 2, 3, 5, 7, 8, 9, 13, 15, 16, 17, 31, 33, 47, 97};
+  const int ks[] = {1, 2, 9, 31, 255, 256, 257, 600};
+  uint64_t seed = 1;
+  int problems = 0;
+  for (Trans ta : {Trans::No, Trans::Yes})
+    for (Trans tb : {Trans::No, Trans::Yes})
+      for (int m : sizes)
+        for (int n : {1, 7, 16, 17, 33, 65})
+          for (int k : ks) {
+            if ((m * 7 + n * 3 + k) % 3 != 0) continue;  // a third of the grid, all sizes still met
+            const float beta = (m + n + k) % 2 ? 1.0f : 0.0f;
+            const Problem p = make(ta, tb, m, n, k, beta, static_cast<int>(seed % 4), static_cast<int>(seed % 3));
+            CAPTURE(describe(p));
+            check_problem(p, seed++);
+            ++problems;
+          }
+  MESSAGE(problems << " problems");
+}
+
+TEST_CASE("every path is the definition bit for bit at the model's own shapes and across the blocks") {
+  struct Shape {
+    Trans ta, tb;
+    int m, n, k;
+    float beta;
+  };
+  // conv1/conv2 forward, dW and dX by sub-batch of 8 images; fc1/fc2 by chunk of 16 rows;
+  // and past KC, MC and NC.
+  const Shape shapes[] = {
+      {Trans::No, Trans::No, 32, 6272, 9, 1.0f},     {Trans::No, Trans::Yes, 32, 9, 6272, 0.0f},
+      {Trans::No, Trans::Yes, 32, 9, 6272, 1.0f},    {Trans::No, Trans::No, 64, 1568, 288, 1.0f},
+      {Trans::No, Trans::Yes, 64, 288, 1568, 0.0f},  {Trans::Yes, Trans::No, 288, 1568, 64, 0.0f},
+      {Trans::No, Trans::Yes, 16, 128, 3136, 1.0f},  {Trans::Yes, Trans::No, 128, 3136, 16, 0.0f},
+      {Trans::No, Trans::No, 16, 3136, 128, 0.0f},   {Trans::No, Trans::Yes, 16, 10, 128, 1.0f},
+      {Trans::Yes, Trans::No, 10, 128, 16, 0.0f},    {Trans::No, Trans::No, 16, 128, 10, 0.0f},
+      {Trans::No, Trans::No, 193, 2049 + 40, 513, 1.0f},
+  };
+  uint64_t seed = 1000;
+  for (const Shape& s : shapes) {
+    const Problem p = make(s.ta, s.tb, s.m, s.n, s.k, s.beta, 1, 0);
+    CAPTURE(describe(p));
+    check_problem(p, seed++);
+  }
+}
+
+TEST_CASE("the definition is the product: within the float error bound of a K-term sum") {
+  // |fl(sum) - sum| <= gamma_K * sum |a_i b_i| (+ |c|), gamma_K = K u / (1 - K u).
+  for (int k : {1, 10, 300, 3136}) {
+    CAPTURE(k);
+    const Problem p = make(Trans::No, Trans::No, 5, 7, k, 1.0f, 0, 0);
+    Operands o(p, 77 + k);
+    std::vector<double> exact(35), magnitude(35);
+    for (int i = 0; i < 5; ++i)
+      for (int j = 0; j < 7; ++j) {
+        double s = o.pc[i * p.ldc + j], mag = std::fabs(s);
+        for (int kk = 0; kk < k; ++kk) {
+          const double t = static_cast<double>(op_a(p, o.pa, i, kk)) * op_b(p, o.pb, kk, j);
+          s += t, mag += std::fabs(t);
+        }
+        exact[i * 7 + j] = s, magnitude[i * 7 + j] = mag;
+      }
+    cpu::gemm(p.ta, p.tb, p.m, p.n, p.k, o.pa, p.lda, o.pb, p.ldb, p.beta, o.pc, p.ldc);
+    const double u = std::ldexp(1.0, -24), gamma = (k + 1) * u / (1 - (k + 1) * u);
+    for (int i = 0; i < 5; ++i)
+      for (int j = 0; j < 7; ++j) {
+        CAPTURE(i);
+        CAPTURE(j);
+        CHECK(std::fabs(o.pc[i * p.ldc + j] - exact[i * 7 + j]) <= gamma * magnitude[i * 7 + j]);
+      }
+  }
+}
+
+TEST_CASE("beta 0 ignores what C held, NaN included; K = 0 leaves C, or zeroes it") {
+  for (CpuKernels path : paths_here()) {
+    CAPTURE(std::string(cpu::cpu_kernels_name(path)));
+    std::vector<float> a(3 * 4, 1.0f), b(4 * 5, 2.0f), c(3 * 5, std::nanf(""));
+    cpu::gemm_with(path, Trans::No, Trans::No, 3, 5, 4, a.data(), 4, b.data(), 5, 0.0f, c.data(), 5);
+    for (float v : c) CHECK(v == 8.0f);
+    cpu::gemm_with(path, Trans::No, Trans::No, 3, 5, 0, a.data(), 4, b.data(), 5, 1.0f, c.data(), 5);
+    for (float v : c) CHECK(v == 8.0f);
+    cpu::gemm_with(path, Trans::No, Trans::No, 3, 5, 0, a.data(), 4, b.data(), 5, 0.0f, c.data(), 5);
+    for (float v : c) CHECK(v == 0.0f);
+  }
+}
