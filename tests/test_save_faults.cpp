@@ -5,6 +5,9 @@
 // checkpoint.on_error says, and resumes bit-exactly once the disk is fixed.
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <thread>
+
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -401,16 +404,19 @@ TEST_CASE("a save on the writer thread writes the same bytes as one on the train
   if (!test_util::dataset_available()) return;
   const std::string dir = test_util::fresh_dir("save_faults_same_bytes");
   const Config c = small_config(dir, "stop", Writer::Async);
-  // created_utc has a resolution of one second: both saves fall in one second in one of a
-  // few tries.
+  // created_utc has a resolution of one second: both saves must fall in one second. Both
+  // trainers are built first (the data loads are the slow part), each try starts just
+  // after a second begins, and a loaded machine gets more tries.
   bool same_second = false;
-  for (int attempt = 0; attempt < 5 && !same_second; ++attempt) {
+  for (int attempt = 0; attempt < 20 && !same_second; ++attempt) {
     Trainer t(c, Device::cpu(), make_model(c));
+    Trainer again(c, Device::cpu(), make_model(c));
+    const auto now = std::chrono::system_clock::now();
+    std::this_thread::sleep_until(std::chrono::ceil<std::chrono::seconds>(now) + std::chrono::milliseconds(5));
     t.control().request_stop();  // one step, then a mid-epoch last.h5 from the writer thread
     REQUIRE(test_util::fit_in_run_dir(t).stop_cause == FitResult::StopCause::Requested);
     // The same state, written on this thread. Restored from the file, since the live
     // trainer's trainer/epoch_elapsed_seconds (a wall clock, mid-epoch) has moved on.
-    Trainer again(c, Device::cpu(), make_model(c));
     again.resume_from(dir + "/last.h5", LoadMode::Strict);
     again.save_checkpoint(dir + "/direct.h5");
     same_second = load_checkpoint(dir + "/direct.h5").meta.created_utc == load_checkpoint(dir + "/last.h5").meta.created_utc;

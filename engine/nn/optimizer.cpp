@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "nn/dispatch.h"
+#include "kernels/det_math.h"
 
 namespace engine {
 
@@ -31,11 +32,12 @@ void AdamOptimizer::step() {
   h.decay = name_ == "adamw" ? kernels::WeightDecayMode::Decoupled : kernels::WeightDecayMode::L2;
   for (Slot& s : slots_) {
     ++s.step;
-    // Bias corrections in double on the host, as PyTorch computes them for a CPU step count.
-    const double t = static_cast<double>(s.step);
+    // Bias corrections in double on the host, as PyTorch computes them for a CPU step
+    // count; beta^t by the engine's own power (kernels/det_math.h), the same on every CPU.
+    const int64_t t = s.step;
     kernels::AdamStepFactors f;
-    f.step_size = static_cast<float>(lr_ / (1.0 - std::pow(beta1_, t)));
-    f.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2_, t)));
+    f.step_size = static_cast<float>(lr_ / (1.0 - kernels::det::pow_int(beta1_, t)));
+    f.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - kernels::det::pow_int(beta2_, t)));
     f.decay_factor = static_cast<float>(1.0 - lr_ * weight_decay_);
     f.one_minus_beta1 = static_cast<float>(1.0 - beta1_);
     f.one_minus_beta2 = static_cast<float>(1.0 - beta2_);

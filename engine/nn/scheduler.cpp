@@ -1,4 +1,5 @@
 #include "engine/scheduler.h"
+#include "kernels/det_math.h"
 
 #include <cmath>
 #include <stdexcept>
@@ -24,7 +25,7 @@ LrScheduler::LrScheduler(const std::string& name, double base_lr, int64_t t_max,
 double LrScheduler::lr() const {
   if (kind_ == ScheduleKind::Constant) return base_lr_;
   return eta_min_ + (base_lr_ - eta_min_) *
-                        (1.0 + std::cos(kPi * static_cast<double>(last_epoch_) /
+                        (1.0 + kernels::det::cos(kPi * static_cast<double>(last_epoch_) /
                                         static_cast<double>(t_max_))) / 2.0;
 }
 

@@ -11,6 +11,7 @@
 
 #include "engine/checkpoint.h"
 #include "nn/dispatch.h"
+#include "kernels/det_math.h"
 
 namespace engine {
 
@@ -139,9 +140,9 @@ Predictions Classifier::run(const Pixel* images, int64_t n, Scores scores) const
       if (scores == Scores::Logits) std::copy(row, row + classes_, out);
       if (scores == Scores::Probabilities) {
         double sum = 0;
-        for (int k = 0; k < classes_; ++k) sum += std::exp(static_cast<double>(row[k]) - row[arg]);
+        for (int k = 0; k < classes_; ++k) sum += kernels::det::exp(static_cast<double>(row[k]) - row[arg]);
         for (int k = 0; k < classes_; ++k)
-          out[k] = static_cast<float>(std::exp(static_cast<double>(row[k]) - row[arg]) / sum);
+          out[k] = static_cast<float>(kernels::det::exp(static_cast<double>(row[k]) - row[arg]) / sum);
       }
     }
   }

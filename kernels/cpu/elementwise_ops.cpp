@@ -8,6 +8,7 @@
 #include "kernels/batchnorm_math.h"
 #include "kernels/chunk_tree.h"
 #include "kernels/ops.h"
+#include "kernels/det_math.h"
 
 namespace engine::kernels::cpu {
 
@@ -195,11 +196,11 @@ void cross_entropy_part(int n, int batch_total, int classes, const float* logits
       const double zmax = z[arg];
       double sum = 0.0;
       for (int k = 0; k < classes; ++k) {
-        e[k] = std::exp(z[k] - zmax);
+        e[k] = det::exp(z[k] - zmax);
         sum += e[k];
       }
       const int label = labels[i];
-      sample_loss[i] = static_cast<float>(zmax + std::log(sum) - z[label]);
+      sample_loss[i] = static_cast<float>(zmax + det::log(sum) - z[label]);
       sample_correct[i] = arg == label ? 1.0f : 0.0f;
       if (!dlogits) continue;
       const double inv_sum = 1.0 / sum;

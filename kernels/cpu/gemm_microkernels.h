@@ -23,6 +23,7 @@ struct Avx512Tile {
   ENGINE_X86_TARGET("avx512f")
   static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, bool load_c) {
     __m512 acc0[MR], acc1[MR];
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       acc0[r] = load_c ? _mm512_loadu_ps(c + static_cast<long>(r) * ldc) : _mm512_setzero_ps();
       acc1[r] = load_c ? _mm512_loadu_ps(c + static_cast<long>(r) * ldc + 16) : _mm512_setzero_ps();
@@ -30,12 +31,14 @@ struct Avx512Tile {
     for (int kk = 0; kk < kc; ++kk) {
       const __m512 b0 = _mm512_load_ps(bp + kk * NR), b1 = _mm512_load_ps(bp + kk * NR + 16);
       const float* a = ap + kk * MR;
+#pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
         const __m512 ar = _mm512_set1_ps(a[r]);
         acc0[r] = _mm512_fmadd_ps(ar, b0, acc0[r]);
         acc1[r] = _mm512_fmadd_ps(ar, b1, acc1[r]);
       }
     }
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       _mm512_storeu_ps(c + static_cast<long>(r) * ldc, acc0[r]);
       _mm512_storeu_ps(c + static_cast<long>(r) * ldc + 16, acc1[r]);
@@ -50,6 +53,7 @@ struct Avx2Tile {
   ENGINE_X86_TARGET("avx2,fma")
   static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, bool load_c) {
     __m256 acc0[MR], acc1[MR];
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       acc0[r] = load_c ? _mm256_loadu_ps(c + static_cast<long>(r) * ldc) : _mm256_setzero_ps();
       acc1[r] = load_c ? _mm256_loadu_ps(c + static_cast<long>(r) * ldc + 8) : _mm256_setzero_ps();
@@ -57,12 +61,14 @@ struct Avx2Tile {
     for (int kk = 0; kk < kc; ++kk) {
       const __m256 b0 = _mm256_load_ps(bp + kk * NR), b1 = _mm256_load_ps(bp + kk * NR + 8);
       const float* a = ap + kk * MR;
+#pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
         const __m256 ar = _mm256_broadcast_ss(a + r);
         acc0[r] = _mm256_fmadd_ps(ar, b0, acc0[r]);
         acc1[r] = _mm256_fmadd_ps(ar, b1, acc1[r]);
       }
     }
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       _mm256_storeu_ps(c + static_cast<long>(r) * ldc, acc0[r]);
       _mm256_storeu_ps(c + static_cast<long>(r) * ldc + 8, acc1[r]);

@@ -1,0 +1,157 @@
+// The engine's GEMM (kernels/cpu/gemm.h) at the shapes a training step runs, on one
+// thread (the step runs one GEMM per thread, inside its chunks), on every path this CPU
+// supports, with OpenBLAS's sgemm beside it where the build found OpenBLAS (an optional
+// peer; the engine does not use it). Each figure is GFLOP/s (2 M N K per call) and the
+// share of that instruction set's measured FMA peak on one core (a loop of independent
+// register FMAs). Usage: gemm_bench [seconds per figure, default 0.3]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
+
+#if defined(ENGINE_BENCH_OPENBLAS)
+#include <cblas.h>
+extern "C" void openblas_set_num_threads(int);
+#endif
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+using namespace engine::kernels::cpu;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_per_call(double budget, const std::function<void()>& f) {
+  f();
+  int calls = 0;
+  const auto t0 = Clock::now();
+  double elapsed = 0;
+  do {
+    f();
+    ++calls;
+    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  } while (elapsed < budget);
+  return elapsed / calls;
+}
+
+// FMA peak: 24 independent accumulators, no memory traffic.
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) float fma_loop_avx512(long iters) {
+  __m512 acc[24];
+#pragma GCC unroll 24
+  for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
+  for (long it = 0; it < iters; ++it) {
+#pragma GCC unroll 24
+    for (int i = 0; i < 24; ++i) acc[i] = _mm512_fmadd_ps(a, acc[i], b);
+  }
+  float s = 0;
+  for (int i = 0; i < 24; ++i) s += _mm512_reduce_add_ps(acc[i]);
+  return s;
+}
+__attribute__((target("avx2,fma"))) float fma_loop_avx2(long iters) {
+  __m256 acc[12];
+#pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i));
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(0.001f);
+  for (long it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(a, acc[i], b);
+  }
+  alignas(32) float out[8];
+  __m256 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
+  _mm256_store_ps(out, s);
+  return out[0];
+}
+#endif
+
+double peak_gflops(CpuKernels path, double budget) {
+  volatile float sink = 0;
+  const long iters = 100000;
+#if defined(__x86_64__)
+  if (path == CpuKernels::Avx512)
+    return 24.0 * 16 * 2 * iters / seconds_per_call(budget, [&] { sink = sink + fma_loop_avx512(iters); }) / 1e9;
+  if (path == CpuKernels::Avx2)
+    return 12.0 * 8 * 2 * iters / seconds_per_call(budget, [&] { sink = sink + fma_loop_avx2(iters); }) / 1e9;
+#endif
+  (void)sink;
+  return 0;  // the portable path: no vector peak of its own to compare with
+}
+
+struct Shape {
+  const char* what;
+  Trans ta, tb;
+  int m, n, k;
+  float beta;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const double budget = argc > 1 ? std::atof(argv[1]) : 0.3;
+  // One call of each kind per sub-batch of 8 images (conv) or chunk of 16 rows (linear),
+  // as kernels/cpu/conv.cpp and linear.cpp make them at batch 128.
+  const Shape shapes[] = {
+      {"conv1 forward", Trans::No, Trans::No, 32, 6272, 9, 1.0f},
+      {"conv1 dW", Trans::No, Trans::Yes, 32, 9, 6272, 1.0f},
+      {"conv2 forward", Trans::No, Trans::No, 64, 1568, 288, 1.0f},
+      {"conv2 dW", Trans::No, Trans::Yes, 64, 288, 1568, 1.0f},
+      {"conv2 dX", Trans::Yes, Trans::No, 288, 1568, 64, 0.0f},
+      {"fc1 forward", Trans::No, Trans::Yes, 16, 128, 3136, 1.0f},
+      {"fc1 dW", Trans::Yes, Trans::No, 128, 3136, 128, 0.0f},
+      {"fc1 dX", Trans::No, Trans::No, 16, 3136, 128, 0.0f},
+  };
+  std::vector<CpuKernels> paths;
+  for (CpuKernels p : {CpuKernels::Avx512, CpuKernels::Avx2, CpuKernels::Portable})
+    if (cpu_supports(p)) paths.push_back(p);
+#if defined(ENGINE_BENCH_OPENBLAS)
+  openblas_set_num_threads(1);
+#endif
+  std::printf("one thread; GFLOP/s (%% of the path's FMA peak)\n");
+  std::printf("%-14s %-16s", "shape", "M x N x K");
+  for (CpuKernels p : paths) std::printf(" %18s", cpu_kernels_name(p));
+#if defined(ENGINE_BENCH_OPENBLAS)
+  std::printf(" %18s", "OpenBLAS");
+#endif
+  std::printf("\n");
+  std::vector<double> peak;
+  for (CpuKernels p : paths) peak.push_back(peak_gflops(p, budget));
+  std::printf("%-14s %-16s", "FMA peak", "");
+  for (double pk : peak) pk > 0 ? std::printf(" %18.1f", pk) : std::printf(" %18s", "-");
+  std::printf("\n");
+  for (const Shape& s : shapes) {
+    const int a_rows = s.ta == Trans::No ? s.m : s.k, a_cols = s.ta == Trans::No ? s.k : s.m;
+    const int b_rows = s.tb == Trans::No ? s.k : s.n, b_cols = s.tb == Trans::No ? s.n : s.k;
+    std::vector<float> a(static_cast<std::size_t>(a_rows) * a_cols, 0.5f), b(static_cast<std::size_t>(b_rows) * b_cols, 0.25f),
+        c(static_cast<std::size_t>(s.m) * s.n, 0.0f);
+    const double flop = 2.0 * s.m * s.n * s.k;
+    char dims[32];
+    std::snprintf(dims, sizeof dims, "%dx%dx%d", s.m, s.n, s.k);
+    std::printf("%-14s %-16s", s.what, dims);
+    for (std::size_t i = 0; i < paths.size(); ++i) {
+      const double t = seconds_per_call(budget, [&] {
+        gemm_with(paths[i], s.ta, s.tb, s.m, s.n, s.k, a.data(), a_cols, b.data(), b_cols, s.beta, c.data(), s.n);
+      });
+      const double g = flop / t / 1e9;
+      if (peak[i] > 0) std::printf(" %10.1f (%3.0f%%)", g, 100.0 * g / peak[i]);
+      else std::printf(" %18.1f", g);
+    }
+#if defined(ENGINE_BENCH_OPENBLAS)
+    const double t = seconds_per_call(budget, [&] {
+      cblas_sgemm(CblasRowMajor, s.ta == Trans::No ? CblasNoTrans : CblasTrans, s.tb == Trans::No ? CblasNoTrans : CblasTrans,
+                  s.m, s.n, s.k, 1.0f, a.data(), a_cols, b.data(), b_cols, s.beta, c.data(), s.n);
+    });
+    const double g = flop / t / 1e9;
+    if (!peak.empty() && peak[0] > 0) std::printf(" %10.1f (%3.0f%%)", g, 100.0 * g / peak[0]);
+    else std::printf(" %18.1f", g);
+#endif
+    std::printf("\n");
+  }
+  return 0;
+}
