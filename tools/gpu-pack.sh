@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares, on a machine WITHOUT a GPU, what tools/gpu-check.sh needs on a lent GPU
 # machine that cannot build the engine (it has CMake, ninja, CUDA, PyTorch, ncu and
-# compute-sanitizer, but no OpenBLAS, HDF5, doctest or nlohmann-json): exactly the
+# compute-sanitizer, but no HDF5, doctest or nlohmann-json): exactly the
 # binaries gpu-check runs, the shared libraries they need beyond the CUDA toolkit, and
 # the Fashion-MNIST files. Output: gpu-pack/ (git-ignored), carried with the tree:
 #     device run --carry gpu-pack 'tools/gpu-check.sh'
@@ -11,8 +11,7 @@
 #
 #   tools/gpu-pack.sh            build (or update) build-gpu/, pack, measure
 # Env: ENGINE_DATA_DIR (the IDX files), GPU_PACK_BUILD (build dir, default build-gpu),
-#      GPU_PACK_JOBS (default nproc), GPU_PACK_LIMIT_MIB (56),
-#      GPU_PACK_BLAS=reference|openblas (reference: see "BLAS" below).
+#      GPU_PACK_JOBS (default nproc), GPU_PACK_LIMIT_MIB (56).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PACK="$ROOT/gpu-pack"
@@ -20,7 +19,6 @@ BUILD=${GPU_PACK_BUILD:-$ROOT/build-gpu}
 DATA=${ENGINE_DATA_DIR:-/usr/share/datasets/fashion-mnist}
 JOBS=${GPU_PACK_JOBS:-$(nproc)}
 LIMIT_MIB=${GPU_PACK_LIMIT_MIB:-56}
-BLAS=${GPU_PACK_BLAS:-reference}
 t0=$SECONDS
 
 # ---- What gpu-check.sh runs (keep in step with it) ----------------------------------
@@ -52,28 +50,12 @@ for t in "${GPU_TESTS[@]}"; do cp "$BUILD/tests/$t" "$stage/build/tests/"; done
 # ---- Shared libraries: what ldd lists, except the C runtime and what the GPU machine's
 # CUDA installation and PyTorch provide (cuBLAS, cuDNN, cuRAND, the driver).
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libcublas|libcublasLt|libcudnn|libcurand|libnvrtc|libcudart)'
-# BLAS: the engine's CPU paths need a CBLAS. The GPU machine runs only short CPU work
-# (evaluating and resuming a GPU checkpoint on the CPU), so by default the pack carries
-# Debian's reference BLAS (libblas3, 0.4 MB, no Fortran runtime) under OpenBLAS's file
-# name, instead of OpenBLAS (37 MB, 4 MiB packed, plus libgfortran): the engine calls
-# only CBLAS and looks up openblas_* weakly, so either works. CPU figures measured there
-# are then not the CPU backend's speed. GPU_PACK_BLAS=openblas carries OpenBLAS itself.
-reference_blas=/usr/lib/x86_64-linux-gnu/blas/libblas.so.3
+# No BLAS: the CPU GEMM is the engine's own, so the CPU figures measured there are the
+# CPU backend's own too.
 { for b in "$stage"/build/engine "$stage"/build/kernel_bench "$stage"/build/tests/*; do ldd "$b"; done; } |
   awk '/=> \// {print $1, $3}' | sort -u >"$stage/ldd.txt"
-blas_note="OpenBLAS (as built)"
 while read -r name path; do
   [[ "$name" =~ $skip ]] && continue
-  if [ "$BLAS" = reference ]; then
-    case "$name" in
-      libopenblas.so*)
-        [ -f "$reference_blas" ] || { echo "gpu-pack: $reference_blas missing (Debian: libblas3), or GPU_PACK_BLAS=openblas" >&2; exit 1; }
-        cp -L "$reference_blas" "$stage/libs/$name"
-        blas_note="reference BLAS ($reference_blas, as $name)"
-        continue ;;
-      libgfortran.so* | libquadmath.so*) continue ;;  # OpenBLAS's; the reference BLAS needs neither
-    esac
-  fi
   cp -L "$path" "$stage/libs/$name"
 done <"$stage/ldd.txt"
 
@@ -100,7 +82,7 @@ pack_dir "$stage/data" "$PACK/data.tar.xz"
   echo "commit $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo ' (dirty)')"
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
   echo "cuda_architectures 90-real;90-virtual, -lineinfo, Release, not stripped"
-  echo "blas $blas_note"
+  echo "blas none (the engine's own GEMM)"
   echo "binaries $(cd "$stage/build" && find . -type f | LC_ALL=C sort | tr '\n' ' ')"
   echo "libraries $(cd "$stage/libs" && find . -type f -printf '%f ' | tr -s ' ')"
   (cd "$PACK" && sha256sum ./*.tar.xz)
