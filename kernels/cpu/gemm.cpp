@@ -27,63 +27,36 @@ constexpr int kKc = 256;   // k block: an A sliver and a B sliver stay in L1
 constexpr int kMc = 96;    // rows of op(A) per packed block (L2)
 constexpr int kNc = 2048;  // columns of op(B) per packed panel (L2/L3)
 
-// op(A)[i, kk] and op(B)[kk, j].
-inline float a_at(Trans t, const float* a, int lda, int i, int kk) {
-  return t == Trans::No ? a[static_cast<int64_t>(i) * lda + kk] : a[static_cast<int64_t>(kk) * lda + i];
-}
-
-// ap[(s * kc + kk) * MR + r] = op(A)[i0 + s*MR + r, k0 + kk], zero beyond mc rows.
-template <int MR>
-void pack_a(Trans t, const float* a, int lda, int i0, int mc, int k0, int kc, float* ap) {
-  for (int s = 0; s * MR < mc; ++s) {
-    float* dst = ap + static_cast<int64_t>(s) * kc * MR;
-    const int rows = std::min(MR, mc - s * MR);
-    const int ib = i0 + s * MR;
-    if (t == Trans::Yes) {  // op(A)[i, kk] = a[kk, i]: rows of a are contiguous in i
+// Packs W-wide slivers of one operand for a k block:
+//   dst[(s * kc + kk) * W + w] = X[first + s*W + w, k0 + kk], zero beyond `count`,
+// where X is op(A) (W = MR, rows) or op(B) transposed (W = NR, columns): the same copy.
+// `along_w`: the source holds X's w index contiguously (row kk of it at src + kk * ld),
+// as a transposed A or an untransposed B does; otherwise X's k index is contiguous.
+template <int W>
+void pack(bool along_w, const float* src, int ld, int first, int count, int k0, int kc, float* dst_all) {
+  for (int s = 0; s * W < count; ++s) {
+    float* dst = dst_all + static_cast<int64_t>(s) * kc * W;
+    const int width = std::min(W, count - s * W);
+    const int base = first + s * W;
+    if (along_w) {
       for (int kk = 0; kk < kc; ++kk) {
-        const float* src = a + static_cast<int64_t>(k0 + kk) * lda + ib;
-        float* d = dst + kk * MR;
-        int r = 0;
-        for (; r < rows; ++r) d[r] = src[r];
-        for (; r < MR; ++r) d[r] = 0.0f;
+        const float* from = src + static_cast<int64_t>(k0 + kk) * ld + base;
+        float* d = dst + kk * W;
+        if (width == W) {
+          std::memcpy(d, from, sizeof(float) * W);
+          continue;
+        }
+        int w = 0;
+        for (; w < width; ++w) d[w] = from[w];
+        for (; w < W; ++w) d[w] = 0.0f;
       }
     } else {
-      for (int r = 0; r < rows; ++r) {
-        const float* src = a + static_cast<int64_t>(ib + r) * lda + k0;
-        for (int kk = 0; kk < kc; ++kk) dst[kk * MR + r] = src[kk];
+      for (int w = 0; w < width; ++w) {
+        const float* from = src + static_cast<int64_t>(base + w) * ld + k0;
+        for (int kk = 0; kk < kc; ++kk) dst[kk * W + w] = from[kk];
       }
-      for (int r = rows; r < MR; ++r)
-        for (int kk = 0; kk < kc; ++kk) dst[kk * MR + r] = 0.0f;
-    }
-  }
-}
-
-// bp[(s * kc + kk) * NR + c] = op(B)[k0 + kk, j0 + s*NR + c], zero beyond nc columns.
-template <int NR>
-void pack_b(Trans t, const float* b, int ldb, int j0, int nc, int k0, int kc, float* bp) {
-  for (int s = 0; s * NR < nc; ++s) {
-    float* dst = bp + static_cast<int64_t>(s) * kc * NR;
-    const int cols = std::min(NR, nc - s * NR);
-    const int jb = j0 + s * NR;
-    if (t == Trans::No) {  // rows of b are contiguous in j
-      for (int kk = 0; kk < kc; ++kk) {
-        const float* src = b + static_cast<int64_t>(k0 + kk) * ldb + jb;
-        float* d = dst + kk * NR;
-        if (cols == NR) {
-          std::memcpy(d, src, sizeof(float) * NR);
-        } else {
-          int c = 0;
-          for (; c < cols; ++c) d[c] = src[c];
-          for (; c < NR; ++c) d[c] = 0.0f;
-        }
-      }
-    } else {  // op(B)[kk, j] = b[j, kk]
-      for (int c = 0; c < cols; ++c) {
-        const float* src = b + static_cast<int64_t>(jb + c) * ldb + k0;
-        for (int kk = 0; kk < kc; ++kk) dst[kk * NR + c] = src[kk];
-      }
-      for (int c = cols; c < NR; ++c)
-        for (int kk = 0; kk < kc; ++kk) dst[kk * NR + c] = 0.0f;
+      for (int w = width; w < W; ++w)
+        for (int kk = 0; kk < kc; ++kk) dst[kk * W + w] = 0.0f;
     }
   }
 }
@@ -131,10 +104,10 @@ void gemm_blocked(Trans ta, Trans tb, int m, int n, int k, const float* a, int l
       // The chain starts from C's value (beta 1, or any k block after the first),
       // else from +0.
       const bool load_c = beta != 0.0f || k0 > 0;
-      pack_b<NR>(tb, b, ldb, j0, nc, k0, kc, bp);
+      pack<NR>(tb == Trans::No, b, ldb, j0, nc, k0, kc, bp);
       for (int i0 = 0; i0 < m; i0 += kMc) {
         const int mc = std::min(kMc, m - i0);
-        pack_a<MR>(ta, a, lda, i0, mc, k0, kc, ap);
+        pack<MR>(ta == Trans::Yes, a, lda, i0, mc, k0, kc, ap);
         for (int js = 0; js * NR < nc; ++js) {
           const int cols = std::min(NR, nc - js * NR);
           const float* bs = bp + static_cast<int64_t>(js) * kc * NR;
