@@ -232,3 +232,86 @@ TEST_CASE("beta 0 ignores what C held, NaN included; K = 0 leaves C, or zeroes i
     for (float v : c) CHECK(v == 0.0f);
   }
 }
+
+// The implicit-GEMM operands (kernels/cpu/gemm.h: Operand::patches, Operand::image_rows)
+// against the matrices they stand for, stored by this test's own loops: every path, the
+// three products a convolution runs (forward, weight gradient, data gradient), bit for
+// bit the dense GEMM's definition on the stored matrices. Shapes: pads 0..2, kernels
+// 1x1..5x5 and 3x1, tiny and odd images, and the model's own, with pixel counts that
+// cross slivers, images and k blocks at every phase.
+TEST_CASE("implicit-GEMM operands are the im2col and image matrices, bit for bit, on every path") {
+  using engine::kernels::ConvShape;
+  using cpu::Operand;
+  struct Case {
+    int images, c, h, w, r, s, pad, m;
+  };
+  const Case cases[] = {
+      {1, 1, 1, 1, 1, 1, 0, 1},  {3, 2, 5, 7, 3, 3, 1, 5},  {2, 3, 6, 5, 5, 5, 2, 9},  {4, 1, 9, 4, 3, 1, 0, 8},
+      {5, 2, 3, 3, 3, 3, 2, 3},  {2, 1, 28, 28, 3, 3, 1, 32}, {3, 32, 14, 14, 3, 3, 1, 17}, {17, 2, 7, 7, 3, 3, 1, 33},
+  };
+  uint64_t seed = 7;
+  for (const Case& t : cases) {
+    ConvShape s;
+    s.n = t.images, s.c = t.c, s.h = t.h, s.w = t.w, s.k = t.m, s.r = t.r, s.s = t.s, s.pad = t.pad;
+    const int taps = s.c * s.r * s.s, ohw = s.out_h() * s.out_w(), pixels = t.images * ohw;
+    const std::string shape = std::to_string(t.images) + " images " + std::to_string(s.c) + "x" + std::to_string(s.h) +
+                              "x" + std::to_string(s.w) + " kernel " + std::to_string(s.r) + "x" + std::to_string(s.s) +
+                              " pad " + std::to_string(s.pad);
+    CAPTURE(shape);
+    const std::vector<float> x = random_floats(static_cast<std::size_t>(t.images) * s.c * s.h * s.w, ++seed);
+    // The stored im2col matrix, from its definition.
+    std::vector<float> patches(static_cast<std::size_t>(taps) * pixels);
+    for (int c = 0; c < s.c; ++c)
+      for (int r = 0; r < s.r; ++r)
+        for (int q = 0; q < s.s; ++q)
+          for (int j = 0; j < t.images; ++j)
+            for (int oh = 0; oh < s.out_h(); ++oh)
+              for (int ow = 0; ow < s.out_w(); ++ow) {
+                const int ih = oh + r - s.pad, iw = ow + q - s.pad;
+                const bool inside = ih >= 0 && ih < s.h && iw >= 0 && iw < s.w;
+                patches[static_cast<std::size_t>((c * s.r + r) * s.s + q) * pixels + j * ohw + oh * s.out_w() + ow] =
+                    inside ? x[((static_cast<std::size_t>(j) * s.c + c) * s.h + ih) * s.w + iw] : 0.0f;
+              }
+    // Images of m rows ([images][m][ohw]) and their stored matrix [m, pixels].
+    const std::vector<float> images = random_floats(static_cast<std::size_t>(t.images) * t.m * ohw, ++seed);
+    std::vector<float> rows(images.size());
+    for (int j = 0; j < t.images; ++j)
+      for (int i = 0; i < t.m; ++i)
+        for (int p = 0; p < ohw; ++p)
+          rows[static_cast<std::size_t>(i) * pixels + j * ohw + p] = images[(static_cast<std::size_t>(j) * t.m + i) * ohw + p];
+    const std::vector<float> weights = random_floats(static_cast<std::size_t>(t.m) * taps, ++seed);
+    const std::vector<float> start = random_floats(static_cast<std::size_t>(t.m) * std::max(taps, pixels) + taps * pixels, ++seed);
+
+    struct Product {
+      const char* name;
+      int m, n, k;
+      Operand a, b;              // the implicit operands
+      Trans ta, tb;              // the stored equivalents
+      const float *sa, *sb;
+      int lda, ldb;
+    };
+    const Product products[] = {
+        {"forward: W * P", t.m, pixels, taps, Operand::dense(Trans::No, weights.data(), taps),
+         Operand::patches(Trans::No, s, x.data()), Trans::No, Trans::No, weights.data(), patches.data(), taps, pixels},
+        {"weight gradient: D * P^T", t.m, taps, pixels, Operand::image_rows(Trans::No, images.data(), t.m, ohw),
+         Operand::patches(Trans::Yes, s, x.data()), Trans::No, Trans::Yes, rows.data(), patches.data(), pixels, pixels},
+        {"data gradient: W^T * D", taps, pixels, t.m, Operand::dense(Trans::Yes, weights.data(), taps),
+         Operand::image_rows(Trans::No, images.data(), t.m, ohw), Trans::Yes, Trans::No, weights.data(), rows.data(), taps,
+         pixels},
+    };
+    for (const Product& p : products)
+      for (float beta : {0.0f, 1.0f}) {
+        CAPTURE(std::string(p.name));
+        CAPTURE(beta);
+        Problem def{p.ta, p.tb, p.m, p.n, p.k, p.lda, p.ldb, p.n, beta, 0};
+        std::vector<float> want(start.begin(), start.begin() + static_cast<int64_t>(p.m) * p.n);
+        definition(def, p.sa, p.sb, want.data());
+        for (CpuKernels path : paths_here()) {
+          CAPTURE(std::string(cpu::cpu_kernels_name(path)));
+          std::vector<float> got(start.begin(), start.begin() + static_cast<int64_t>(p.m) * p.n);
+          cpu::gemm_with(path, p.m, p.n, p.k, p.a, p.b, beta, got.data(), p.n);
+          CHECK(std::memcmp(got.data(), want.data(), sizeof(float) * got.size()) == 0);
+        }
+      }
+  }
+}

@@ -1,6 +1,7 @@
-// Fast CPU convolution: im2col + single-threaded sgemm over fixed chunks of the batch
-// (one GEMM per chunk, so the GEMM is wide enough to run near peak), chunks spread over
-// OpenMP threads. Weight/bias gradients are summed per chunk, then over the chunks in
+// Fast CPU convolution: implicit GEMM (the im2col matrix is packed straight from the
+// images, never stored; kernels/cpu/gemm.h) over fixed chunks of the batch, chunks
+// spread over OpenMP threads. The data gradient goes through a per-thread column
+// buffer of a sub-batch and col2im. Weight/bias gradients are summed per chunk, then over the chunks in
 // order, so the bits do not depend on the thread count.
 #include <algorithm>
 #include <cstring>
@@ -14,30 +15,6 @@
 namespace engine::kernels::cpu {
 
 namespace {
-
-// Writes image x's columns into col, whose rows have length ld (>= OH*OW):
-// col[(c*R + r)*S + q][oh*OW + ow] = x[c, oh + r - pad, ow + q - pad] (0 outside).
-void im2col(const ConvShape& s, const float* x, float* col, int64_t ld) {
-  const int oh_n = s.out_h(), ow_n = s.out_w();
-  for (int c = 0; c < s.c; ++c)
-    for (int r = 0; r < s.r; ++r)
-      for (int q = 0; q < s.s; ++q) {
-        float* row = col + static_cast<int64_t>((c * s.r + r) * s.s + q) * ld;
-        for (int oh = 0; oh < oh_n; ++oh) {
-          const int ih = oh + r - s.pad;
-          float* out = row + oh * ow_n;
-          if (ih < 0 || ih >= s.h) {
-            std::memset(out, 0, sizeof(float) * ow_n);
-            continue;
-          }
-          const float* in = x + (static_cast<int64_t>(c) * s.h + ih) * s.w;
-          const int lo = std::max(0, s.pad - q), hi = std::min(ow_n, s.w + s.pad - q);
-          for (int ow = 0; ow < lo; ++ow) out[ow] = 0.0f;
-          for (int ow = lo; ow < hi; ++ow) out[ow] = in[ow + q - s.pad];
-          for (int ow = std::max(lo, hi); ow < ow_n; ++ow) out[ow] = 0.0f;
-        }
-      }
-}
 
 // The adjoint of im2col: dx[c, ih, iw] = sum of the col entries that read it.
 void col2im(const ConvShape& s, const float* col, int64_t ld, float* dx) {
@@ -58,8 +35,8 @@ void col2im(const ConvShape& s, const float* col, int64_t ld, float* dx) {
       }
 }
 
-// Images per GEMM inside a chunk: wide enough for BLAS to run near peak, small
-// enough that the per-thread column buffer stays a few MB.
+// Images per forward or data-gradient GEMM inside a chunk: wide enough for the GEMM to
+// run near peak, small enough that the per-thread buffers stay a few MB.
 constexpr int kSubBatch = 8;
 
 int chunk_begin(int n, int chunk) {
@@ -83,47 +60,46 @@ void backward_chunk_partials(const ConvShape& s, int chunks, const int* bounds, 
   const int64_t ohw = static_cast<int64_t>(s.out_h()) * s.out_w();
   const int crs = s.c * s.r * s.s;
   const int64_t in_size = static_cast<int64_t>(s.c) * s.h * s.w;
+  const int64_t out_size = s.k * ohw;
   const int64_t wsize = static_cast<int64_t>(s.k) * crs;
 #pragma omp parallel
   {
-    float* col = thread_scratch(0, static_cast<std::size_t>(crs * ohw * kSubBatch));
-    float* dyc = thread_scratch(1, static_cast<std::size_t>(s.k * ohw * kSubBatch));
+    float* col = dx ? thread_scratch(0, static_cast<std::size_t>(crs * ohw * kSubBatch)) : nullptr;
 #pragma omp for schedule(static)
     for (int chunk = 0; chunk < chunks; ++chunk) {
       const int c0 = bounds[chunk], c1 = bounds[chunk + 1];
-      float* dw_c = dw_chunks + chunk * wsize;
+      // dW_chunk[K, CRS] = dy_c[K, n_c*OHW] * P_c^T[n_c*OHW, CRS]: one chain per weight
+      // over the chunk's pixels, dy and the patches read in place (a chunk without
+      // images gets +0).
+      gemm(s.k, crs, static_cast<int>((c1 - c0) * ohw), Operand::image_rows(Trans::No, dy + c0 * out_size, s.k, ohw),
+           Operand::patches(Trans::Yes, s, x + c0 * in_size), 0.0f, dw_chunks + chunk * wsize, crs);
       double* db_c = db_chunks + static_cast<int64_t>(chunk) * s.k;
-      if (c1 == c0) std::fill(dw_c, dw_c + wsize, 0.0f);
       for (int n0 = c0; n0 < c1; n0 += kSubBatch) {
         const int nb = std::min(kSubBatch, c1 - n0);
         const int64_t ld = nb * ohw;
-        // dy of the sub-batch as [K, nb*OHW], and its columns.
-        for (int j = 0; j < nb; ++j) {
-          for (int k = 0; k < s.k; ++k)
-            std::memcpy(dyc + k * ld + j * ohw, dy + ((n0 + j) * static_cast<int64_t>(s.k) + k) * ohw,
-                        sizeof(float) * ohw);
-          im2col(s, x + (n0 + j) * in_size, col + j * ohw, ld);
-        }
         for (int k = 0; k < s.k; ++k) {
-          // 16 float lanes, then double: vectorisable, fixed order.
+          // The sub-batch's row of dy, its images one after another: 16 float lanes,
+          // then double (vectorisable, fixed order).
           float lanes[16] = {};
-          const float* row = dyc + k * ld;
-          int64_t i = 0;
-          for (; i + 16 <= ld; i += 16)
-            for (int j = 0; j < 16; ++j) lanes[j] += row[i + j];
+          const int64_t full = ld / 16 * 16;
           double acc = 0.0;
-          for (; i < ld; ++i) acc += row[i];
+          int64_t i = 0;  // the position in the sub-batch's row
+          for (int j = 0; j < nb; ++j) {
+            const float* row = dy + (n0 + j) * out_size + k * ohw;
+            int64_t p = 0;
+            for (; p < ohw && i % 16 != 0 && i < full; ++p, ++i) lanes[i % 16] += row[p];
+            for (; p + 16 <= ohw && i + 16 <= full; p += 16, i += 16)
+              for (int l = 0; l < 16; ++l) lanes[l] += row[p + l];
+            for (; p < ohw && i < full; ++p, ++i) lanes[i % 16] += row[p];
+            for (; p < ohw; ++p, ++i) acc += row[p];
+          }
           for (int j = 0; j < 16; ++j) acc += lanes[j];
           db_c[k] += acc;
         }
-        // dW_chunk[K, CRS] (+)= dy_c[K, nb*OHW] * col^T[nb*OHW, CRS]
-        gemm(Trans::No, Trans::Yes, s.k, crs, static_cast<int>(ld),
-                    dyc, static_cast<int>(ld), col, static_cast<int>(ld), n0 == c0 ? 0.0f : 1.0f,
-                    dw_c, crs);
         if (dx) {
           // col[CRS, nb*OHW] = W^T[CRS, K] * dy_c[K, nb*OHW]
-          gemm(Trans::Yes, Trans::No, crs, static_cast<int>(ld), s.k,
-                      w, crs, dyc, static_cast<int>(ld), 0.0f, col, static_cast<int>(ld));
+          gemm(crs, static_cast<int>(ld), s.k, Operand::dense(Trans::Yes, w, crs),
+               Operand::image_rows(Trans::No, dy + n0 * out_size, s.k, ohw), 0.0f, col, static_cast<int>(ld));
           for (int j = 0; j < nb; ++j) col2im(s, col + j * ohw, ld, dx + (n0 + j) * in_size);
         }
       }
@@ -144,7 +120,6 @@ void conv2d_forward_chunks(const ConvShape& s, int chunks, const int* bounds, co
   const int64_t in_size = static_cast<int64_t>(s.c) * s.h * s.w;
 #pragma omp parallel
   {
-    float* col = thread_scratch(0, static_cast<std::size_t>(crs * ohw * kSubBatch));
     float* out = thread_scratch(1, static_cast<std::size_t>(s.k * ohw * kSubBatch));
 #pragma omp for schedule(static)
     for (int chunk = 0; chunk < chunks; ++chunk) {
@@ -152,11 +127,10 @@ void conv2d_forward_chunks(const ConvShape& s, int chunks, const int* bounds, co
       for (int n0 = c0; n0 < c1; n0 += kSubBatch) {
         const int nb = std::min(kSubBatch, c1 - n0);
         const int64_t ld = nb * ohw;
-        for (int j = 0; j < nb; ++j) im2col(s, x + (n0 + j) * in_size, col + j * ohw, ld);
         for (int k = 0; k < s.k; ++k) std::fill(out + k * ld, out + (k + 1) * ld, b ? b[k] : 0.0f);
-        // out[K, nb*OHW] += W[K, CRS] * col[CRS, nb*OHW]
-        gemm(Trans::No, Trans::No, s.k, static_cast<int>(ld), crs,
-                    w, crs, col, static_cast<int>(ld), 1.0f, out, static_cast<int>(ld));
+        // out[K, nb*OHW] += W[K, CRS] * P[CRS, nb*OHW], the patches packed from x itself
+        gemm(s.k, static_cast<int>(ld), crs, Operand::dense(Trans::No, w, crs),
+             Operand::patches(Trans::No, s, x + n0 * in_size), 1.0f, out, static_cast<int>(ld));
         for (int j = 0; j < nb; ++j)
           for (int k = 0; k < s.k; ++k)
             std::memcpy(y + ((n0 + j) * static_cast<int64_t>(s.k) + k) * ohw, out + k * ld + j * ohw,

@@ -27,18 +27,21 @@ constexpr int kKc = 256;   // k block: an A sliver and a B sliver stay in L1
 constexpr int kMc = 96;    // rows of op(A) per packed block (L2)
 constexpr int kNc = 2048;  // columns of op(B) per packed panel (L2/L3)
 
-// Packs W-wide slivers of one operand for a k block:
-//   dst[(s * kc + kk) * W + w] = X[first + s*W + w, k0 + kk], zero beyond `count`,
-// where X is op(A) (W = MR, rows) or op(B) transposed (W = NR, columns): the same copy.
-// `along_w`: the source holds X's w index contiguously (row kk of it at src + kk * ld),
-// as a transposed A or an untransposed B does; otherwise X's k index is contiguous.
+// Packing. A k block of an operand becomes W-wide slivers:
+//   dst[(s * kc + kk) * W + w] = X[first + s*W + w, k0 + kk], 0 beyond `count`,
+// where X is op(A) (W = MR, its rows) or op(B) transposed (W = NR, its columns). In
+// terms of the stored (or never stored) matrix M behind the operand, the sliver index w
+// runs along M's rows (pack_rows: X[w, kk] = M[w, kk]) or along its columns
+// (pack_cols: X[w, kk] = M[kk, w]).
+
+// A stored row-major matrix.
 template <int W>
-void pack(bool along_w, const float* src, int ld, int first, int count, int k0, int kc, float* dst_all) {
+void dense_pack(bool w_along_rows, const float* src, int ld, int first, int count, int k0, int kc, float* dst_all) {
   for (int s = 0; s * W < count; ++s) {
     float* dst = dst_all + static_cast<int64_t>(s) * kc * W;
     const int width = std::min(W, count - s * W);
     const int base = first + s * W;
-    if (along_w) {
+    if (!w_along_rows) {  // M's row kk holds the sliver contiguously
       for (int kk = 0; kk < kc; ++kk) {
         const float* from = src + static_cast<int64_t>(k0 + kk) * ld + base;
         float* d = dst + kk * W;
@@ -58,6 +61,143 @@ void pack(bool along_w, const float* src, int ld, int first, int count, int k0, 
       for (int w = width; w < W; ++w)
         for (int kk = 0; kk < kc; ++kk) dst[kk * W + w] = 0.0f;
     }
+  }
+}
+
+// A stretch of consecutive pixel columns [begin, begin + len) of an image matrix that
+// lies in one image j (pixel p of it), and for patches in one output row too.
+struct PixelRun {
+  int offset;  // the first column's position in the sliver or k block
+  int len;
+  int64_t image;
+  int64_t pixel;
+  int oh, ow;  // for patches: the first column's output row and column
+};
+
+// Cuts columns [first, first + count) into runs, at image ends and, when `row` > 0,
+// at ends of output rows of `row` pixels.
+int pixel_runs(int64_t first, int count, int64_t pixels, int row, PixelRun* runs) {
+  int n = 0;
+  for (int done = 0; done < count;) {
+    const int64_t col = first + done;
+    const int64_t image = col / pixels, pixel = col % pixels;
+    int64_t len = std::min<int64_t>(count - done, pixels - pixel);
+    int oh = 0, ow = 0;
+    if (row > 0) {
+      oh = static_cast<int>(pixel / row), ow = static_cast<int>(pixel % row);
+      len = std::min<int64_t>(len, row - ow);
+    }
+    runs[n++] = PixelRun{done, static_cast<int>(len), image, pixel, oh, ow};
+    done += static_cast<int>(len);
+  }
+  return n;
+}
+
+// One run of a patches row (tap c, r, q): dst[i * Stride] = x[c, oh + r - pad, ow + i + q - pad]
+// for the run's output row oh and first column ow, 0 outside the image.
+template <int Stride>
+inline void patch_run(const ConvShape& s, const float* x, const PixelRun& run, int c, int r, int q, float* dst) {
+  const int ih = run.oh + r - s.pad;
+  if (ih < 0 || ih >= s.h) {
+    for (int i = 0; i < run.len; ++i) dst[i * Stride] = 0.0f;
+    return;
+  }
+  const float* from = x + ((run.image * s.c + c) * s.h + ih) * s.w + run.ow + q - s.pad;
+  // Columns ow + i with 0 <= ow + i + q - pad < w.
+  const int lo = std::clamp(s.pad - q - run.ow, 0, run.len), hi = std::clamp(s.w + s.pad - q - run.ow, lo, run.len);
+  for (int i = 0; i < lo; ++i) dst[i * Stride] = 0.0f;
+  for (int i = lo; i < hi; ++i) dst[i * Stride] = from[i];  // short runs: a loop, not a memcpy call
+  for (int i = hi; i < run.len; ++i) dst[i * Stride] = 0.0f;
+}
+
+template <int W>
+void patches_pack(bool w_along_rows, const ConvShape& s, const float* x, int first, int count, int k0, int kc,
+                  float* dst_all) {
+  const int64_t ohw = static_cast<int64_t>(s.out_h()) * s.out_w();
+  const int rs = s.r * s.s;
+  PixelRun runs[kKc];  // each run has a column, and a stretch has at most kKc
+  if (w_along_rows) {  // w: taps, kk: the pixel columns k0.. (the weight gradient's op(B))
+    const int n_runs = pixel_runs(k0, kc, ohw, s.out_w(), runs);
+    for (int sl = 0; sl * W < count; ++sl) {
+      float* dst = dst_all + static_cast<int64_t>(sl) * kc * W;
+      const int width = std::min(W, count - sl * W);
+      for (int w = 0; w < width; ++w) {
+        const int tap = first + sl * W + w;
+        const int c = tap / rs, r = tap % rs / s.s, q = tap % s.s;
+        for (int i = 0; i < n_runs; ++i) patch_run<W>(s, x, runs[i], c, r, q, dst + runs[i].offset * W + w);
+      }
+      for (int w = width; w < W; ++w)
+        for (int kk = 0; kk < kc; ++kk) dst[kk * W + w] = 0.0f;
+    }
+    return;
+  }
+  // w: pixel columns, kk: the taps k0.. (the forward's op(B))
+  for (int sl = 0; sl * W < count; ++sl) {
+    float* dst = dst_all + static_cast<int64_t>(sl) * kc * W;
+    const int width = std::min(W, count - sl * W);
+    const int n_runs = pixel_runs(first + sl * W, width, ohw, s.out_w(), runs);
+    for (int kk = 0; kk < kc; ++kk) {
+      const int tap = k0 + kk;
+      const int c = tap / rs, r = tap % rs / s.s, q = tap % s.s;
+      float* d = dst + kk * W;
+      for (int i = 0; i < n_runs; ++i) patch_run<1>(s, x, runs[i], c, r, q, d + runs[i].offset);
+      for (int w = width; w < W; ++w) d[w] = 0.0f;
+    }
+  }
+}
+
+template <int W>
+void image_rows_pack(bool w_along_rows, const float* src, int rows, int64_t pixels, int first, int count, int k0,
+                     int kc, float* dst_all) {
+  PixelRun runs[kKc];
+  auto at = [&](int row, const PixelRun& run) { return src + (run.image * rows + row) * pixels + run.pixel; };
+  if (w_along_rows) {  // w: rows, kk: the pixel columns k0.. (the weight gradient's op(A))
+    const int n_runs = pixel_runs(k0, kc, pixels, 0, runs);
+    for (int sl = 0; sl * W < count; ++sl) {
+      float* dst = dst_all + static_cast<int64_t>(sl) * kc * W;
+      const int width = std::min(W, count - sl * W);
+      for (int w = 0; w < width; ++w)
+        for (int i = 0; i < n_runs; ++i) {
+          const float* from = at(first + sl * W + w, runs[i]);
+          float* d = dst + runs[i].offset * W + w;
+          for (int j = 0; j < runs[i].len; ++j) d[j * W] = from[j];
+        }
+      for (int w = width; w < W; ++w)
+        for (int kk = 0; kk < kc; ++kk) dst[kk * W + w] = 0.0f;
+    }
+    return;
+  }
+  // w: pixel columns, kk: the rows k0.. (the data gradient's op(B))
+  for (int sl = 0; sl * W < count; ++sl) {
+    float* dst = dst_all + static_cast<int64_t>(sl) * kc * W;
+    const int width = std::min(W, count - sl * W);
+    const int n_runs = pixel_runs(first + sl * W, width, pixels, 0, runs);
+    for (int kk = 0; kk < kc; ++kk) {
+      float* d = dst + kk * W;
+      for (int i = 0; i < n_runs; ++i) std::memcpy(d + runs[i].offset, at(k0 + kk, runs[i]), sizeof(float) * runs[i].len);
+      for (int w = width; w < W; ++w) d[w] = 0.0f;
+    }
+  }
+}
+
+enum class Role { A, B };
+
+// Packs X (see above) of operand `o` in its role.
+template <int W>
+void pack(const Operand& o, Role role, int first, int count, int k0, int kc, float* dst) {
+  // X = op(A) for A, op(B)^T for B: w runs along the stored matrix's rows when A is not
+  // transposed or B is.
+  const bool w_along_rows = (role == Role::A) == (o.trans == Trans::No);
+  switch (o.source) {
+    case Operand::Source::Dense:
+      dense_pack<W>(w_along_rows, o.data, o.ld, first, count, k0, kc, dst);
+      return;
+    case Operand::Source::Patches:
+      patches_pack<W>(w_along_rows, *o.conv, o.data, first, count, k0, kc, dst);
+      return;
+    case Operand::Source::ImageRows:
+      image_rows_pack<W>(w_along_rows, o.data, o.rows, o.pixels, first, count, k0, kc, dst);
+      return;
   }
 }
 
@@ -84,9 +224,9 @@ float* pack_buffer(int which, std::size_t floats) {
 //   static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, bool load_c)
 // which runs a full MR x NR tile of C (load_c false: the chain starts from +0).
 template <class Kernel>
-void gemm_blocked(Trans ta, Trans tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
-                  float beta, float* c, int ldc) {
+void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, float beta, float* c, int ldc) {
   constexpr int MR = Kernel::MR, NR = Kernel::NR;
+  static_assert(MR <= kKc && NR <= kKc, "a sliver of patches fits the run buffers");
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {  // no multiply-add: C stays, or becomes +0
     if (beta == 0.0f)
@@ -104,10 +244,10 @@ void gemm_blocked(Trans ta, Trans tb, int m, int n, int k, const float* a, int l
       // The chain starts from C's value (beta 1, or any k block after the first),
       // else from +0.
       const bool load_c = beta != 0.0f || k0 > 0;
-      pack<NR>(tb == Trans::No, b, ldb, j0, nc, k0, kc, bp);
+      pack<NR>(b, Role::B, j0, nc, k0, kc, bp);
       for (int i0 = 0; i0 < m; i0 += kMc) {
         const int mc = std::min(kMc, m - i0);
-        pack<MR>(ta == Trans::Yes, a, lda, i0, mc, k0, kc, ap);
+        pack<MR>(a, Role::A, i0, mc, k0, kc, ap);
         for (int js = 0; js * NR < nc; ++js) {
           const int cols = std::min(NR, nc - js * NR);
           const float* bs = bp + static_cast<int64_t>(js) * kc * NR;
@@ -136,38 +276,47 @@ void gemm_blocked(Trans ta, Trans tb, int m, int n, int k, const float* a, int l
 
 }  // namespace
 
-void gemm_with(CpuKernels path, Trans trans_a, Trans trans_b, int m, int n, int k, const float* a, int lda,
-               const float* b, int ldb, float beta, float* c, int ldc) {
+void gemm_with(CpuKernels path, int m, int n, int k, const Operand& a, const Operand& b, float beta, float* c,
+               int ldc) {
   switch (path) {
 #if defined(__x86_64__)
     case CpuKernels::Avx512:
-      gemm_blocked<Avx512Tile>(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
+      gemm_blocked<Avx512Tile>(m, n, k, a, b, beta, c, ldc);
       return;
     case CpuKernels::Avx2:
-      gemm_blocked<Avx2Tile>(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
+      gemm_blocked<Avx2Tile>(m, n, k, a, b, beta, c, ldc);
       return;
     case CpuKernels::Portable:
       if (cpu_has_hardware_fma())
-        gemm_blocked<PortableFmaTile>(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
+        gemm_blocked<PortableFmaTile>(m, n, k, a, b, beta, c, ldc);
       else
-        gemm_blocked<PortableTile>(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
+        gemm_blocked<PortableTile>(m, n, k, a, b, beta, c, ldc);
       return;
 #endif
     default:  // Portable off x86-64 (the x86 paths: cpu_supports says no to them there)
-      gemm_blocked<PortableTile>(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
+      gemm_blocked<PortableTile>(m, n, k, a, b, beta, c, ldc);
       return;
   }
 }
 
+void gemm(int m, int n, int k, const Operand& a, const Operand& b, float beta, float* c, int ldc) {
+  static const CpuKernels path = cpu_kernels();
+  gemm_with(path, m, n, k, a, b, beta, c, ldc);
+}
+
+void gemm_with(CpuKernels path, Trans trans_a, Trans trans_b, int m, int n, int k, const float* a, int lda,
+               const float* b, int ldb, float beta, float* c, int ldc) {
+  gemm_with(path, m, n, k, Operand::dense(trans_a, a, lda), Operand::dense(trans_b, b, ldb), beta, c, ldc);
+}
+
 void gemm_portable_software_fma(Trans trans_a, Trans trans_b, int m, int n, int k, const float* a, int lda,
                                 const float* b, int ldb, float beta, float* c, int ldc) {
-  gemm_blocked<PortableTile>(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
+  gemm_blocked<PortableTile>(m, n, k, Operand::dense(trans_a, a, lda), Operand::dense(trans_b, b, ldb), beta, c, ldc);
 }
 
 void gemm(Trans trans_a, Trans trans_b, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
           float beta, float* c, int ldc) {
-  static const CpuKernels path = cpu_kernels();
-  gemm_with(path, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
+  gemm(m, n, k, Operand::dense(trans_a, a, lda), Operand::dense(trans_b, b, ldb), beta, c, ldc);
 }
 
 }  // namespace engine::kernels::cpu

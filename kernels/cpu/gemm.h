@@ -8,11 +8,55 @@
 // chains run side by side. Single-threaded: the callers run it inside their own fixed
 // chunks of work (conv.cpp, linear.cpp), so the thread count changes nothing either.
 #pragma once
+#include <cstdint>
+
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/ops.h"
 
 namespace engine::kernels::cpu {
 
 enum class Trans { No, Yes };
+
+// An operand of the GEMM: a stored row-major matrix, or one read straight from a
+// convolution's tensors while its panels are packed (implicit GEMM: no im2col buffer).
+// Whatever the source, the values and the chain order are those of the stored matrix,
+// so the bits are too.
+struct Operand {
+  enum class Source { Dense, Patches, ImageRows };
+  Source source = Source::Dense;
+  Trans trans = Trans::No;
+  const float* data = nullptr;
+  int ld = 0;                       // Dense: the stored row length
+  const ConvShape* conv = nullptr;  // Patches: the convolution (its n is ignored)
+  int rows = 0;                     // ImageRows: rows per image
+  int64_t pixels = 0;               // ImageRows: columns per image
+
+  // The stored row-major matrix at `data`, row length `ld`.
+  static Operand dense(Trans t, const float* data, int ld) {
+    Operand o;
+    o.trans = t, o.data = data, o.ld = ld;
+    return o;
+  }
+  // The im2col matrix of the images starting at x (CHW each):
+  //   P[(c*R + r)*S + q][j*OH*OW + oh*OW + ow] = x_j[c, oh + r - pad, ow + q - pad], 0 outside.
+  static Operand patches(Trans t, const ConvShape& s, const float* x) {
+    Operand o;
+    o.source = Source::Patches, o.trans = t, o.data = x, o.conv = &s;
+    return o;
+  }
+  // Consecutive images of `rows` rows of `pixels` values each (an NCHW tensor's images
+  // as [C][H*W]) as one matrix: D[row][j*pixels + p] = data[(j*rows + row)*pixels + p].
+  static Operand image_rows(Trans t, const float* data, int rows, int64_t pixels) {
+    Operand o;
+    o.source = Source::ImageRows, o.trans = t, o.data = data, o.rows = rows, o.pixels = pixels;
+    return o;
+  }
+};
+
+// C[M,N] = beta * C + op(A)[M,K] * op(B)[K,N] on any operands, by this CPU's path.
+void gemm(int m, int n, int k, const Operand& a, const Operand& b, float beta, float* c, int ldc);
+void gemm_with(CpuKernels path, int m, int n, int k, const Operand& a, const Operand& b, float beta, float* c,
+               int ldc);
 
 void gemm(Trans trans_a, Trans trans_b, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
           float beta, float* c, int ldc);

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include <omp.h>
+
 #include "kernels/chunk_tree.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/gemm.h"
@@ -14,6 +16,19 @@ namespace engine::kernels::cpu {
 
 namespace {
 int chunk_begin(int n, int chunk) { return static_cast<int>(static_cast<int64_t>(n) * chunk / kBatchChunks); }
+
+// The calling OpenMP thread's share of `rows` rows, cut at multiples of 8 (the widest
+// micro-kernel's MR). Which thread computes a row changes no bit: each row's elements
+// are chains of their own.
+struct ThreadRows {
+  int begin = 0, end = 0;
+  explicit ThreadRows(int rows) {
+    const int t = omp_get_thread_num(), threads = omp_get_num_threads();
+    auto cut = [&](int i) { return i == threads ? rows : std::min(rows, static_cast<int>(static_cast<int64_t>(rows) * i / threads) / 8 * 8); };
+    begin = cut(t);
+    end = cut(t + 1);
+  }
+};
 }  // namespace
 
 void linear_forward(const LinearShape& s, const float* x, const float* w, const float* b, float* y) {
@@ -24,16 +39,22 @@ void linear_forward(const LinearShape& s, const float* x, const float* w, const 
 
 void linear_forward_chunks(const LinearShape& s, int chunks, const int* bounds, const float* x,
                            const float* w, const float* b, float* y) {
-#pragma omp parallel for schedule(static)
-  for (int chunk = 0; chunk < chunks; ++chunk) {
-    const int n0 = bounds[chunk], n1 = bounds[chunk + 1];
-    if (n1 == n0) continue;
-    float* yc = y + static_cast<int64_t>(n0) * s.out;
-    for (int n = n0; n < n1; ++n)
-      for (int o = 0; o < s.out; ++o) y[static_cast<int64_t>(n) * s.out + o] = b ? b[o] : 0.0f;
-    // y[rows, OUT] += x[rows, IN] * W^T[IN, OUT]
-    gemm(Trans::No, Trans::Yes, n1 - n0, s.out, s.in,
-                x + static_cast<int64_t>(n0) * s.in, s.in, w, s.in, 1.0f, yc, s.out);
+  // Each y element is its bias plus one chain over IN, whatever rows share a GEMM: so
+  // one GEMM per thread over its rows packs W once per thread, not once per chunk.
+  const int first = bounds[0], rows = bounds[chunks] - first;
+  if (rows <= 0) return;
+#pragma omp parallel
+  {
+    const ThreadRows mine(rows);
+    if (mine.end > mine.begin) {
+      const int n0 = first + mine.begin, n = mine.end - mine.begin;
+      float* yc = y + static_cast<int64_t>(n0) * s.out;
+      for (int r = 0; r < n; ++r)
+        for (int o = 0; o < s.out; ++o) yc[static_cast<int64_t>(r) * s.out + o] = b ? b[o] : 0.0f;
+      // y[rows, OUT] += x[rows, IN] * W^T[IN, OUT]
+      gemm(Trans::No, Trans::Yes, n, s.out, s.in, x + static_cast<int64_t>(n0) * s.in, s.in, w, s.in, 1.0f, yc,
+           s.out);
+    }
   }
 }
 
@@ -63,25 +84,28 @@ void linear_backward(const LinearShape& s, const float* x, const float* w, const
     }
 }
 
-// dW by fixed blocks of output rows (in parallel); inside a block, one GEMM per chunk
-// into a per-thread partial, then the fixed tree over the chunk partials while they are
-// still in cache. The block height depends only on the layer's shape (never on the
-// number of local chunks or threads), so every rank makes the same GEMM calls.
-// dx and db per chunk, as in linear_backward.
+// dW by fixed blocks of input columns (in parallel), all output rows in each: inside a
+// block, one GEMM per chunk into a per-thread partial, then the fixed tree over the
+// chunk partials while they are still in cache. The block width depends only on the
+// layer's shape (never on the number of local chunks or threads), so every rank makes
+// the same GEMM calls; a block's chunk GEMMs pack only its slice of x and the chunk's
+// dy (a block of output rows would pack the whole x_c for every block).
+// dx per thread over its rows, as in linear_forward_chunks; db per chunk.
 void linear_backward_chunks(const LinearShape& s, int chunks, const int* bounds, const float* x,
                             const float* w, const float* dy, float* dx, float* dw_tree,
                             double* db_tree) {
   // The 8 partials of a block within ~256 KB (L2).
   constexpr int64_t kBlockFloats = 65536;
-  const int rows = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(s.out, kBlockFloats / (kTreeChunks * static_cast<int64_t>(s.in)))));
-  const int blocks = (s.out + rows - 1) / rows;
+  const int cols = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(s.in, kBlockFloats / (kTreeChunks * static_cast<int64_t>(s.out)))));
+  const int blocks = (s.in + cols - 1) / cols;
+  const int first = bounds[0], rows = bounds[chunks] - first;
 #pragma omp parallel
   {
-    float* parts = thread_scratch(0, static_cast<std::size_t>(chunks) * rows * s.in);
+    float* parts = thread_scratch(0, static_cast<std::size_t>(chunks) * s.out * cols);
 #pragma omp for schedule(static)
     for (int block = 0; block < blocks; ++block) {
-      const int o0 = block * rows, o1 = std::min(s.out, o0 + rows);
-      const int64_t len = static_cast<int64_t>(o1 - o0) * s.in;
+      const int i0 = block * cols, width = std::min(s.in - i0, cols);
+      const int64_t len = static_cast<int64_t>(s.out) * width;
       for (int c = 0; c < chunks; ++c) {
         const int n0 = bounds[c], n1 = bounds[c + 1];
         float* part = parts + c * len;
@@ -89,22 +113,23 @@ void linear_backward_chunks(const LinearShape& s, int chunks, const int* bounds,
           std::fill(part, part + len, 0.0f);
           continue;
         }
-        // part[o0:o1, IN] = dy_c[:, o0:o1]^T[rows, n_c] * x_c[n_c, IN]
-        gemm(Trans::Yes, Trans::No, o1 - o0, s.in, n1 - n0,
-                    dy + static_cast<int64_t>(n0) * s.out + o0, s.out,
-                    x + static_cast<int64_t>(n0) * s.in, s.in, 0.0f, part, s.in);
+        // part[OUT, i0:i0+width] = dy_c^T[OUT, n_c] * x_c[n_c, i0:i0+width]
+        gemm(Trans::Yes, Trans::No, s.out, width, n1 - n0, dy + static_cast<int64_t>(n0) * s.out, s.out,
+             x + static_cast<int64_t>(n0) * s.in + i0, s.in, 0.0f, part, width);
       }
       tree_sum_in_place(parts, chunks, len, len);
-      std::memcpy(dw_tree + static_cast<int64_t>(o0) * s.in, parts, sizeof(float) * len);
+      for (int o = 0; o < s.out; ++o)
+        std::memcpy(dw_tree + static_cast<int64_t>(o) * s.in + i0, parts + static_cast<int64_t>(o) * width,
+                    sizeof(float) * width);
     }
-#pragma omp for schedule(static)
-    for (int c = 0; c < chunks; ++c) {
-      const int n0 = bounds[c], n1 = bounds[c + 1];
-      if (dx && n1 > n0)
-        // dx_c[rows, IN] = dy_c[rows, OUT] * W[OUT, IN]
-        gemm(Trans::No, Trans::No, n1 - n0, s.in, s.out,
-                    dy + static_cast<int64_t>(n0) * s.out, s.out, w, s.in, 0.0f,
-                    dx + static_cast<int64_t>(n0) * s.in, s.in);
+    if (dx && rows > 0) {
+      const ThreadRows mine(rows);
+      if (mine.end > mine.begin) {
+        const int n0 = first + mine.begin;
+        // dx[rows, IN] = dy[rows, OUT] * W[OUT, IN]
+        gemm(Trans::No, Trans::No, mine.end - mine.begin, s.in, s.out, dy + static_cast<int64_t>(n0) * s.out,
+             s.out, w, s.in, 0.0f, dx + static_cast<int64_t>(n0) * s.in, s.in);
+      }
     }
   }
   if (db_tree) {
