@@ -259,6 +259,31 @@ TEST_CASE("implicit-GEMM operands are the im2col and image matrices, bit for bit
                               " pad " + std::to_string(s.pad);
     CAPTURE(shape);
     const std::vector<float> x = random_floats(static_cast<std::size_t>(t.images) * s.c * s.h * s.w, ++seed);
+    std::vector<float> padded_store(cpu::padded_images_floats(s, t.images), std::nanf(""));
+    const cpu::PaddedImages padded = cpu::pad_images(s, x.data(), t.images, padded_store.data());
+    const int hp = s.h + 2 * s.pad, wp = s.w + 2 * s.pad, wide = t.images * s.out_h() * wp;
+    // pad_images: the image inside its zeros, then zeros.
+    for (int j = 0; j < t.images; ++j)
+      for (int c = 0; c < s.c; ++c)
+        for (int ih = 0; ih < hp; ++ih)
+          for (int iw = 0; iw < wp; ++iw) {
+            const int h = ih - s.pad, w = iw - s.pad;
+            const bool inside = h >= 0 && h < s.h && w >= 0 && w < s.w;
+            const float want = inside ? x[((static_cast<std::size_t>(j) * s.c + c) * s.h + h) * s.w + w] : 0.0f;
+            REQUIRE(padded_store[((static_cast<std::size_t>(j) * s.c + c) * hp + ih) * wp + iw] == want);
+          }
+    for (std::size_t i = static_cast<std::size_t>(t.images) * s.c * hp * wp; i < padded_store.size(); ++i)
+      REQUIRE(padded_store[i] == 0.0f);
+    // The patches at the padded width: a tap's row is the padded images' floats from
+    // its offset on, the columns past OW included.
+    std::vector<float> wide_patches(static_cast<std::size_t>(taps) * wide);
+    for (int tap = 0; tap < taps; ++tap)
+      for (int j = 0; j < t.images; ++j)
+        for (int col = 0; col < s.out_h() * wp; ++col) {
+          const int c = tap / (s.r * s.s), r = tap / s.s % s.r, q = tap % s.s;
+          wide_patches[static_cast<std::size_t>(tap) * wide + j * s.out_h() * wp + col] =
+              padded_store[static_cast<std::size_t>(j) * s.c * hp * wp + (static_cast<std::size_t>(c) * hp + r) * wp + q + col];
+        }
     // The stored im2col matrix, from its definition.
     std::vector<float> patches(static_cast<std::size_t>(taps) * pixels);
     for (int c = 0; c < s.c; ++c)
@@ -280,7 +305,8 @@ TEST_CASE("implicit-GEMM operands are the im2col and image matrices, bit for bit
         for (int p = 0; p < ohw; ++p)
           rows[static_cast<std::size_t>(i) * pixels + j * ohw + p] = images[(static_cast<std::size_t>(j) * t.m + i) * ohw + p];
     const std::vector<float> weights = random_floats(static_cast<std::size_t>(t.m) * taps, ++seed);
-    const std::vector<float> start = random_floats(static_cast<std::size_t>(t.m) * std::max(taps, pixels) + taps * pixels, ++seed);
+    const std::vector<float> start =
+        random_floats(static_cast<std::size_t>(std::max(t.m, taps)) * std::max({taps, pixels, wide}) + taps * wide, ++seed);
 
     struct Product {
       const char* name;
@@ -292,9 +318,18 @@ TEST_CASE("implicit-GEMM operands are the im2col and image matrices, bit for bit
     };
     const Product products[] = {
         {"forward: W * P", t.m, pixels, taps, Operand::dense(Trans::No, weights.data(), taps),
-         Operand::patches(Trans::No, s, x.data()), Trans::No, Trans::No, weights.data(), patches.data(), taps, pixels},
+         Operand::patches(Trans::No, padded, cpu::PatchColumns::Pixels), Trans::No, Trans::No, weights.data(),
+         patches.data(), taps, pixels},
+        {"forward at the padded width: W * P_wide", t.m, wide, taps, Operand::dense(Trans::No, weights.data(), taps),
+         Operand::patches(Trans::No, padded, cpu::PatchColumns::PaddedRows), Trans::No, Trans::No, weights.data(),
+         wide_patches.data(), taps, wide},
         {"weight gradient: D * P^T", t.m, taps, pixels, Operand::image_rows(Trans::No, images.data(), t.m, ohw),
-         Operand::patches(Trans::Yes, s, x.data()), Trans::No, Trans::Yes, rows.data(), patches.data(), pixels, pixels},
+         Operand::patches(Trans::Yes, padded, cpu::PatchColumns::Pixels), Trans::No, Trans::Yes, rows.data(),
+         patches.data(), pixels, pixels},
+        {"transposed at the padded width: P_wide * P_wide^T", taps, taps, wide,
+         Operand::dense(Trans::No, wide_patches.data(), wide),
+         Operand::patches(Trans::Yes, padded, cpu::PatchColumns::PaddedRows), Trans::No, Trans::Yes,
+         wide_patches.data(), wide_patches.data(), wide, wide},
         {"data gradient: W^T * D", taps, pixels, t.m, Operand::dense(Trans::Yes, weights.data(), taps),
          Operand::image_rows(Trans::No, images.data(), t.m, ohw), Trans::Yes, Trans::No, weights.data(), rows.data(), taps,
          pixels},

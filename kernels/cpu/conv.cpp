@@ -39,6 +39,12 @@ void col2im(const ConvShape& s, const float* col, int64_t ld, float* dx) {
 // run near peak, small enough that the per-thread buffers stay a few MB.
 constexpr int kSubBatch = 8;
 
+int max_chunk_images(int chunks, const int* bounds) {
+  int most = 0;
+  for (int c = 0; c < chunks; ++c) most = std::max(most, bounds[c + 1] - bounds[c]);
+  return most;
+}
+
 int chunk_begin(int n, int chunk) {
   return static_cast<int>(static_cast<int64_t>(n) * chunk / kBatchChunks);
 }
@@ -64,15 +70,24 @@ void backward_chunk_partials(const ConvShape& s, int chunks, const int* bounds, 
   const int64_t wsize = static_cast<int64_t>(s.k) * crs;
 #pragma omp parallel
   {
-    float* col = dx ? thread_scratch(0, static_cast<std::size_t>(crs * ohw * kSubBatch)) : nullptr;
+    float* col = dx ? thread_scratch(Scratch::Work, static_cast<std::size_t>(crs * ohw * kSubBatch)) : nullptr;
+    float* padded = thread_scratch(Scratch::PaddedImages, padded_images_floats(s, max_chunk_images(chunks, bounds)));
+    float* dw_t = thread_scratch(Scratch::Output, static_cast<std::size_t>(wsize));
 #pragma omp for schedule(static)
     for (int chunk = 0; chunk < chunks; ++chunk) {
       const int c0 = bounds[chunk], c1 = bounds[chunk + 1];
       // dW_chunk[K, CRS] = dy_c[K, n_c*OHW] * P_c^T[n_c*OHW, CRS]: one chain per weight
-      // over the chunk's pixels, dy and the patches read in place (a chunk without
-      // images gets +0).
-      gemm(s.k, crs, static_cast<int>((c1 - c0) * ohw), Operand::image_rows(Trans::No, dy + c0 * out_size, s.k, ohw),
-           Operand::patches(Trans::Yes, s, x + c0 * in_size), 0.0f, dw_chunks + chunk * wsize, crs);
+      // over the chunk's pixels, dy read in place and the patches from the padded
+      // images (a chunk without images gets +0).
+      const PaddedImages images = pad_images(s, x + c0 * in_size, c1 - c0, padded);
+      // As dW^T[CRS, K] = P_c * dy_c^T (the same chains): the taps are the GEMM's rows,
+      // packed 8 at a time (a narrow CRS, as conv1's 9, would leave most of a 32-wide
+      // column sliver empty), then transposed into place.
+      gemm(crs, s.k, static_cast<int>((c1 - c0) * ohw), Operand::patches(Trans::No, images, PatchColumns::Pixels),
+           Operand::image_rows(Trans::Yes, dy + c0 * out_size, s.k, ohw), 0.0f, dw_t, s.k);
+      float* dw_c = dw_chunks + chunk * wsize;
+      for (int k = 0; k < s.k; ++k)
+        for (int t = 0; t < crs; ++t) dw_c[static_cast<int64_t>(k) * crs + t] = dw_t[static_cast<int64_t>(t) * s.k + k];
       double* db_c = db_chunks + static_cast<int64_t>(chunk) * s.k;
       for (int n0 = c0; n0 < c1; n0 += kSubBatch) {
         const int nb = std::min(kSubBatch, c1 - n0);
@@ -118,23 +133,32 @@ void conv2d_forward_chunks(const ConvShape& s, int chunks, const int* bounds, co
   const int64_t ohw = static_cast<int64_t>(s.out_h()) * s.out_w();
   const int crs = s.c * s.r * s.s;
   const int64_t in_size = static_cast<int64_t>(s.c) * s.h * s.w;
+  const int wp = s.w + 2 * s.pad;
+  const int64_t wide = static_cast<int64_t>(s.out_h()) * wp;  // columns per image at the padded width
 #pragma omp parallel
   {
-    float* out = thread_scratch(1, static_cast<std::size_t>(s.k * ohw * kSubBatch));
+    float* out = thread_scratch(Scratch::Output, static_cast<std::size_t>(s.k * wide * kSubBatch));
+    float* padded = thread_scratch(Scratch::PaddedImages, padded_images_floats(s, kSubBatch));
 #pragma omp for schedule(static)
     for (int chunk = 0; chunk < chunks; ++chunk) {
       const int c0 = bounds[chunk], c1 = bounds[chunk + 1];
       for (int n0 = c0; n0 < c1; n0 += kSubBatch) {
         const int nb = std::min(kSubBatch, c1 - n0);
-        const int64_t ld = nb * ohw;
+        const int64_t ld = nb * wide;
+        const PaddedImages images = pad_images(s, x + n0 * in_size, nb, padded);
         for (int k = 0; k < s.k; ++k) std::fill(out + k * ld, out + (k + 1) * ld, b ? b[k] : 0.0f);
-        // out[K, nb*OHW] += W[K, CRS] * P[CRS, nb*OHW], the patches packed from x itself
+        // out[K, nb*OH*Wp] += W[K, CRS] * P[CRS, nb*OH*Wp]: the patches at the padded
+        // width, each tap's row copied straight from the padded images; the columns
+        // past OW in each row are not outputs and are dropped.
         gemm(s.k, static_cast<int>(ld), crs, Operand::dense(Trans::No, w, crs),
-             Operand::patches(Trans::No, s, x + n0 * in_size), 1.0f, out, static_cast<int>(ld));
+             Operand::patches(Trans::No, images, PatchColumns::PaddedRows), 1.0f, out, static_cast<int>(ld));
         for (int j = 0; j < nb; ++j)
-          for (int k = 0; k < s.k; ++k)
-            std::memcpy(y + ((n0 + j) * static_cast<int64_t>(s.k) + k) * ohw, out + k * ld + j * ohw,
-                        sizeof(float) * ohw);
+          for (int k = 0; k < s.k; ++k) {
+            float* to = y + ((n0 + j) * static_cast<int64_t>(s.k) + k) * ohw;
+            const float* from = out + k * ld + j * wide;
+            for (int oh = 0; oh < s.out_h(); ++oh)
+              std::memcpy(to + oh * s.out_w(), from + static_cast<int64_t>(oh) * wp, sizeof(float) * s.out_w());
+          }
       }
     }
   }
@@ -143,7 +167,7 @@ void conv2d_forward_chunks(const ConvShape& s, int chunks, const int* bounds, co
 void conv2d_backward(const ConvShape& s, const float* x, const float* w, const float* dy,
                      float* dx, float* dw, float* db) {
   const int64_t wsize = static_cast<int64_t>(s.k) * s.c * s.r * s.s;
-  float* dw_chunks = thread_scratch(2, static_cast<std::size_t>(kBatchChunks * wsize));
+  float* dw_chunks = thread_scratch(Scratch::ChunkGradients, static_cast<std::size_t>(kBatchChunks * wsize));
   std::vector<double> db_chunks(static_cast<std::size_t>(kBatchChunks) * s.k, 0.0);
   backward_chunk_partials(s, kBatchChunks, StandardBounds(s.n).b, x, w, dy, dx, dw_chunks, db_chunks.data());
 #pragma omp parallel for schedule(static)
@@ -166,7 +190,7 @@ void conv2d_backward_chunks(const ConvShape& s, int chunks, const int* bounds, c
                             const float* w, const float* dy, float* dx, float* dw_tree,
                             double* db_tree) {
   const int64_t wsize = static_cast<int64_t>(s.k) * s.c * s.r * s.s;
-  float* dw_chunks = thread_scratch(2, static_cast<std::size_t>(chunks * wsize));
+  float* dw_chunks = thread_scratch(Scratch::ChunkGradients, static_cast<std::size_t>(chunks * wsize));
   std::vector<double> db_chunks(static_cast<std::size_t>(chunks) * s.k, 0.0);
   backward_chunk_partials(s, chunks, bounds, x, w, dy, dx, dw_chunks, db_chunks.data());
   // The tree over the chunk partials, by slices of the weight (same bits as per element).

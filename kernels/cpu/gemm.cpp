@@ -93,38 +93,45 @@ int pixel_runs(int64_t first, int count, int64_t pixels, int row, PixelRun* runs
   return n;
 }
 
-// One run of a patches row (tap c, r, q): dst[i * Stride] = x[c, oh + r - pad, ow + i + q - pad]
-// for the run's output row oh and first column ow, 0 outside the image.
-template <int Stride>
-inline void patch_run(const ConvShape& s, const float* x, const PixelRun& run, int c, int r, int q, float* dst) {
-  const int ih = run.oh + r - s.pad;
-  if (ih < 0 || ih >= s.h) {
-    for (int i = 0; i < run.len; ++i) dst[i * Stride] = 0.0f;
-    return;
+// The offsets of taps first..first+count-1 within a padded image: c*Hp*Wp + r*Wp + q.
+void tap_offsets(const PaddedImages& im, int first, int count, int64_t* offsets) {
+  const int rs = im.r * im.s;
+  int c = first / rs, r = first % rs / im.s, q = first % im.s;
+  for (int i = 0; i < count; ++i) {
+    offsets[i] = (static_cast<int64_t>(c) * im.hp + r) * im.wp + q;
+    if (++q == im.s) {
+      q = 0;
+      if (++r == im.r) r = 0, ++c;
+    }
   }
-  const float* from = x + ((run.image * s.c + c) * s.h + ih) * s.w + run.ow + q - s.pad;
-  // Columns ow + i with 0 <= ow + i + q - pad < w.
-  const int lo = std::clamp(s.pad - q - run.ow, 0, run.len), hi = std::clamp(s.w + s.pad - q - run.ow, lo, run.len);
-  for (int i = 0; i < lo; ++i) dst[i * Stride] = 0.0f;
-  for (int i = lo; i < hi; ++i) dst[i * Stride] = from[i];  // short runs: a loop, not a memcpy call
-  for (int i = hi; i < run.len; ++i) dst[i * Stride] = 0.0f;
 }
 
 template <int W>
-void patches_pack(bool w_along_rows, const ConvShape& s, const float* x, int first, int count, int k0, int kc,
-                  float* dst_all) {
-  const int64_t ohw = static_cast<int64_t>(s.out_h()) * s.out_w();
-  const int rs = s.r * s.s;
+void patches_pack(bool w_along_rows, const PaddedImages& im, PatchColumns columns, int first, int count, int k0,
+                  int kc, float* dst_all) {
+  // A run of columns: in one image, and for Pixels in one output row (a contiguous
+  // stretch of a padded row); for PaddedRows an image's columns are one stretch.
+  const bool pixels = columns == PatchColumns::Pixels;
+  const int64_t per_image = static_cast<int64_t>(im.out_h) * (pixels ? im.out_w : im.wp);
+  const int row = pixels ? im.out_w : 0;
+  const int64_t image_floats = im.image_floats();
+  // Where column run.pixel of image run.image starts, for tap offset 0.
+  auto start = [&](const PixelRun& run) {
+    return im.data + run.image * image_floats + (pixels ? static_cast<int64_t>(run.oh) * im.wp + run.ow : run.pixel);
+  };
   PixelRun runs[kKc];  // each run has a column, and a stretch has at most kKc
+  int64_t taps[kKc];
   if (w_along_rows) {  // w: taps, kk: the pixel columns k0.. (the weight gradient's op(B))
-    const int n_runs = pixel_runs(k0, kc, ohw, s.out_w(), runs);
+    const int n_runs = pixel_runs(k0, kc, per_image, row, runs);
     for (int sl = 0; sl * W < count; ++sl) {
       float* dst = dst_all + static_cast<int64_t>(sl) * kc * W;
       const int width = std::min(W, count - sl * W);
-      for (int w = 0; w < width; ++w) {
-        const int tap = first + sl * W + w;
-        const int c = tap / rs, r = tap % rs / s.s, q = tap % s.s;
-        for (int i = 0; i < n_runs; ++i) patch_run<W>(s, x, runs[i], c, r, q, dst + runs[i].offset * W + w);
+      tap_offsets(im, first + sl * W, width, taps);
+      for (int i = 0; i < n_runs; ++i) {
+        const float* from = start(runs[i]);
+        float* d = dst + runs[i].offset * W;
+        for (int w = 0; w < width; ++w)
+          for (int j = 0; j < runs[i].len; ++j) d[j * W + w] = from[taps[w] + j];
       }
       for (int w = width; w < W; ++w)
         for (int kk = 0; kk < kc; ++kk) dst[kk * W + w] = 0.0f;
@@ -132,19 +139,58 @@ void patches_pack(bool w_along_rows, const ConvShape& s, const float* x, int fir
     return;
   }
   // w: pixel columns, kk: the taps k0.. (the forward's op(B))
+  tap_offsets(im, k0, kc, taps);
   for (int sl = 0; sl * W < count; ++sl) {
     float* dst = dst_all + static_cast<int64_t>(sl) * kc * W;
     const int width = std::min(W, count - sl * W);
-    const int n_runs = pixel_runs(first + sl * W, width, ohw, s.out_w(), runs);
+    const int n_runs = pixel_runs(first + sl * W, width, per_image, row, runs);
+    if (n_runs == 1 && width == W) {  // one stretch: W floats per tap
+      const float* from = start(runs[0]);
+      for (int kk = 0; kk < kc; ++kk) std::memcpy(dst + kk * W, from + taps[kk], sizeof(float) * W);
+      continue;
+    }
     for (int kk = 0; kk < kc; ++kk) {
-      const int tap = k0 + kk;
-      const int c = tap / rs, r = tap % rs / s.s, q = tap % s.s;
       float* d = dst + kk * W;
-      for (int i = 0; i < n_runs; ++i) patch_run<1>(s, x, runs[i], c, r, q, d + runs[i].offset);
+      for (int i = 0; i < n_runs; ++i) {
+        const float* from = start(runs[i]) + taps[kk];
+        float* to = d + runs[i].offset;
+        for (int j = 0; j < runs[i].len; ++j) to[j] = from[j];  // short runs: a loop, not a memcpy call
+      }
       for (int w = width; w < W; ++w) d[w] = 0.0f;
     }
   }
 }
+
+}  // namespace
+
+std::size_t padded_images_floats(const ConvShape& s, int images) {
+  return static_cast<std::size_t>(images) * s.c * (s.h + 2 * s.pad) * (s.w + 2 * s.pad) + s.s;
+}
+
+PaddedImages pad_images(const ConvShape& s, const float* x, int images, float* dst) {
+  PaddedImages im;
+  im.data = dst, im.c = s.c, im.hp = s.h + 2 * s.pad, im.wp = s.w + 2 * s.pad;
+  im.r = s.r, im.s = s.s, im.out_h = s.out_h(), im.out_w = s.out_w();
+  const std::size_t total = padded_images_floats(s, images);
+  float* d = dst;
+  for (int64_t plane = 0; plane < static_cast<int64_t>(images) * s.c; ++plane) {
+    const float* from = x + plane * s.h * s.w;
+    std::fill(d, d + static_cast<int64_t>(s.pad) * im.wp, 0.0f);
+    d += static_cast<int64_t>(s.pad) * im.wp;
+    for (int h = 0; h < s.h; ++h) {
+      std::fill(d, d + s.pad, 0.0f);
+      std::memcpy(d + s.pad, from + static_cast<int64_t>(h) * s.w, sizeof(float) * s.w);
+      std::fill(d + s.pad + s.w, d + im.wp, 0.0f);
+      d += im.wp;
+    }
+    std::fill(d, d + static_cast<int64_t>(s.pad) * im.wp, 0.0f);
+    d += static_cast<int64_t>(s.pad) * im.wp;
+  }
+  std::fill(d, dst + total, 0.0f);  // the slack
+  return im;
+}
+
+namespace {
 
 template <int W>
 void image_rows_pack(bool w_along_rows, const float* src, int rows, int64_t pixels, int first, int count, int k0,
@@ -193,7 +239,7 @@ void pack(const Operand& o, Role role, int first, int count, int k0, int kc, flo
       dense_pack<W>(w_along_rows, o.data, o.ld, first, count, k0, kc, dst);
       return;
     case Operand::Source::Patches:
-      patches_pack<W>(w_along_rows, *o.conv, o.data, first, count, k0, kc, dst);
+      patches_pack<W>(w_along_rows, o.images, o.columns, first, count, k0, kc, dst);
       return;
     case Operand::Source::ImageRows:
       image_rows_pack<W>(w_along_rows, o.data, o.rows, o.pixels, first, count, k0, kc, dst);

@@ -8,6 +8,7 @@
 // chains run side by side. Single-threaded: the callers run it inside their own fixed
 // chunks of work (conv.cpp, linear.cpp), so the thread count changes nothing either.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/cpu/cpu_features.h"
@@ -17,17 +18,43 @@ namespace engine::kernels::cpu {
 
 enum class Trans { No, Yes };
 
+// Images with their zero padding, [images][C][H + 2 pad][W + 2 pad], then S - 1 floats
+// of slack: the convolution's patches are read from them without a bounds check
+// (pad_images fills them; padded_images_floats says how many floats they take).
+struct PaddedImages {
+  const float* data = nullptr;
+  int c = 0, hp = 0, wp = 0;  // channels, padded height and width
+  int r = 0, s = 0;           // kernel height and width
+  int out_h = 0, out_w = 0;
+  int64_t image_floats() const { return static_cast<int64_t>(c) * hp * wp; }
+};
+std::size_t padded_images_floats(const ConvShape& s, int images);
+PaddedImages pad_images(const ConvShape& s, const float* x, int images, float* dst);
+
+// The columns of a convolution's patches matrix (its rows are the taps (c*R + r)*S + q).
+enum class PatchColumns {
+  // The output pixels j*OH*OW + oh*OW + ow: the im2col matrix,
+  //   P[tap][j, oh, ow] = x_j[c, oh + r - pad, ow + q - pad], 0 outside.
+  Pixels,
+  // The output rows at the padded width, j*OH*Wp + oh*Wp + ow for ow < Wp: the same
+  // values for ow < OW, and for OW <= ow < Wp whatever the padded rows hold there
+  // (columns that are not outputs, for the caller to drop). A tap's row is then one
+  // contiguous stretch of each padded image, packed by plain copies.
+  PaddedRows,
+};
+
 // An operand of the GEMM: a stored row-major matrix, or one read straight from a
 // convolution's tensors while its panels are packed (implicit GEMM: no im2col buffer).
-// Whatever the source, the values and the chain order are those of the stored matrix,
-// so the bits are too.
+// Whatever the source, the values and the chain order are those of the matrix it
+// stands for, so the bits are too.
 struct Operand {
   enum class Source { Dense, Patches, ImageRows };
   Source source = Source::Dense;
   Trans trans = Trans::No;
   const float* data = nullptr;
   int ld = 0;                       // Dense: the stored row length
-  const ConvShape* conv = nullptr;  // Patches: the convolution (its n is ignored)
+  PaddedImages images;              // Patches
+  PatchColumns columns = PatchColumns::Pixels;
   int rows = 0;                     // ImageRows: rows per image
   int64_t pixels = 0;               // ImageRows: columns per image
 
@@ -37,11 +64,10 @@ struct Operand {
     o.trans = t, o.data = data, o.ld = ld;
     return o;
   }
-  // The im2col matrix of the images starting at x (CHW each):
-  //   P[(c*R + r)*S + q][j*OH*OW + oh*OW + ow] = x_j[c, oh + r - pad, ow + q - pad], 0 outside.
-  static Operand patches(Trans t, const ConvShape& s, const float* x) {
+  // The patches matrix of padded images (see PatchColumns).
+  static Operand patches(Trans t, const PaddedImages& images, PatchColumns columns) {
     Operand o;
-    o.source = Source::Patches, o.trans = t, o.data = x, o.conv = &s;
+    o.source = Source::Patches, o.trans = t, o.images = images, o.columns = columns;
     return o;
   }
   // Consecutive images of `rows` rows of `pixels` values each (an NCHW tensor's images

@@ -101,7 +101,7 @@ void linear_backward_chunks(const LinearShape& s, int chunks, const int* bounds,
   const int first = bounds[0], rows = bounds[chunks] - first;
 #pragma omp parallel
   {
-    float* parts = thread_scratch(0, static_cast<std::size_t>(chunks) * s.out * cols);
+    float* parts = thread_scratch(Scratch::Work, static_cast<std::size_t>(chunks) * s.out * cols);
 #pragma omp for schedule(static)
     for (int block = 0; block < blocks; ++block) {
       const int i0 = block * cols, width = std::min(s.in - i0, cols);

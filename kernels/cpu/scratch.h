@@ -14,6 +14,10 @@ inline constexpr int kBatchChunks = 8;
 
 // Per-thread scratch memory that grows and is reused across calls (no zero-filling,
 // no page faults on the hot path). `slot` separates buffers used at the same time.
-float* thread_scratch(int slot, std::size_t floats);
+// Per-thread buffers that persist across calls; each op uses the slots it names, and a
+// slot is never used by two ops that run one inside the other.
+enum class Scratch { Work, Output, ChunkGradients, PaddedImages, kCount };
+
+float* thread_scratch(Scratch slot, std::size_t floats);
 
 }  // namespace engine::kernels::cpu

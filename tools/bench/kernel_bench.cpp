@@ -1,63 +1,164 @@
-// Times each fast-CPU op of one training step at the default config's shapes
-// (batch 128), to see where an epoch goes. Usage: kernel_bench [iterations]
+// Times the fast-CPU ops of one training step of the default config (fashion_cnn,
+// batch 128, fp32), the very calls the layers make (engine/nn/layers.cpp): the chunked
+// forms over the 8 fixed chunks, in step order, forward then backward then the AdamW
+// update of every parameter. Prints each op's time, its GFLOP/s where it multiplies,
+// its share of the step, the sum, and that sum times the steps of one epoch.
+//
+//   kernel_bench [iterations]        (default 20; ENGINE_CPU_KERNELS chooses the path,
+//                                     OMP_NUM_THREADS the threads, as for the engine)
+//
+// The sum leaves out what is not an op (the data pipeline, the loss bookkeeping, the
+// tree of the BatchNorm sums between its two passes), so it is a floor for the step.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
+#include <omp.h>
+
+#include "kernels/chunk_tree.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/ops.h"
 
 using namespace engine::kernels;
 using Clock = std::chrono::steady_clock;
 
-static std::vector<float> rnd(std::size_t n, std::mt19937& g) {
+namespace {
+
+std::vector<float> rnd(std::size_t n, std::mt19937& g) {
   std::normal_distribution<float> d;
   std::vector<float> v(n);
   for (auto& x : v) x = d(g);
   return v;
 }
 
-static void time_op(const char* name, int iters, const std::function<void()>& f) {
-  f();
-  const auto t0 = Clock::now();
-  for (int i = 0; i < iters; ++i) f();
-  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / iters;
-  std::printf("%-28s %8.3f ms\n", name, ms);
+struct Row {
+  std::string name;
+  double ms;
+  double gflop;  // 0: not a product
+};
+
+struct Bench {
+  int iters;
+  std::vector<Row> rows;
+  void op(const std::string& name, double gflop, const std::function<void()>& f) {
+    f();  // warm: buffers grown, pages touched
+    std::vector<double> ms(iters);
+    for (int i = 0; i < iters; ++i) {
+      const auto t0 = Clock::now();
+      f();
+      ms[i] = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    }
+    // The median: this VM's neighbours slow single runs by a quarter or more.
+    std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
+    rows.push_back({name, ms[iters / 2], gflop});
+  }
+};
+
+double conv_gflop(const ConvShape& s) {
+  return 2.0 * s.n * s.k * s.c * s.r * s.s * s.out_h() * s.out_w() * 1e-9;
 }
 
+}  // namespace
+
 int main(int argc, char** argv) {
-  const int iters = argc > 1 ? std::atoi(argv[1]) : 10;
-  const int n = 128;
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 20;
+  if (iters < 1) {
+    std::fprintf(stderr, "kernel_bench: iterations must be a positive integer, got '%s'\n", argv[1]);
+    return 2;
+  }
+  const int n = 128, train_images = 55000;
+  int bounds[kTreeChunks + 1];
+  for (int c = 0; c <= kTreeChunks; ++c) bounds[c] = tree_chunk_begin(n, c);
+  const int chunks = kTreeChunks;
   std::mt19937 g(1);
-  ConvShape c1{n, 1, 28, 28, 32, 3, 3, 1}, c2{n, 32, 14, 14, 64, 3, 3, 1};
-  auto x1 = rnd(n * 784, g), w1 = rnd(32 * 9, g), b1 = rnd(32, g), y1 = rnd(n * 32 * 784, g);
-  auto x2 = rnd(n * 32 * 196, g), w2 = rnd(64 * 288, g), b2 = rnd(64, g), y2 = rnd(n * 64 * 196, g);
-  auto dw1 = w1, db1 = b1, dw2 = w2, db2 = b2, dx2 = x2;
-  time_op("conv1 forward", iters, [&] { cpu::conv2d_forward(c1, x1.data(), w1.data(), b1.data(), y1.data()); });
-  time_op("conv1 backward (no dx)", iters, [&] { cpu::conv2d_backward(c1, x1.data(), w1.data(), y1.data(), nullptr, dw1.data(), db1.data()); });
-  time_op("conv2 forward", iters, [&] { cpu::conv2d_forward(c2, x2.data(), w2.data(), b2.data(), y2.data()); });
-  time_op("conv2 backward", iters, [&] { cpu::conv2d_backward(c2, x2.data(), w2.data(), y2.data(), dx2.data(), dw2.data(), db2.data()); });
-  BatchNormShape bn1{n, 32, 784};
-  auto gm = rnd(64, g), bt = rnd(64, g), rm = rnd(64, g), rv = std::vector<float>(64, 1.0f), sm = rm, si = rm;
-  auto ybn = y1, dxbn = y1;
-  time_op("bn1 forward train", iters, [&] { cpu::batchnorm_forward_train(bn1, y1.data(), gm.data(), bt.data(), 1e-5f, 0.1f, rm.data(), rv.data(), sm.data(), si.data(), ybn.data()); });
-  time_op("bn1 backward", iters, [&] { cpu::batchnorm_backward(bn1, y1.data(), ybn.data(), gm.data(), sm.data(), si.data(), dxbn.data(), dw1.data(), db1.data()); });
-  time_op("relu1 forward", iters, [&] { cpu::relu_forward(n * 32 * 784, y1.data(), ybn.data()); });
-  time_op("relu1 backward", iters, [&] { cpu::relu_backward(n * 32 * 784, y1.data(), ybn.data(), dxbn.data()); });
-  PoolShape p1{n, 32, 28, 28};
-  std::vector<float> yp(n * 32 * 196);
-  std::vector<int32_t> am(n * 32 * 196);
-  time_op("pool1 forward", iters, [&] { cpu::maxpool2x2_forward(p1, y1.data(), yp.data(), am.data()); });
-  time_op("pool1 backward", iters, [&] { cpu::maxpool2x2_backward(p1, yp.data(), am.data(), dxbn.data()); });
-  LinearShape f1{n, 3136, 128};
-  auto xf = rnd(n * 3136, g), wf = rnd(128 * 3136, g), bf = rnd(128, g), yf = rnd(n * 128, g), dxf = xf, dwf = wf, dbf = bf;
-  time_op("fc1 forward", iters, [&] { cpu::linear_forward(f1, xf.data(), wf.data(), bf.data(), yf.data()); });
-  time_op("fc1 backward", iters, [&] { cpu::linear_backward(f1, xf.data(), wf.data(), yf.data(), dxf.data(), dwf.data(), dbf.data()); });
-  auto mf = wf, vf = wf;
-  AdamHyper h;
-  AdamStepFactors sf{1e-3f, 0.5f, 0.99999f, 0.1f, 0.001f};
-  time_op("adam fc1.weight", iters, [&] { cpu::adam_update(128 * 3136, wf.data(), dwf.data(), mf.data(), vf.data(), h, sf); });
+
+  const ConvShape c1{n, 1, 28, 28, 32, 3, 3, 1}, c2{n, 32, 14, 14, 64, 3, 3, 1};
+  const BatchNormShape bn1{n, 32, 784}, bn2{n, 64, 196};
+  const PoolShape p1{n, 32, 28, 28}, p2{n, 64, 14, 14};
+  const LinearShape f1{n, 3136, 128}, f2{n, 128, 10};
+  const int classes = 10;
+
+  // Activations, as the layers hold them.
+  auto x = rnd(n * 784, g);
+  auto y1 = rnd(n * 32 * 784, g), a1 = y1, r1 = y1, q1 = rnd(n * 32 * 196, g);
+  auto y2 = rnd(n * 64 * 196, g), a2 = y2, r2 = y2, q2 = rnd(n * 3136, g);
+  auto h1 = rnd(n * 128, g), hr = h1, hd = h1, logits = rnd(n * classes, g);
+  std::vector<int32_t> am1(n * 32 * 196), am2(n * 3136), labels(n);
+  for (int i = 0; i < n; ++i) labels[i] = i % classes;
+  std::vector<uint8_t> keep(n * 128);
+  // Parameters, gradients, moments.
+  auto w1 = rnd(32 * 9, g), b1 = rnd(32, g), w2 = rnd(64 * 288, g), b2 = rnd(64, g);
+  auto g1 = std::vector<float>(32, 1.0f), be1 = std::vector<float>(32, 0.0f);
+  auto g2 = std::vector<float>(64, 1.0f), be2 = std::vector<float>(64, 0.0f);
+  auto wf1 = rnd(128 * 3136, g), bf1 = rnd(128, g), wf2 = rnd(10 * 128, g), bf2 = rnd(10, g);
+  std::vector<float> rm(64, 0.0f), rv(64, 1.0f), sm1(32), si1(32), sm2(64), si2(64);
+  std::vector<float> dlogits(n * classes), loss(n), correct(n);
+  // Gradients: each backward op reads a fixed random one and writes its own output, so
+  // repeated runs never feed an op the growing or vanishing (subnormal, slow) values of
+  // its own earlier runs.
+  const auto g_h = rnd(n * 128, g), g_q2 = rnd(n * 3136, g), g_y2 = rnd(n * 64 * 196, g);
+  const auto g_q1 = rnd(n * 32 * 196, g), g_y1 = rnd(n * 32 * 784, g);
+  auto dh = h1, dh2 = h1, dh3 = h1, dq2 = q2, dy2 = y2, dy2b = y2, dy2c = y2, dq1 = q1, dy1 = y1, dy1b = y1, dy1c = y1;
+  std::vector<float> dw1(w1.size()), dw2(w2.size()), dwf1(wf1.size()), dwf2(wf2.size());
+  std::vector<double> db1(32), db2(64), dbf1(128), dbf2(10);
+  std::vector<float> dg1(32), dbe1(32), dg2(64), dbe2(64);
+
+  Bench b{iters, {}};
+  // ---- forward
+  b.op("conv1 forward", conv_gflop(c1), [&] { cpu::conv2d_forward_chunks(c1, chunks, bounds, x.data(), w1.data(), b1.data(), y1.data()); });
+  b.op("bn1 forward (train)", 0, [&] { cpu::batchnorm_forward_train_chunks(bn1, chunks, bounds, y1.data(), g1.data(), be1.data(), 1e-5f, 0.1f, rm.data(), rv.data(), sm1.data(), si1.data(), a1.data()); });
+  b.op("relu1 forward", 0, [&] { cpu::relu_forward(n * 32 * 784, a1.data(), r1.data()); });
+  b.op("pool1 forward", 0, [&] { cpu::maxpool2x2_forward(p1, r1.data(), q1.data(), am1.data()); });
+  b.op("conv2 forward", conv_gflop(c2), [&] { cpu::conv2d_forward_chunks(c2, chunks, bounds, q1.data(), w2.data(), b2.data(), y2.data()); });
+  b.op("bn2 forward (train)", 0, [&] { cpu::batchnorm_forward_train_chunks(bn2, chunks, bounds, y2.data(), g2.data(), be2.data(), 1e-5f, 0.1f, rm.data(), rv.data(), sm2.data(), si2.data(), a2.data()); });
+  b.op("relu2 forward", 0, [&] { cpu::relu_forward(n * 64 * 196, a2.data(), r2.data()); });
+  b.op("pool2 forward", 0, [&] { cpu::maxpool2x2_forward(p2, r2.data(), q2.data(), am2.data()); });
+  b.op("fc1 forward", 2.0 * n * 3136 * 128 * 1e-9, [&] { cpu::linear_forward_chunks(f1, chunks, bounds, q2.data(), wf1.data(), bf1.data(), h1.data()); });
+  b.op("relu3 forward", 0, [&] { cpu::relu_forward(n * 128, h1.data(), hr.data()); });
+  b.op("dropout forward", 0, [&] { cpu::dropout_forward(n * 128, hr.data(), 0.25f, engine::PhiloxStream{0, 1}, 0, hd.data(), keep.data()); });
+  b.op("fc2 forward", 2.0 * n * 128 * 10 * 1e-9, [&] { cpu::linear_forward_chunks(f2, chunks, bounds, hd.data(), wf2.data(), bf2.data(), logits.data()); });
+  b.op("cross-entropy", 0, [&] { cpu::cross_entropy_part(n, n, classes, logits.data(), labels.data(), 1.0f, dlogits.data(), loss.data(), correct.data()); });
+  // ---- backward
+  b.op("fc2 backward", 4.0 * n * 128 * 10 * 1e-9, [&] { cpu::linear_backward_chunks(f2, chunks, bounds, hd.data(), wf2.data(), dlogits.data(), dh.data(), dwf2.data(), dbf2.data()); });
+  b.op("dropout backward", 0, [&] { cpu::dropout_backward(n * 128, g_h.data(), keep.data(), 0.25f, dh2.data()); });
+  b.op("relu3 backward", 0, [&] { cpu::relu_backward(n * 128, hr.data(), g_h.data(), dh3.data()); });
+  b.op("fc1 backward", 4.0 * n * 3136 * 128 * 1e-9, [&] { cpu::linear_backward_chunks(f1, chunks, bounds, q2.data(), wf1.data(), g_h.data(), dq2.data(), dwf1.data(), dbf1.data()); });
+  b.op("pool2 backward", 0, [&] { cpu::maxpool2x2_backward(p2, g_q2.data(), am2.data(), dy2.data()); });
+  b.op("relu2 backward", 0, [&] { cpu::relu_backward(n * 64 * 196, r2.data(), g_y2.data(), dy2b.data()); });
+  b.op("bn2 backward", 0, [&] { cpu::batchnorm_backward_chunks(bn2, chunks, bounds, y2.data(), g_y2.data(), g2.data(), sm2.data(), si2.data(), dy2c.data(), dg2.data(), dbe2.data()); });
+  b.op("conv2 backward (dW, db, dx)", 2 * conv_gflop(c2), [&] { cpu::conv2d_backward_chunks(c2, chunks, bounds, q1.data(), w2.data(), g_y2.data(), dq1.data(), dw2.data(), db2.data()); });
+  b.op("pool1 backward", 0, [&] { cpu::maxpool2x2_backward(p1, g_q1.data(), am1.data(), dy1.data()); });
+  b.op("relu1 backward", 0, [&] { cpu::relu_backward(n * 32 * 784, r1.data(), g_y1.data(), dy1b.data()); });
+  b.op("bn1 backward", 0, [&] { cpu::batchnorm_backward_chunks(bn1, chunks, bounds, y1.data(), g_y1.data(), g1.data(), sm1.data(), si1.data(), dy1c.data(), dg1.data(), dbe1.data()); });
+  b.op("conv1 backward (dW, db)", conv_gflop(c1), [&] { cpu::conv2d_backward_chunks(c1, chunks, bounds, x.data(), w1.data(), g_y1.data(), nullptr, dw1.data(), db1.data()); });
+  // ---- AdamW over every parameter (10 tensors, 421,834 floats)
+  const AdamHyper h;
+  const AdamStepFactors sf{1e-3f, 0.5f, 0.99999f, 0.1f, 0.001f};
+  std::vector<std::vector<float>*> params = {&w1, &b1, &g1, &be1, &w2, &b2, &g2, &be2, &wf1, &bf1, &wf2, &bf2};
+  std::vector<std::vector<float>> grads, m, v;
+  for (auto* p : params) grads.push_back(*p), m.emplace_back(p->size(), 0.0f), v.emplace_back(p->size(), 0.0f);
+  b.op("adamw (all parameters)", 0, [&] {
+    for (std::size_t i = 0; i < params.size(); ++i)
+      cpu::adam_update(static_cast<int64_t>(params[i]->size()), params[i]->data(), grads[i].data(), m[i].data(), v[i].data(), h, sf);
+  });
+
+  double total = 0, flops = 0;
+  for (const Row& r : b.rows) total += r.ms, flops += r.gflop;
+  std::printf("kernel_bench: one training step, batch %d, %d chunks; cpu kernels %s, %d threads; median of %d runs\n", n,
+              chunks, cpu::cpu_kernels_name(cpu::cpu_kernels()), omp_get_max_threads(), iters);
+  std::printf("%-30s %9s %9s %7s\n", "op", "ms", "GFLOP/s", "share");
+  for (const Row& r : b.rows) {
+    char rate[32] = "";
+    if (r.gflop > 0) std::snprintf(rate, sizeof rate, "%.1f", r.gflop / (r.ms * 1e-3));
+    std::printf("%-30s %9.3f %9s %6.1f%%\n", r.name.c_str(), r.ms, rate, 100.0 * r.ms / total);
+  }
+  const int steps = (train_images + n - 1) / n;
+  std::printf("%-30s %9.3f %9.1f\n", "step (sum of the ops)", total, flops / (total * 1e-3));
+  std::printf("epoch of %d images (%d steps), ops only: %.2f s\n", train_images, steps, total * steps * 1e-3);
   return 0;
 }
