@@ -92,7 +92,7 @@ foreach(flag IN LISTS OpenMP_CXX_FLAGS)
 endforeach()
 if(ENGINE_WITH_CUDA)
   string(APPEND _pc_cflags " -DENGINE_WITH_CUDA=1")
-  string(APPEND _pc_libs " \${cuda_ldflags} -lcudnn -lcublas -lcudart_static -ldl -lrt")
+  string(APPEND _pc_libs " \${cuda_ldflags} -lcudnn -lcudart_static -ldl -lrt")
   # Where this build found them, for the build's own checks (tests/embed/run.sh); not
   # installed.
   get_filename_component(_cudnn_dir "${CUDNN_LIBRARY}" DIRECTORY)

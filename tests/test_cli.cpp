@@ -16,6 +16,7 @@
 
 #include "cli_util.h"
 #include "run_dir_util.h"
+#include "engine/build_info.h"
 #include "engine/checkpoint.h"
 #include "engine/device.h"
 #include "engine/models/registry.h"
@@ -418,4 +419,21 @@ TEST_CASE("engine::DataError comes with the documented headers (engine/trainer.h
   CHECK(msg.find("data.dir") != std::string::npos);
   CHECK(msg.find("apt-get install dataset-fashion-mnist") != std::string::npos);
   CHECK(msg.find("sudo apt install") == std::string::npos);
+}
+
+TEST_CASE("a CUDA build trains on the CPU without cuBLAS: the library is opened on first CUDA use only") {
+  if (!dataset_available()) return;
+  // A file that cannot be opened: any attempt to load cuBLAS fails, so the run's success
+  // says that none was made (and the process never maps libcublasLt's ~210 MB).
+  const std::string no_cublas = "ENGINE_CUBLAS_LIBRARY=/nonexistent/libcublas.so.13";
+  const std::string dir = fresh_dir("cli_no_cublas");
+  RunResult r = run_with_env(no_cublas, small_run(dir) + " --set train.epochs=1");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("test: loss") != std::string::npos);
+  RunResult v = run_with_env(no_cublas, "--version");
+  INFO(v.output);
+  CHECK(v.exit_code == 0);
+  if (engine::build_info().cuda == engine::CudaBackend::On)
+    CHECK(v.output.find("cuBLAS: /nonexistent/libcublas.so.13 not loadable") != std::string::npos);
 }

@@ -1,6 +1,8 @@
 // The per-process GPU context, error checking, and the backend settings.
 #include "kernels/cuda/context.h"
 
+#include "kernels/cuda/cublas_library.h"
+
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -39,7 +41,7 @@ void check(cudaError_t status, const char* call, const char* file, int line) {
 
 void check(cublasStatus_t status, const char* call, const char* file, int line) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
-  fail(std::string("cuBLAS error: ") + cublasGetStatusString(status), call, file, line);
+  fail(std::string("cuBLAS error: ") + cublas_library().status_string(status), call, file, line);
 }
 
 void check(cudnnStatus_t status, const char* call, const char* file, int line) {
@@ -148,14 +150,15 @@ void Context::release(void* p) noexcept {
 cublasHandle_t Context::cublas() {
   const SharedStateLock lock;
   if (!cublas_) {
+    const CublasLibrary& lib = cublas_library();  // throws, naming the file, when it cannot load
     cublasHandle_t h = nullptr;
-    ENGINE_CUDA_CHECK(cublasCreate(&h));
-    ENGINE_CUDA_CHECK(cublasSetStream(h, stream_));
+    ENGINE_CUDA_CHECK(lib.create(&h));
+    ENGINE_CUDA_CHECK(lib.set_stream(h, stream_));
     // Plain fp32 arithmetic: no TF32 tensor-core math (that would need
     // CUBLAS_TF32_TENSOR_OP_MATH), so GEMMs stay close to the fp32 CPU reference.
-    ENGINE_CUDA_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    ENGINE_CUDA_CHECK(lib.set_math_mode(h, CUBLAS_DEFAULT_MATH));
     // Atomics-free kernels only (the default, stated because determinism relies on it).
-    ENGINE_CUDA_CHECK(cublasSetAtomicsMode(h, CUBLAS_ATOMICS_NOT_ALLOWED));
+    ENGINE_CUDA_CHECK(lib.set_atomics_mode(h, CUBLAS_ATOMICS_NOT_ALLOWED));
     cublas_ = h;
   }
   return cublas_;

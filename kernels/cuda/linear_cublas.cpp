@@ -1,4 +1,4 @@
-// Fully connected layers through cublasSgemm. Bias add and bias gradient use our own
+// Fully connected layers through cuBLAS's Sgemm (kernels/cuda/cublas_library.h). Bias add and bias gradient use our own
 // kernels (kernels/cuda/elementwise_ops.cu; the gradient is a fixed-order sum).
 //
 // Layout bridge: our tensors are row-major, cuBLAS is column-major. A row-major
@@ -7,6 +7,7 @@
 // (row-major) cuBLAS sees x^T [in, n] (ld in), w^T [in, out] (ld in), y^T [out, n]
 // (ld out), and each product below is written for those transposes.
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/cublas_library.h"
 #include "kernels/ops.h"
 
 namespace engine::kernels::cuda {
@@ -24,7 +25,7 @@ void linear_forward(const LinearShape& s, const float* x, const float* w, const 
   const float one = 1.0f, zero = 0.0f;
   // y = x w^T  <=>  y^T [out, n] = w [out, in] * x^T [in, n].
   // cuBLAS holds w^T (ld in), so A = op_T(w^T) = w; B = x^T as stored (op_N, ld in).
-  ENGINE_CUDA_CHECK(cublasSgemm(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, s.out, s.n, s.in, &one, w,
+  ENGINE_CUDA_CHECK(cublas_library().sgemm(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, s.out, s.n, s.in, &one, w,
                                 s.in, x, s.in, &zero, y, s.out));
   // A [n, out] tensor is [n, c=out, hw=1] for the channel helper.
   if (b) add_channel_bias(s.n, s.out, 1, b, y);
@@ -44,13 +45,13 @@ void linear_backward(const LinearShape& s, const float* x, const float* w, const
   if (dx) {
     // dx = dy w  <=>  dx^T [in, n] = w^T [in, out] * dy^T [out, n]; both are stored
     // as such (ld in and ld out), so no transposes.
-    ENGINE_CUDA_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, s.in, s.n, s.out, &one, w, s.in, dy,
+    ENGINE_CUDA_CHECK(cublas_library().sgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, s.in, s.n, s.out, &one, w, s.in, dy,
                                   s.out, &zero, dx, s.in));
   }
   if (dw) {
     // dw = dy^T x  <=>  dw^T [in, out] = x^T [in, n] * dy [n, out]. x^T is stored
     // (ld in); dy is stored as dy^T (ld out), so it is transposed.
-    ENGINE_CUDA_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, s.in, s.out, s.n, &one, x, s.in, dy,
+    ENGINE_CUDA_CHECK(cublas_library().sgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, s.in, s.out, s.n, &one, x, s.in, dy,
                                   s.out, &zero, dw, s.in));
   }
 }

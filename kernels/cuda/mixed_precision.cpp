@@ -39,6 +39,7 @@
 
 #include "kernels/cuda/cast.h"
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/cublas_library.h"
 #include "kernels/cuda/conv_cudnn.h"
 #include "kernels/ops.h"
 
@@ -90,7 +91,7 @@ int64_t y_count(const ConvShape& s) { return static_cast<int64_t>(s.n) * s.k * y
 void gemm_f16(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
               const void* a, int lda, const void* b, int ldb, float* c, int ldc) {
   const float one = 1.0f, zero = 0.0f;
-  ENGINE_CUDA_CHECK(cublasGemmEx(h, ta, tb, m, n, k, &one, a, CUDA_R_16F, lda, b, CUDA_R_16F, ldb,
+  ENGINE_CUDA_CHECK(cublas_library().gemm_ex(h, ta, tb, m, n, k, &one, a, CUDA_R_16F, lda, b, CUDA_R_16F, ldb,
                                  &zero, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
                                  CUBLAS_GEMM_DEFAULT));
 }

@@ -5,8 +5,10 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
+#include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/cublas_library.h"
 #include "kernels/cuda_runtime.h"
 
 namespace engine::kernels::cuda {
@@ -24,12 +26,18 @@ std::string cudnn_version_text(std::size_t v) {
          std::to_string(v % 100);
 }
 
+// Loads the library (kernels/cuda/cublas_library.h): --version says whether it loads.
 std::string cublas_runtime_version() {
   int major = 0, minor = 0, patch = 0;
-  if (cublasGetProperty(MAJOR_VERSION, &major) != CUBLAS_STATUS_SUCCESS ||
-      cublasGetProperty(MINOR_VERSION, &minor) != CUBLAS_STATUS_SUCCESS ||
-      cublasGetProperty(PATCH_LEVEL, &patch) != CUBLAS_STATUS_SUCCESS)
-    return "unknown";
+  try {
+    const CublasLibrary& lib = cublas_library();
+    if (lib.get_property(MAJOR_VERSION, &major) != CUBLAS_STATUS_SUCCESS ||
+        lib.get_property(MINOR_VERSION, &minor) != CUBLAS_STATUS_SUCCESS ||
+        lib.get_property(PATCH_LEVEL, &patch) != CUBLAS_STATUS_SUCCESS)
+      return "unknown";
+  } catch (const std::runtime_error&) {
+    return cublas_library_name() + " not loadable";
+  }
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
 }
 
