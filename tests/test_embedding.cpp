@@ -98,6 +98,15 @@ TEST_CASE("Classifier: 4 threads give the single-threaded bits and the trainer's
   std::vector<std::vector<int64_t>> confusion(10, std::vector<int64_t>(10, 0));
   for (int64_t i = 0; i < n; ++i) ++confusion[test.labels[i]][single.labels[i]];
   CHECK(confusion == fit.test->confusion);
+  // score_logits (what `engine eval` prints) is the trainer's evaluation, bit for bit.
+  const EvalResult scored = score_logits(single, test.labels.data());
+  CHECK(scored.count == n);
+  CHECK(scored.loss == fit.test->loss);
+  CHECK(scored.accuracy == fit.test->accuracy);
+  CHECK(scored.confusion == fit.test->confusion);
+  CHECK_THROWS_AS(score_logits(clf.predict(images, 4), test.labels.data()), std::invalid_argument);
+  const uint8_t bad_labels[2] = {3, 10};
+  CHECK_THROWS_AS(score_logits(clf.predict(images, 2, Scores::Logits), bad_labels), std::invalid_argument);
 
   // Each thread classifies the whole set, then its own quarter (aligned to the batch
   // size, so the chunks are those of the single run), three times over.

@@ -702,30 +702,6 @@ int cmd_resume(const ResumeOptions& a) {
 
 // ---- eval ----------------------------------------------------------------------------
 
-// Loss, accuracy and confusion matrix of a classifier's logits on labelled images.
-EvalResult score(const Predictions& p, const uint8_t* labels) {
-  EvalResult r;
-  r.count = p.count;
-  r.confusion.assign(static_cast<size_t>(p.classes), std::vector<int64_t>(static_cast<size_t>(p.classes), 0));
-  double loss = 0;
-  int64_t correct = 0;
-  for (int64_t i = 0; i < p.count; ++i) {
-    const float* z = p.scores.data() + static_cast<size_t>(i) * p.classes;
-    const int y = labels[i];
-    // Cross-entropy by log-sum-exp around the largest logit, in a fixed order.
-    const double m = *std::max_element(z, z + p.classes);
-    double sum = 0;
-    for (int k = 0; k < p.classes; ++k) sum += std::exp(static_cast<double>(z[k]) - m);
-    loss += m + std::log(sum) - z[y];
-    const int32_t predicted = p.labels[static_cast<size_t>(i)];
-    correct += predicted == y;
-    ++r.confusion[static_cast<size_t>(y)][static_cast<size_t>(predicted)];
-  }
-  r.loss = p.count ? loss / static_cast<double>(p.count) : 0;
-  r.accuracy = p.count ? static_cast<double>(correct) / static_cast<double>(p.count) : 0;
-  return r;
-}
-
 int cmd_eval(const EvalOptions& a) {
   const std::string& path = a.checkpoint;
   const Device device = resolve_device(a.device);
@@ -736,7 +712,7 @@ int cmd_eval(const EvalOptions& a) {
   const std::unique_ptr<Dataset> dataset = make_dataset(data, Device::cpu());
   const SplitData& test = dataset->get(Split::Test);
   const Predictions p = clf.predict(test.images.u8(), test.count, Scores::Logits);
-  const EvalResult t = score(p, test.labels.u8());
+  const EvalResult t = score_logits(p, test.labels.u8());
   // The counters for the header line (the classifier keeps only the model).
   const Checkpoint ckpt = load_checkpoint(path);
   std::cout << "checkpoint " << path << " (epoch " << ckpt.groups.at("trainer").get_int("epoch")

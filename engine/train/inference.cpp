@@ -162,4 +162,27 @@ std::vector<int32_t> Classifier::classify(const float* images, int64_t n) const 
   return run(images, n, Scores::None).labels;
 }
 
+EvalResult score_logits(const Predictions& p, const uint8_t* labels) {
+  if (p.count > 0 && p.scores.size() != static_cast<std::size_t>(p.count) * p.classes)
+    throw std::invalid_argument("score_logits: the predictions hold no logits (predict with Scores::Logits)");
+  EvalResult r;
+  r.count = p.count;
+  r.confusion.assign(static_cast<std::size_t>(p.classes), std::vector<int64_t>(static_cast<std::size_t>(p.classes), 0));
+  if (p.count == 0) return r;
+  std::vector<int32_t> truth(static_cast<std::size_t>(p.count));
+  for (int64_t i = 0; i < p.count; ++i) {
+    if (labels[i] >= p.classes)
+      throw std::invalid_argument("score_logits: label " + std::to_string(labels[i]) + " of sample " +
+                                  std::to_string(i) + " is not one of the " + std::to_string(p.classes) + " classes");
+    truth[static_cast<std::size_t>(i)] = labels[i];
+    ++r.confusion[labels[i]][static_cast<std::size_t>(p.labels[static_cast<std::size_t>(i)])];
+  }
+  std::vector<float> loss(static_cast<std::size_t>(p.count)), correct(static_cast<std::size_t>(p.count));
+  kernels::cpu::cross_entropy(static_cast<int>(p.count), p.classes, p.scores.data(), truth.data(), 1.0f, nullptr,
+                              loss.data(), correct.data());
+  r.loss = kernels::cpu::reduce_sum(p.count, loss.data()) / static_cast<double>(p.count);
+  r.accuracy = kernels::cpu::reduce_sum(p.count, correct.data()) / static_cast<double>(p.count);
+  return r;
+}
+
 }  // namespace engine

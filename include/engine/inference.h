@@ -24,6 +24,7 @@
 
 #include "engine/config.h"
 #include "engine/device.h"
+#include "engine/epoch_metrics.h"
 #include "engine/image_shape.h"
 #include "engine/model.h"
 #include "engine/state.h"
@@ -31,6 +32,14 @@
 namespace engine {
 
 enum class Scores { None, Logits, Probabilities };
+
+struct Predictions;
+// Loss, accuracy and confusion matrix of predictions made with Scores::Logits against
+// the true labels ([count] class indices): the cross-entropy and the sums of the
+// trainer's own evaluation (the same kernels, so a test set scored here and by the
+// trainer on the CPU gives the same bits). Throws std::invalid_argument without logits
+// or with a label out of range.
+EvalResult score_logits(const Predictions& p, const uint8_t* labels);
 
 struct Predictions {
   int64_t count = 0;
