@@ -16,6 +16,15 @@ ENGINE_HD float relu_grad(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
 ENGINE_HD bool dropout_keep(PhiloxStream s, uint64_t offset, uint64_t i, float p) {
   return philox_uniform(philox_at(s, offset + i)) >= p;
 }
+// The predicted class of a row of logits: the first maximum (a later class wins only
+// when strictly greater; a NaN never wins), as the reference's cross-entropy counts it.
+ENGINE_HD int argmax_first(const float* z, int classes) {
+  int arg = 0;
+  for (int k = 1; k < classes; ++k)
+    if (z[k] > z[arg]) arg = k;
+  return arg;
+}
+
 // Inverted dropout: kept values are scaled by 1/(1-p) so eval needs no rescale.
 ENGINE_HD float dropout_scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
 

@@ -132,9 +132,7 @@ Predictions Classifier::run(const Pixel* images, int64_t n, Scores scores) const
     const std::vector<float> z = model.forward(x, Mode::Eval, unused).to_vector();
     for (int i = 0; i < b; ++i) {
       const float* row = z.data() + static_cast<size_t>(i) * classes_;
-      int arg = 0;
-      for (int k = 1; k < classes_; ++k)
-        if (row[k] > row[arg]) arg = k;
+      const int arg = kernels::argmax_first(row, classes_);
       p.labels[static_cast<size_t>(start + i)] = arg;
       float* out = p.scores.empty() ? nullptr : p.scores.data() + static_cast<size_t>(start + i) * classes_;
       if (scores == Scores::Logits) std::copy(row, row + classes_, out);

@@ -733,12 +733,7 @@ std::optional<EvalResult> Trainer::evaluate_impl(Split split, const RunControl* 
     ENGINE_DISPATCH(device_, cross_entropy, local, classes, logits.f32(), labels.i32(), 1.0f, nullptr,
                     losses.f32() + first, correct.f32() + first);
     const std::vector<float> z = logits.to_vector();
-    for (int i = 0; i < local; ++i) {
-      int arg = 0;
-      for (int k = 1; k < classes; ++k)
-        if (z[i * classes + k] > z[i * classes + arg]) arg = k;
-      predictions.i32()[first + i] = arg;
-    }
+    for (int i = 0; i < local; ++i) predictions.i32()[first + i] = kernels::argmax_first(z.data() + i * classes, classes);
     plan.gather_samples(losses.f32() + start);
     plan.gather_samples(correct.f32() + start);
     plan.gather_samples(predictions.i32() + start);

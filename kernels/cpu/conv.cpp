@@ -45,15 +45,11 @@ int max_chunk_images(int chunks, const int* bounds) {
   return most;
 }
 
-int chunk_begin(int n, int chunk) {
-  return static_cast<int>(static_cast<int64_t>(n) * chunk / kBatchChunks);
-}
-
-// The fixed chunks of an n-sample batch: bounds[0..kBatchChunks].
+// The fixed chunks of an n-sample batch: bounds[0..kTreeChunks].
 struct StandardBounds {
-  int b[kBatchChunks + 1];
+  int b[kTreeChunks + 1];
   explicit StandardBounds(int n) {
-    for (int c = 0; c <= kBatchChunks; ++c) b[c] = chunk_begin(n, c);
+    for (int c = 0; c <= kTreeChunks; ++c) b[c] = tree_chunk_begin(n, c);
   }
 };
 
@@ -125,7 +121,7 @@ void backward_chunk_partials(const ConvShape& s, int chunks, const int* bounds, 
 }  // namespace
 
 void conv2d_forward(const ConvShape& s, const float* x, const float* w, const float* b, float* y) {
-  conv2d_forward_chunks(s, kBatchChunks, StandardBounds(s.n).b, x, w, b, y);
+  conv2d_forward_chunks(s, kTreeChunks, StandardBounds(s.n).b, x, w, b, y);
 }
 
 void conv2d_forward_chunks(const ConvShape& s, int chunks, const int* bounds, const float* x,
@@ -167,19 +163,19 @@ void conv2d_forward_chunks(const ConvShape& s, int chunks, const int* bounds, co
 void conv2d_backward(const ConvShape& s, const float* x, const float* w, const float* dy,
                      float* dx, float* dw, float* db) {
   const int64_t wsize = static_cast<int64_t>(s.k) * s.c * s.r * s.s;
-  float* dw_chunks = thread_scratch(Scratch::ChunkGradients, static_cast<std::size_t>(kBatchChunks * wsize));
-  std::vector<double> db_chunks(static_cast<std::size_t>(kBatchChunks) * s.k, 0.0);
-  backward_chunk_partials(s, kBatchChunks, StandardBounds(s.n).b, x, w, dy, dx, dw_chunks, db_chunks.data());
+  float* dw_chunks = thread_scratch(Scratch::ChunkGradients, static_cast<std::size_t>(kTreeChunks * wsize));
+  std::vector<double> db_chunks(static_cast<std::size_t>(kTreeChunks) * s.k, 0.0);
+  backward_chunk_partials(s, kTreeChunks, StandardBounds(s.n).b, x, w, dy, dx, dw_chunks, db_chunks.data());
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < wsize; ++i) {
     float acc = 0.0f;
-    for (int chunk = 0; chunk < kBatchChunks; ++chunk) acc += dw_chunks[chunk * wsize + i];
+    for (int chunk = 0; chunk < kTreeChunks; ++chunk) acc += dw_chunks[chunk * wsize + i];
     dw[i] = acc;
   }
   if (db)
     for (int k = 0; k < s.k; ++k) {
       double acc = 0.0;
-      for (int chunk = 0; chunk < kBatchChunks; ++chunk) acc += db_chunks[chunk * s.k + k];
+      for (int chunk = 0; chunk < kTreeChunks; ++chunk) acc += db_chunks[chunk * s.k + k];
       db[k] = static_cast<float>(acc);
     }
 }

@@ -190,9 +190,7 @@ void cross_entropy_part(int n, int batch_total, int classes, const float* logits
 #pragma omp for schedule(static)
     for (int i = 0; i < n; ++i) {
       const float* z = logits + static_cast<int64_t>(i) * classes;
-      int arg = 0;
-      for (int k = 1; k < classes; ++k)
-        if (z[k] > z[arg]) arg = k;
+      const int arg = argmax_first(z, classes);
       const double zmax = z[arg];
       double sum = 0.0;
       for (int k = 0; k < classes; ++k) {

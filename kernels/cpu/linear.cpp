@@ -15,8 +15,6 @@
 namespace engine::kernels::cpu {
 
 namespace {
-int chunk_begin(int n, int chunk) { return static_cast<int>(static_cast<int64_t>(n) * chunk / kBatchChunks); }
-
 // The calling OpenMP thread's share of `rows` rows, cut at multiples of 8 (the widest
 // micro-kernel's MR). Which thread computes a row changes no bit: each row's elements
 // are chains of their own.
@@ -32,9 +30,9 @@ struct ThreadRows {
 }  // namespace
 
 void linear_forward(const LinearShape& s, const float* x, const float* w, const float* b, float* y) {
-  int bounds[kBatchChunks + 1];
-  for (int c = 0; c <= kBatchChunks; ++c) bounds[c] = chunk_begin(s.n, c);
-  linear_forward_chunks(s, kBatchChunks, bounds, x, w, b, y);
+  int bounds[kTreeChunks + 1];
+  for (int c = 0; c <= kTreeChunks; ++c) bounds[c] = tree_chunk_begin(s.n, c);
+  linear_forward_chunks(s, kTreeChunks, bounds, x, w, b, y);
 }
 
 void linear_forward_chunks(const LinearShape& s, int chunks, const int* bounds, const float* x,
@@ -61,15 +59,15 @@ void linear_forward_chunks(const LinearShape& s, int chunks, const int* bounds, 
 void linear_backward(const LinearShape& s, const float* x, const float* w, const float* dy,
                      float* dx, float* dw, float* db) {
 #pragma omp parallel for schedule(static)
-  for (int chunk = 0; chunk < kBatchChunks; ++chunk) {
+  for (int chunk = 0; chunk < kTreeChunks; ++chunk) {
     // dW by fixed blocks of output rows, each summed over the whole batch in one GEMM:
     // no partial buffers, and the same calls (hence bits) for any thread count.
-    const int o0 = chunk_begin(s.out, chunk), o1 = chunk_begin(s.out, chunk + 1);
+    const int o0 = tree_chunk_begin(s.out, chunk), o1 = tree_chunk_begin(s.out, chunk + 1);
     if (o1 > o0)
       // dW[o0:o1, IN] = dy[:, o0:o1]^T[rows, N] * x[N, IN]
       gemm(Trans::Yes, Trans::No, o1 - o0, s.in, s.n, dy + o0,
                   s.out, x, s.in, 0.0f, dw + static_cast<int64_t>(o0) * s.in, s.in);
-    const int n0 = chunk_begin(s.n, chunk), n1 = chunk_begin(s.n, chunk + 1);
+    const int n0 = tree_chunk_begin(s.n, chunk), n1 = tree_chunk_begin(s.n, chunk + 1);
     if (dx && n1 > n0)
       // dx_c[rows, IN] = dy_c[rows, OUT] * W[OUT, IN]
       gemm(Trans::No, Trans::No, n1 - n0, s.in, s.out,

@@ -10,8 +10,6 @@ namespace engine::kernels::cpu {
 // Number of fixed work chunks a batch is split into for reductions over the batch.
 // A constant, not the thread count: the summation order, hence the bits, are the
 // same on every machine.
-inline constexpr int kBatchChunks = 8;
-
 // Per-thread scratch memory that grows and is reused across calls (no zero-filling,
 // no page faults on the hot path). `slot` separates buffers used at the same time.
 // Per-thread buffers that persist across calls; each op uses the slots it names, and a
