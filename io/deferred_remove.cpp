@@ -159,7 +159,7 @@ void sweep_leftovers_once(const std::string& dir) {
   ::closedir(d);
 }
 
-int sweep_dead_writers(const std::string& dir) {
+int sweep_dead_writers(const std::string& dir, const std::vector<std::string>& also) {
   int removed = 0;
   const long self = static_cast<long>(getpid());
   if (DIR* d = ::opendir(dir.c_str())) {
@@ -172,8 +172,8 @@ int sweep_dead_writers(const std::string& dir) {
     }
     ::closedir(d);
   }
-  // io/tfevents.cpp writes its events there under one fixed temporary name.
-  if (::unlink((dir + "/tensorboard/.events-rewrite.tmp").c_str()) == 0) ++removed;
+  for (const std::string& f : also)
+    if (::unlink((dir + "/" + f).c_str()) == 0) ++removed;
   return removed;
 }
 

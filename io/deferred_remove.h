@@ -6,6 +6,7 @@
 // unaffected (POSIX unlink semantics); nothing is ever overwritten in place.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace engine {
 
@@ -31,8 +32,9 @@ void sweep_leftovers_once(const std::string& dir);
 // For the holder of the run directory's lock (engine/run_lock.h), which proves that no
 // other writer is at work there: removes now, whatever their age or pid, the temporary
 // files and hidden old versions that writers which died left in `dir` (SIGKILL, SIGXFSZ,
-// a power cut), and the TensorBoard rewrite's temporary in dir/tensorboard. This
-// process's own files are left alone. Returns how many were removed.
-int sweep_dead_writers(const std::string& dir);
+// a power cut), and the files `also` names (relative to dir: the layer above knows its
+// own fixed-name temporaries). This process's own files are left alone. Returns how many
+// were removed.
+int sweep_dead_writers(const std::string& dir, const std::vector<std::string>& also = {});
 
 }  // namespace engine

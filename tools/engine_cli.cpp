@@ -36,6 +36,7 @@
 #include "engine/process_settings.h"
 #include "engine/run_control.h"
 #include "engine/run_directory.h"
+#include "engine/run_files.h"
 #include "engine/run_lock.h"
 #include "engine/start_agreement.h"
 #include "engine/trainer.h"
@@ -253,28 +254,26 @@ the run directory recorded there unless --run-dir names another. A checkpoint sa
 a GPU resumes on a CPU and the reverse. Signals, the run-directory lock, "already
 complete" and exit statuses as for train.)";
 
-void build_commands(CLI::App& app, Commands& c) {
-  app.formatter(make_formatter());
-  app.require_subcommand(1);
-  app.set_help_flag("-h,--help", "print this help and exit");  // copied by each command
+// ---- the commands' options --------------------------------------------------------
 
-  CLI::App* train = app.add_subcommand("train", "Trains the model described by CONFIG.json (see docs/config.md).");
+void train_options(CLI::App* train, Commands& c) {
   train->add_option("CONFIG.json", c.train.config_path, "the training config")->required()->type_name("");
   add_run_options(train, c.train.run, "where to train (overrides the config's `device`)",
                   "where checkpoints and metrics.jsonl go (overrides checkpoint.dir)");
   train->add_flag("--fresh", c.train.fresh,
                   "ignore an existing last.h5 and start from scratch, moving the previous run's files aside");
   train->footer(kTrainFooter);
+}
 
-  CLI::App* resume = app.add_subcommand("resume", "Continues the run recorded in a checkpoint.");
+void resume_options(CLI::App* resume, Commands& c) {
   resume->add_option("CKPT.h5", c.resume.checkpoint, "the checkpoint to continue from")->required()->type_name("");
   add_run_options(resume, c.resume.run, "where to continue (default: the config's device)",
                   "where to write from now on (default: the stored checkpoint.dir)");
   resume->add_flag("--non-strict", c.resume.non_strict, "apply what matches; print missing/unexpected keys");
   resume->footer(kResumeFooter);
+}
 
-  CLI::App* eval = app.add_subcommand(
-      "eval", "Evaluates the model of a checkpoint on the test set: loss, accuracy, confusion matrix.");
+void eval_options(CLI::App* eval, Commands& c) {
   eval->add_option("CKPT.h5", c.eval.checkpoint, "the checkpoint to evaluate")->required()->type_name("");
   add_device_option(eval, c.eval.device, "where to evaluate (default auto)");
   eval->add_option("--data-dir", c.eval.data_dir, "dataset directory (default: the checkpoint's data.dir)")
@@ -286,37 +285,33 @@ void build_commands(CLI::App& app, Commands& c) {
       ->type_name("N")
       ->check(CLI::Range(int64_t{1}, int64_t{INT64_MAX}).description(""));
   eval->footer("Exit status: 0 evaluated, 1 error, 2 usage.");
+}
 
-  CLI::App* inspect = app.add_subcommand(
-      "inspect", "Human summary of a checkpoint: version, saved_on, counters, every tensor with dtype, shape and norm.");
+void inspect_options(CLI::App* inspect, Commands& c) {
   inspect->add_option("CKPT.h5", c.inspect_path, "the checkpoint")->required()->type_name("");
+}
 
-  CLI::App* verify = app.add_subcommand("verify", "Integrity and structure check of a checkpoint: checksum and structure.");
+void verify_options(CLI::App* verify, Commands& c) {
   verify->add_option("CKPT.h5", c.verify_path, "the checkpoint")->required()->type_name("");
   verify->footer("Exit status: 0 only when the file is sound.");
+}
 
-  CLI::App* diff = app.add_subcommand("diff", "Compares two checkpoints tensor by tensor, scalar by scalar.");
+void diff_options(CLI::App* diff, Commands& c) {
   diff->add_option("A.h5", c.diff_a, "the first checkpoint")->required()->type_name("");
   diff->add_option("B.h5", c.diff_b, "the second checkpoint")->required()->type_name("");
   diff->footer("Exit status: 0 identical, 1 different (or an error).");
+}
 
-  CLI::App* report = app.add_subcommand(
-      "report",
-      "Writes one self-contained HTML file (no network, no scripts) of a run: loss, accuracy, "
-      "learning-rate and loss-scale curves per epoch (from RUN_DIR/metrics.jsonl, else the "
-      "metrics of RUN_DIR/last.h5), the confusion matrix of best.h5 on the test set, the "
-      "run's config, and the checkpoints present with their epoch, size and integrity.");
+void report_options(CLI::App* report, Commands& c) {
   report->add_option("RUN_DIR", c.report.run_dir, "the run directory")->required()->type_name("");
   report->add_option("-o,--output", c.report.output, "where to write (default RUN_DIR/report.html)")
       ->type_name("FILE");
   add_device_option(report, c.report.device, "where to evaluate best.h5 (default auto)");
   report->add_option("--data-dir", c.report.data_dir, "dataset directory (default: best.h5's data.dir)")
       ->type_name("DIR");
-
-  app.add_subcommand("version", "The engine's version, its libraries' and the GPU's.");
-  for (CLI::App* sub : app.get_subcommands({})) sub->formatter(make_formatter());
-  app.set_help_flag();  // after the subcommands, which copy it; main prints kMainHelp itself
 }
+
+void no_options(CLI::App*, Commands&) {}
 
 // ---- console -------------------------------------------------------------------------
 
@@ -475,62 +470,6 @@ RunDirLock lock_run_dir(const std::string& dir) {
   }
 }
 
-// The files a run leaves in its run directory (besides .lock, which this process holds):
-// checkpoints, a writer's hidden temporaries, metrics, TensorBoard, the report.
-bool is_run_file(const fs::path& p) {
-  const std::string n = p.filename().string();
-  auto ends_with = [&](const std::string& s) {
-    return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0;
-  };
-  if (n == "last.h5" || n == "best.h5" || n == "metrics.jsonl" || n == "tensorboard" || n == "report.html")
-    return true;
-  if (n.rfind("epoch_", 0) == 0 && ends_with(".h5")) return true;
-  return n.size() > 1 && n[0] == '.' && n.find(".tmp.") != std::string::npos;  // .last.h5.tmp.PID
-}
-
-// --fresh: the previous run's files go to a sibling directory, so the run directory holds
-// only the new run's files and nothing of the old run is destroyed.
-void move_previous_run_aside(const std::string& dir) {
-  std::vector<fs::path> old;
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
-    if (is_run_file(e.path())) old.push_back(e.path());
-  if (ec) fail(dir + ": cannot list the run directory: " + ec.message());
-  if (old.empty()) return;
-  fs::path run = fs::absolute(fs::path(dir)).lexically_normal();
-  if (run.filename().empty()) run = run.parent_path();  // "runs/x/"
-  char stamp[32];
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &utc);
-  fs::path aside = run.parent_path() / (run.filename().string() + ".replaced-" + stamp);
-  for (int i = 2; fs::exists(aside); ++i)
-    aside = run.parent_path() / (run.filename().string() + ".replaced-" + stamp + "-" + std::to_string(i));
-  fs::create_directories(aside, ec);
-  if (ec) fail(aside.string() + ": cannot create a directory for the previous run's files: " + ec.message());
-  for (const fs::path& p : old) {
-    fs::rename(p, aside / p.filename(), ec);
-    if (ec)
-      fail(p.string() + ": cannot move it aside to " + aside.string() + ": " + ec.message() +
-           " (move or remove the previous run's files yourself)");
-  }
-  std::cout << "--fresh: moved the previous run's " << old.size() << " file(s) to " << aside.string() << "\n";
-}
-
-// A run whose training is done and whose test evaluation is recorded in metrics.jsonl.
-bool test_result_recorded(const std::string& run_dir) {
-  std::ifstream in(fs::path(run_dir) / "metrics.jsonl");
-  std::string line, last;
-  while (std::getline(in, line))
-    if (!line.empty()) last = line;
-  try {
-    return !last.empty() && nlohmann::json::parse(last).contains("test_acc");
-  } catch (const nlohmann::json::exception&) {
-    return false;
-  }
-}
-
 // Everything `train` and `resume` share once each has its config: the device, the
 // signal handlers, the lock, the trainer, restoring, "already complete", and the run.
 class TrainingSession {
@@ -579,7 +518,7 @@ class TrainingSession {
     const bool trained = t.epochs_done() >= cfg_.train.epochs || t.early_stop_reached();
     if (trained && !opts_.reevaluate && test_result_recorded(cfg_.checkpoint.dir)) {
       std::cout << "already complete: " << t.epochs_done() << " epoch(s) trained and the test set evaluated"
-                << " (see " << (fs::path(cfg_.checkpoint.dir) / "metrics.jsonl").string()
+                << " (see " << (fs::path(cfg_.checkpoint.dir) / run_files::kMetrics).string()
                 << "); nothing to do (--reevaluate evaluates the test set again, --set "
                    "train.epochs=N trains on)\n";
       return 0;
@@ -655,8 +594,18 @@ int cmd_train(const TrainOptions& a) {
   }
   TrainingSession session(resolve_config(j, path, a.run), a.run);
   const Config& cfg = session.config();
-  const std::string last = (fs::path(cfg.checkpoint.dir) / "last.h5").string();
-  if (a.fresh && session.writes_run_dir()) move_previous_run_aside(cfg.checkpoint.dir);
+  const std::string last = (fs::path(cfg.checkpoint.dir) / run_files::kLast).string();
+  if (a.fresh && session.writes_run_dir()) {
+    // --fresh: the previous run's files go to a sibling directory, so the run directory
+    // holds only the new run's files and nothing of the old run is destroyed.
+    try {
+      const MovedAside moved = move_previous_run_aside(cfg.checkpoint.dir);
+      if (moved.files)
+        std::cout << "--fresh: moved the previous run's " << moved.files << " file(s) to " << moved.dir << "\n";
+    } catch (const std::runtime_error& e) {
+      fail(e.what());
+    }
+  }
   const bool resume = !a.fresh && fs::exists(last);
   Trainer& trainer = session.start();
   require_same_start(session, trainer, resume ? last : "");
@@ -767,6 +716,75 @@ std::string version_text() {
   return out;
 }
 
+// ---- the commands --------------------------------------------------------------------
+
+// Whether a command forks the checkpoint parser (io/hdf5_sandbox.h) before it runs:
+// while the process is still small, since it will load checkpoints.
+enum class ParsesCheckpoints { No, Yes };
+
+struct Command {
+  const char* name;
+  const char* summary;  // the first line of its --help
+  ParsesCheckpoints parser;
+  void (*options)(CLI::App*, Commands&);
+  int (*run)(const Commands&);
+};
+
+// What the program does: one row per command, in the order of engine --help.
+const Command kCommands[] = {
+    {"train", "Trains the model described by CONFIG.json (see docs/config.md).", ParsesCheckpoints::Yes,
+     train_options, [](const Commands& c) { return cmd_train(c.train); }},
+    {"resume", "Continues the run recorded in a checkpoint.", ParsesCheckpoints::Yes, resume_options,
+     [](const Commands& c) { return cmd_resume(c.resume); }},
+    {"eval", "Evaluates the model of a checkpoint on the test set: loss, accuracy, confusion matrix.",
+     ParsesCheckpoints::Yes, eval_options, [](const Commands& c) { return cmd_eval(c.eval); }},
+    {"inspect",
+     "Human summary of a checkpoint: version, saved_on, counters, every tensor with dtype, shape and norm.",
+     ParsesCheckpoints::No, inspect_options,
+     [](const Commands& c) {
+       std::cout << inspect_checkpoint(c.inspect_path);
+       return 0;
+     }},
+    {"verify", "Integrity and structure check of a checkpoint: checksum and structure.", ParsesCheckpoints::No,
+     verify_options,
+     [](const Commands& c) {
+       verify_checkpoint_file(c.verify_path);
+       std::cout << c.verify_path << ": OK\n";
+       return 0;
+     }},
+    {"diff", "Compares two checkpoints tensor by tensor, scalar by scalar.", ParsesCheckpoints::No, diff_options,
+     [](const Commands& c) { return cmd_diff(c.diff_a, c.diff_b); }},
+    {"report",
+     "Writes one self-contained HTML file (no network, no scripts) of a run: loss, accuracy, "
+     "learning-rate and loss-scale curves per epoch (from RUN_DIR/metrics.jsonl, else the "
+     "metrics of RUN_DIR/last.h5), the confusion matrix of best.h5 on the test set, the "
+     "run's config, and the checkpoints present with their epoch, size and integrity.",
+     ParsesCheckpoints::No, report_options, [](const Commands& c) { return cmd_report(c.report); }},
+    {"version", "The engine's version, its libraries' and the GPU's.", ParsesCheckpoints::No, no_options,
+     [](const Commands&) {
+       std::cout << version_text();
+       return 0;
+     }},
+};
+
+const Command* find_command(const std::string& name) {
+  for (const Command& c : kCommands)
+    if (name == c.name) return &c;
+  return nullptr;
+}
+
+void build_commands(CLI::App& app, Commands& c) {
+  app.formatter(make_formatter());
+  app.require_subcommand(1);
+  app.set_help_flag("-h,--help", "print this help and exit");  // copied by each command
+  for (const Command& cmd : kCommands) {
+    CLI::App* sub = app.add_subcommand(cmd.name, cmd.summary);
+    cmd.options(sub, c);
+    sub->formatter(make_formatter());
+  }
+  app.set_help_flag();  // after the subcommands, which copy it; main prints kMainHelp itself
+}
+
 // The subcommand being parsed when CLI11 threw (for the message), or null at the top.
 const CLI::App* deepest_parsed(const CLI::App& app) {
   for (const CLI::App* sub : app.get_subcommands()) return sub;
@@ -805,12 +823,10 @@ int engine::cli::run(int argc, char** argv, TrainerObserver* also) {
     return 0;
   }
 
+  if (!find_command(first)) fail("unknown command '" + first + "' (see engine --help)", kExitUsage);
   CLI::App app{"", "engine"};
   Commands c;
   build_commands(app, c);
-  const std::vector<CLI::App*> commands = app.get_subcommands({});
-  if (std::none_of(commands.begin(), commands.end(), [&](const CLI::App* s) { return s->get_name() == first; }))
-    fail("unknown command '" + first + "' (see engine --help)", kExitUsage);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -823,31 +839,10 @@ int engine::cli::run(int argc, char** argv, TrainerObserver* also) {
     fail(cmd + ": " + e.what() + " (see engine " + cmd + " --help)", kExitUsage);
   }
 
-  const CLI::App* sub = deepest_parsed(app);
-  const std::string cmd = sub->get_name();
+  const Command& cmd = *find_command(deepest_parsed(app)->get_name());
   try {
-    if (cmd == "version") {
-      std::cout << version_text();
-      return 0;
-    }
-    // Forked now, while the process is small: training loads checkpoints later
-    // (resume, verification after a save), and the parser keeps what it shares.
-    if (cmd == "train" || cmd == "resume" || cmd == "eval") start_checkpoint_parser();
-    if (cmd == "train") return cmd_train(c.train);
-    if (cmd == "resume") return cmd_resume(c.resume);
-    if (cmd == "eval") return cmd_eval(c.eval);
-    if (cmd == "inspect") {
-      std::cout << inspect_checkpoint(c.inspect_path);
-      return 0;
-    }
-    if (cmd == "verify") {
-      verify_checkpoint_file(c.verify_path);
-      std::cout << c.verify_path << ": OK\n";
-      return 0;
-    }
-    if (cmd == "diff") return cmd_diff(c.diff_a, c.diff_b);
-    if (cmd == "report") return cmd_report(c.report);
-    fail("unknown command '" + cmd + "' (see engine --help)", kExitUsage);
+    if (cmd.parser == ParsesCheckpoints::Yes) start_checkpoint_parser();
+    return cmd.run(c);
   } catch (const std::exception& e) {
     fail(e.what());
   }

@@ -1,5 +1,7 @@
 #include "engine/run_directory.h"
 
+#include "engine/run_files.h"
+
 #include <pthread.h>
 #include <signal.h>
 
@@ -35,15 +37,11 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 std::string file_for(CheckpointKind kind, int64_t epochs_done) {
   switch (kind) {
     case CheckpointKind::Last:
-    case CheckpointKind::MidEpoch: return "last.h5";
-    case CheckpointKind::Best: return "best.h5";
-    case CheckpointKind::Milestone: {
-      char name[32];
-      std::snprintf(name, sizeof name, "epoch_%04lld.h5", static_cast<long long>(epochs_done));
-      return name;
-    }
+    case CheckpointKind::MidEpoch: return run_files::kLast;
+    case CheckpointKind::Best: return run_files::kBest;
+    case CheckpointKind::Milestone: return run_files::milestone(epochs_done);
   }
-  return "last.h5";
+  return run_files::kLast;
 }
 
 // The writer thread takes no asynchronous signal: the CLI's handlers run on the training
@@ -90,7 +88,7 @@ struct RunDirectory::Impl {
     // One writer per run directory, for as long as this lives (run_lock.h).
     if (given && fs::equivalent(given->dir(), dir)) lock.emplace(std::move(*given));
     else lock.emplace(RunDirLock::acquire(dir));
-    sweep_dead_writers(dir);
+    sweep_dead_writers(dir, {std::string(run_files::kTensorBoard) + "/" + run_files::kEventsRewrite});
     if (cfg.checkpoint.async) writer = std::thread([this] { writer_loop(); });
   }
 
@@ -388,7 +386,7 @@ void RunDirectory::record_metrics(Trainer& trainer, const std::optional<EvalResu
             "\n";
   // Written after the checkpoints asked before it, in order, like them off this thread.
   Impl::Job job;
-  job.path = path("metrics.jsonl");
+  job.path = path(run_files::kMetrics);
   job.text = std::move(text);
   job.history = trainer.history();
   job.test = test;

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "engine/checkpoint.h"
+#include "engine/run_files.h"
 #include "io/atomic_file.h"
 #include "io/crc32c.h"
 
@@ -155,7 +156,7 @@ std::string run_events(double start_time, const std::vector<EpochMetrics>& histo
 
 std::string write_run_events(const std::string& run_dir, const std::vector<EpochMetrics>& history,
                              const std::optional<EvalResult>& test) {
-  const fs::path dir = fs::path(run_dir) / "tensorboard";
+  const fs::path dir = fs::path(run_dir) / run_files::kTensorBoard;
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) fail(dir.string(), ec.message());
@@ -178,7 +179,7 @@ std::string write_run_events(const std::string& run_dir, const std::vector<Epoch
   }
   const fs::path path = dir / name;
   // The temporary name lacks "tfevents", so TensorBoard never reads a half-written file.
-  const fs::path tmp = dir / ".events-rewrite.tmp";
+  const fs::path tmp = dir / run_files::kEventsRewrite;
   write_file_synced(tmp.string(), run_events(start_time, history, test));
   fs::rename(tmp, path, ec);
   if (ec) fail(path.string(), ec.message());

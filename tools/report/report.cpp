@@ -1,5 +1,7 @@
 #include "report/report.h"
 
+#include "engine/run_files.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -149,10 +151,10 @@ RunMetrics read_metrics_checkpoint(const fs::path& path) {
 }
 
 RunMetrics read_metrics(const fs::path& dir) {
-  const fs::path jsonl = dir / "metrics.jsonl";
+  const fs::path jsonl = dir / run_files::kMetrics;
   std::optional<RunMetrics> m = read_metrics_jsonl(jsonl);
   if (m && !m->epochs.empty()) return *m;
-  const fs::path last = dir / "last.h5";
+  const fs::path last = dir / run_files::kLast;
   std::string why = fs::exists(jsonl) ? jsonl.string() + " holds no epoch" : "no " + jsonl.string();
   if (fs::exists(last)) {
     try {
@@ -176,9 +178,9 @@ std::vector<CheckpointRow> scan_checkpoints(const fs::path& dir, std::string& co
     char tail[8] = {0};
     const bool milestone = f.size() == 13 && std::sscanf(f.c_str(), "epoch_%4lld.%3s", &e, tail) == 2 &&
                            std::string(tail) == "h5";
-    if (f == "last.h5" || f == "best.h5" || milestone) files.push_back(f);
+    if (f == run_files::kLast || f == run_files::kBest || milestone) files.push_back(f);
   }
-  auto rank = [](const std::string& f) { return f == "last.h5" ? 0 : f == "best.h5" ? 1 : 2; };
+  auto rank = [](const std::string& f) { return f == run_files::kLast ? 0 : f == run_files::kBest ? 1 : 2; };
   std::sort(files.begin(), files.end(), [&](const std::string& a, const std::string& b) {
     return rank(a) != rank(b) ? rank(a) < rank(b) : a < b;
   });
@@ -198,7 +200,7 @@ std::vector<CheckpointRow> scan_checkpoints(const fs::path& dir, std::string& co
       r.step_in_epoch = t.get_int("step_in_epoch");
       r.created_utc = c.meta.created_utc;
       r.saved_on = c.meta.saved_on;
-      if (config_json.empty() || f == "last.h5") config_json = c.config_json;
+      if (config_json.empty() || f == run_files::kLast) config_json = c.config_json;
     } catch (const std::exception& e) {
       if (r.integrity.empty()) r.integrity = e.what();
     }
@@ -213,7 +215,7 @@ std::vector<CheckpointRow> scan_checkpoints(const fs::path& dir, std::string& co
 // from the dataset the stored config names.
 std::optional<BestEvaluation> evaluate_best(const fs::path& dir, const ReportOptions& opt,
                                             std::vector<std::string>& notes) {
-  const fs::path best = dir / "best.h5";
+  const fs::path best = dir / run_files::kBest;
   if (!fs::exists(best)) {
     notes.push_back(best.string() + ": not present, no confusion matrix");
     return std::nullopt;
@@ -478,7 +480,7 @@ ReportSummary write_run_report(const std::string& run_dir, const ReportOptions& 
   const std::vector<CheckpointRow> checkpoints = scan_checkpoints(dir, config_json);
   const std::optional<BestEvaluation> best = evaluate_best(dir, options, summary.notes);
   if (best) summary.best_test = best->result;
-  summary.path = options.output.empty() ? (dir / "report.html").string() : options.output;
+  summary.path = options.output.empty() ? (dir / run_files::kReport).string() : options.output;
 
   const auto& h = metrics.epochs;
   std::vector<Series> acc = {series_of(h, &EpochMetrics::val_acc, "val_acc", "#2ca02c")};
