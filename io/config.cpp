@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <sstream>
@@ -376,106 +377,228 @@ const char* to_string(DistBackend v) {
   return "auto";
 }
 
+// ---------------------------------------------------------------------------------------
+// The keys: one row each, in the order they are read (the first bad key is the one
+// reported) and documented (docs/config.md, whose key tables a test checks against
+// config_keys()). A row names the key, says how its value is read and checked, and
+// where it lives in Config; the reader, the writer (config_to_json, hence the list of
+// accepted keys: default_config_json is the schema) and the documentation's type,
+// default and range all come from it.
+
+namespace {
+
+struct ConfigKey {
+  const char* dotted;
+  const char* type;   // as docs/config.md states it
+  const char* range;  // likewise ("" when there is nothing to say)
+  std::function<void(const Reader&, Config&)> read;
+  std::function<json(const Config&)> write;
+};
+
+// `field` is a generic lambda [](auto& c) -> auto& { return c.section.key; }: the same
+// accessor serves the reader (Config&) and the writer (const Config&).
+template <class F>
+ConfigKey integer_key(const char* dotted, F field, int64_t lo, int64_t hi, const char* range) {
+  return {dotted, "integer", range, [=](const Reader& r, Config& c) { r.integer(dotted, field(c), lo, hi); },
+          [=](const Config& c) { return json(field(c)); }};
+}
+
+template <class F>
+ConfigKey nullable_integer_key(const char* dotted, F field, int64_t lo, const char* range) {
+  return {dotted, "integer, nullable", range,
+          [=](const Reader& r, Config& c) { r.optional_integer(dotted, field(c), lo, kInt64Max); },
+          [=](const Config& c) { return nullable(field(c)); }};
+}
+
+// A real with a condition on its value (`holds`), reported as `condition`.
+template <class F, class P>
+ConfigKey real_key(const char* dotted, F field, P holds, const char* condition, const char* range) {
+  return {dotted, "real", range,
+          [=](const Reader& r, Config& c) {
+            r.real(dotted, field(c));
+            r.require(dotted, holds(field(c)), condition);
+          },
+          [=](const Config& c) { return json(field(c)); }};
+}
+
+template <class F>
+ConfigKey any_real_key(const char* dotted, F field, const char* range) {
+  return {dotted, "real", range, [=](const Reader& r, Config& c) { r.real(dotted, field(c)); },
+          [=](const Config& c) { return json(field(c)); }};
+}
+
+template <class F>
+ConfigKey nonempty_string_key(const char* dotted, F field, const char* range) {
+  return {dotted, "string", range, [=](const Reader& r, Config& c) { r.nonempty_string(dotted, field(c)); },
+          [=](const Config& c) { return json(field(c)); }};
+}
+
+template <class F>
+ConfigKey boolean_key(const char* dotted, F field) {
+  return {dotted, "boolean", "", [=](const Reader& r, Config& c) { r.boolean(dotted, field(c)); },
+          [=](const Config& c) { return json(field(c)); }};
+}
+
+template <class Enum, class F>
+ConfigKey choice_key(const char* dotted, F field, std::initializer_list<Enum> choices, const char* range) {
+  const std::vector<Enum> all(choices);
+  return {dotted, "string", range,
+          [=](const Reader& r, Config& c) {
+            std::string text;
+            if (!r.string(dotted, text)) return;
+            std::string names;
+            for (const Enum e : all) {
+              if (text == to_string(e)) {
+                field(c) = e;
+                return;
+              }
+              names += (names.empty() ? "" : ", ") + std::string(to_string(e));
+            }
+            r.fail(dotted, "must be one of " + names + ", got " + short_dump(*r.find(dotted)));
+          },
+          [=](const Config& c) { return json(to_string(field(c))); }};
+}
+
+#define ENGINE_FIELD(path) [](auto& c) -> auto& { return c.path; }
+
+const std::vector<ConfigKey>& keys() {
+  static const std::vector<ConfigKey> table = {
+      {"seed", "integer", "0 … 2^63−1",
+       [](const Reader& r, Config& c) {
+         int64_t seed = 0;
+         if (r.integer("seed", seed, 0, kInt64Max)) c.seed = static_cast<uint64_t>(seed);
+       },
+       [](const Config& c) { return json(c.seed); }},
+      {"device", "string", "`auto`, `cpu`, `cuda`, `cuda:N`",
+       [](const Reader& r, Config& c) {
+         if (r.string("device", c.device) && !valid_device(c.device))
+           r.fail("device", "must be one of auto, cpu, cuda, cuda:N (N a device index), got " +
+                                short_dump(*r.find("device")));
+       },
+       [](const Config& c) { return json(c.device); }},
+
+      nonempty_string_key("data.dir", ENGINE_FIELD(data.dir), "non-empty"),
+      integer_key("data.batch_size", ENGINE_FIELD(data.batch_size), 1, 65536, "1 … 65536"),
+      integer_key("data.val_split", ENGINE_FIELD(data.val_split), 0, INT_MAX,
+                  "≥ 0, and less than the number of training images"),
+      nullable_integer_key("data.train_limit", ENGINE_FIELD(data.train_limit), 1, "≥ 1"),
+      nullable_integer_key("data.test_limit", ENGINE_FIELD(data.test_limit), 1, "≥ 1"),
+      any_real_key("data.mean", ENGINE_FIELD(data.mean), "finite"),
+      real_key("data.std", ENGINE_FIELD(data.std), [](double v) { return v > 0; }, "must be > 0", "> 0"),
+
+      // The models are a layer above this one: require_choice against model_names().
+      nonempty_string_key("model.name", ENGINE_FIELD(model.name), "`fashion_cnn`, `mlp`"),
+      real_key("model.dropout", ENGINE_FIELD(model.dropout), [](double v) { return v >= 0 && v < 1; },
+               "must be in [0, 1)", "[0, 1)"),
+
+      choice_key("optimizer.name", ENGINE_FIELD(optimizer.name), {OptimizerName::AdamW, OptimizerName::Adam},
+                 "`adamw`, `adam`"),
+      real_key("optimizer.lr", ENGINE_FIELD(optimizer.lr), [](double v) { return v > 0; }, "must be > 0", "> 0"),
+      {"optimizer.betas", "array of 2 reals", "each in [0, 1)",
+       [](const Reader& r, Config& c) {
+         const json* betas = r.find("optimizer.betas");
+         if (!betas) return;
+         if (!betas->is_array() || betas->size() != 2)
+           r.fail("optimizer.betas", "must be an array of 2 numbers [beta1, beta2], got " + describe(*betas));
+         double* targets[2] = {&c.optimizer.beta1, &c.optimizer.beta2};
+         for (size_t i = 0; i < 2; ++i) {
+           const std::string key = "optimizer.betas[" + std::to_string(i) + "]";
+           const double b = r.real_value(key, (*betas)[i]);
+           if (!(b >= 0 && b < 1)) r.fail(key, "must be in [0, 1), got " + short_dump((*betas)[i]));
+           *targets[i] = b;
+         }
+       },
+       [](const Config& c) { return json::array({c.optimizer.beta1, c.optimizer.beta2}); }},
+      real_key("optimizer.eps", ENGINE_FIELD(optimizer.eps), [](double v) { return v > 0; }, "must be > 0", "> 0"),
+      real_key("optimizer.weight_decay", ENGINE_FIELD(optimizer.weight_decay), [](double v) { return v >= 0; },
+               "must be >= 0", "≥ 0"),
+
+      choice_key("scheduler.name", ENGINE_FIELD(scheduler.name), {SchedulerName::Cosine, SchedulerName::Constant},
+                 "`cosine`, `constant`"),
+      nullable_integer_key("scheduler.t_max", ENGINE_FIELD(scheduler.t_max), 1, "≥ 1"),
+      real_key("scheduler.eta_min", ENGINE_FIELD(scheduler.eta_min), [](double v) { return v >= 0; },
+               "must be >= 0", "≥ 0"),
+
+      choice_key("precision.mode", ENGINE_FIELD(precision.mode), {PrecisionMode::Fp32, PrecisionMode::Fp16},
+                 "`fp32`, `fp16`"),
+      real_key("precision.loss_scale.init", ENGINE_FIELD(precision.loss_scale.init),
+               [](double v) { return v > 0; }, "must be > 0", "> 0, finite"),
+      real_key("precision.loss_scale.growth_factor", ENGINE_FIELD(precision.loss_scale.growth_factor),
+               [](double v) { return v > 1; }, "must be > 1", "> 1"),
+      real_key("precision.loss_scale.backoff_factor", ENGINE_FIELD(precision.loss_scale.backoff_factor),
+               [](double v) { return v > 0 && v < 1; }, "must be in (0, 1)", "(0, 1)"),
+      integer_key("precision.loss_scale.growth_interval", ENGINE_FIELD(precision.loss_scale.growth_interval), 1,
+                  kInt64Max, "≥ 1"),
+
+      integer_key("train.epochs", ENGINE_FIELD(train.epochs), 1, kInt64Max, "≥ 1"),
+      choice_key("train.early_stopping.monitor", ENGINE_FIELD(train.early_stopping.monitor),
+                 {MonitorMetric::ValLoss, MonitorMetric::ValAcc}, "`val_loss`, `val_acc`"),
+      integer_key("train.early_stopping.patience", ENGINE_FIELD(train.early_stopping.patience), 0, kInt64Max, "≥ 0"),
+      real_key("train.early_stopping.min_delta", ENGINE_FIELD(train.early_stopping.min_delta),
+               [](double v) { return v >= 0; }, "must be >= 0", "≥ 0"),
+
+      nonempty_string_key("checkpoint.dir", ENGINE_FIELD(checkpoint.dir), "non-empty"),
+      integer_key("checkpoint.keep_last", ENGINE_FIELD(checkpoint.keep_last), 1, kInt64Max, "≥ 1"),
+      nullable_integer_key("checkpoint.every_n_epochs", ENGINE_FIELD(checkpoint.every_n_epochs), 1, "≥ 1"),
+      nullable_integer_key("checkpoint.every_n_steps", ENGINE_FIELD(checkpoint.every_n_steps), 1, "≥ 1"),
+      {"checkpoint.keep_epochs", "array of integers", "each ≥ 1",
+       [](const Reader& r, Config& c) {
+         const json* keep = r.find("checkpoint.keep_epochs");
+         if (!keep) return;
+         if (!keep->is_array())
+           r.fail("checkpoint.keep_epochs", "must be an array of epoch numbers, got " + describe(*keep));
+         c.checkpoint.keep_epochs.clear();
+         for (size_t i = 0; i < keep->size(); ++i)
+           c.checkpoint.keep_epochs.push_back(
+               r.integer_value("checkpoint.keep_epochs[" + std::to_string(i) + "]", (*keep)[i], 1, kInt64Max));
+       },
+       [](const Config& c) { return json(c.checkpoint.keep_epochs); }},
+      boolean_key("checkpoint.verify", ENGINE_FIELD(checkpoint.verify)),
+      boolean_key("checkpoint.async", ENGINE_FIELD(checkpoint.async)),
+      choice_key("checkpoint.on_error", ENGINE_FIELD(checkpoint.on_error),
+                 {SaveErrorPolicy::Stop, SaveErrorPolicy::Continue}, "`stop`, `continue`"),
+
+      boolean_key("logging.tensorboard", ENGINE_FIELD(logging.tensorboard)),
+
+      boolean_key("cuda.deterministic", ENGINE_FIELD(cuda.deterministic)),
+      boolean_key("cuda.batch_chunks", ENGINE_FIELD(cuda.batch_chunks)),
+
+      choice_key("dist.backend", ENGINE_FIELD(dist.backend), {DistBackend::Auto, DistBackend::Mpi, DistBackend::Nccl},
+                 "`auto`, `mpi`, `nccl`"),
+      real_key("dist.timeout_s", ENGINE_FIELD(dist.timeout_s), [](double v) { return v > 0; }, "must be > 0", "> 0"),
+  };
+  return table;
+}
+
+#undef ENGINE_FIELD
+
+// j[a][b][c] = v for the dotted key "a.b.c".
+void set_dotted(json& j, const std::string& dotted, json v) {
+  json* node = &j;
+  std::string::size_type start = 0;
+  for (auto dot = dotted.find('.'); dot != std::string::npos; dot = dotted.find('.', start)) {
+    node = &(*node)[dotted.substr(start, dot - start)];
+    start = dot + 1;
+  }
+  (*node)[dotted.substr(start)] = std::move(v);
+}
+
+}  // namespace
+
 Config config_from_json(const json& j, const std::string& origin) {
   const Reader r(j, origin);
   if (!j.is_object()) r.fail("config must be a JSON object, got " + describe(j));
   r.check_structure(j, default_config_json(), "");
-
   Config c;
-  int64_t seed = 0;
-  if (r.integer("seed", seed, 0, kInt64Max)) c.seed = static_cast<uint64_t>(seed);
-  if (r.string("device", c.device) && !valid_device(c.device))
-    r.fail("device", "must be one of auto, cpu, cuda, cuda:N (N a device index), got " +
-                         short_dump(*r.find("device")));
-
-  DataConfig& d = c.data;
-  r.nonempty_string("data.dir", d.dir);
-  r.integer("data.batch_size", d.batch_size, 1, 65536);
-  r.integer("data.val_split", d.val_split, 0, INT_MAX);
-  r.optional_integer("data.train_limit", d.train_limit, 1, kInt64Max);
-  r.optional_integer("data.test_limit", d.test_limit, 1, kInt64Max);
-  r.real("data.mean", d.mean);
-  r.real("data.std", d.std);
-  r.require("data.std", d.std > 0, "must be > 0");
-
-  // The models are a layer above this one: require_choice against model_names().
-  r.nonempty_string("model.name", c.model.name);
-  r.real("model.dropout", c.model.dropout);
-  r.require("model.dropout", c.model.dropout >= 0 && c.model.dropout < 1, "must be in [0, 1)");
-
-  OptimizerConfig& o = c.optimizer;
-  r.choice("optimizer.name", o.name, {OptimizerName::AdamW, OptimizerName::Adam});
-  r.real("optimizer.lr", o.lr);
-  r.require("optimizer.lr", o.lr > 0, "must be > 0");
-  if (const json* betas = r.find("optimizer.betas")) {
-    if (!betas->is_array() || betas->size() != 2)
-      r.fail("optimizer.betas", "must be an array of 2 numbers [beta1, beta2], got " +
-                                    describe(*betas));
-    double* targets[2] = {&o.beta1, &o.beta2};
-    for (size_t i = 0; i < 2; ++i) {
-      const std::string key = "optimizer.betas[" + std::to_string(i) + "]";
-      const double b = r.real_value(key, (*betas)[i]);
-      if (!(b >= 0 && b < 1)) r.fail(key, "must be in [0, 1), got " + short_dump((*betas)[i]));
-      *targets[i] = b;
-    }
-  }
-  r.real("optimizer.eps", o.eps);
-  r.require("optimizer.eps", o.eps > 0, "must be > 0");
-  r.real("optimizer.weight_decay", o.weight_decay);
-  r.require("optimizer.weight_decay", o.weight_decay >= 0, "must be >= 0");
-
-  SchedulerConfig& s = c.scheduler;
-  r.choice("scheduler.name", s.name, {SchedulerName::Cosine, SchedulerName::Constant});
-  r.optional_integer("scheduler.t_max", s.t_max, 1, kInt64Max);
-  r.real("scheduler.eta_min", s.eta_min);
-  r.require("scheduler.eta_min", s.eta_min >= 0, "must be >= 0");
-
-  PrecisionConfig& p = c.precision;
-  r.choice("precision.mode", p.mode, {PrecisionMode::Fp32, PrecisionMode::Fp16});
-  LossScaleConfig& ls = p.loss_scale;
-  r.real("precision.loss_scale.init", ls.init);
-  r.require("precision.loss_scale.init", ls.init > 0, "must be > 0");
-  r.real("precision.loss_scale.growth_factor", ls.growth_factor);
-  r.require("precision.loss_scale.growth_factor", ls.growth_factor > 1, "must be > 1");
-  r.real("precision.loss_scale.backoff_factor", ls.backoff_factor);
-  r.require("precision.loss_scale.backoff_factor", ls.backoff_factor > 0 && ls.backoff_factor < 1,
-            "must be in (0, 1)");
-  r.integer("precision.loss_scale.growth_interval", ls.growth_interval, 1, kInt64Max);
-
-  TrainConfig& t = c.train;
-  r.integer("train.epochs", t.epochs, 1, kInt64Max);
-  r.choice("train.early_stopping.monitor", t.early_stopping.monitor,
-           {MonitorMetric::ValLoss, MonitorMetric::ValAcc});
-  r.integer("train.early_stopping.patience", t.early_stopping.patience, 0, kInt64Max);
-  r.real("train.early_stopping.min_delta", t.early_stopping.min_delta);
-  r.require("train.early_stopping.min_delta", t.early_stopping.min_delta >= 0, "must be >= 0");
-
-  CheckpointConfig& ck = c.checkpoint;
-  r.nonempty_string("checkpoint.dir", ck.dir);
-  r.integer("checkpoint.keep_last", ck.keep_last, 1, kInt64Max);
-  r.optional_integer("checkpoint.every_n_epochs", ck.every_n_epochs, 1, kInt64Max);
-  r.optional_integer("checkpoint.every_n_steps", ck.every_n_steps, 1, kInt64Max);
-  if (const json* keep = r.find("checkpoint.keep_epochs")) {
-    if (!keep->is_array())
-      r.fail("checkpoint.keep_epochs", "must be an array of epoch numbers, got " + describe(*keep));
-    ck.keep_epochs.clear();
-    for (size_t i = 0; i < keep->size(); ++i)
-      ck.keep_epochs.push_back(r.integer_value("checkpoint.keep_epochs[" + std::to_string(i) + "]",
-                                               (*keep)[i], 1, kInt64Max));
-  }
-  r.boolean("checkpoint.verify", ck.verify);
-  r.boolean("checkpoint.async", ck.async);
-  r.choice("checkpoint.on_error", ck.on_error, {SaveErrorPolicy::Stop, SaveErrorPolicy::Continue});
-
-  r.boolean("logging.tensorboard", c.logging.tensorboard);
-
-  r.boolean("cuda.deterministic", c.cuda.deterministic);
-  r.boolean("cuda.batch_chunks", c.cuda.batch_chunks);
-
-  r.choice("dist.backend", c.dist.backend, {DistBackend::Auto, DistBackend::Mpi, DistBackend::Nccl});
-  r.real("dist.timeout_s", c.dist.timeout_s);
-  r.require("dist.timeout_s", c.dist.timeout_s > 0, "must be > 0");
+  for (const ConfigKey& k : keys()) k.read(r, c);
   return c;
+}
+
+std::vector<ConfigKeyInfo> config_keys() {
+  const Config defaults;
+  std::vector<ConfigKeyInfo> out;
+  for (const ConfigKey& k : keys()) out.push_back({k.dotted, k.type, k.range, k.write(defaults).dump()});
+  return out;
 }
 
 Config load_config(const std::string& path) {
@@ -577,64 +700,8 @@ void require_choice(const std::string& origin, const std::string& key, const std
 }
 
 json config_to_json(const Config& c) {
-  json j;
-  j["seed"] = c.seed;
-  j["device"] = c.device;
-  j["data"] = {
-      {"dir", c.data.dir},
-      {"batch_size", c.data.batch_size},
-      {"val_split", c.data.val_split},
-      {"train_limit", nullable(c.data.train_limit)},
-      {"test_limit", nullable(c.data.test_limit)},
-      {"mean", c.data.mean},
-      {"std", c.data.std},
-  };
-  j["model"] = {{"name", c.model.name}, {"dropout", c.model.dropout}};
-  j["optimizer"] = {
-      {"name", to_string(c.optimizer.name)},
-      {"lr", c.optimizer.lr},
-      {"betas", json::array({c.optimizer.beta1, c.optimizer.beta2})},
-      {"eps", c.optimizer.eps},
-      {"weight_decay", c.optimizer.weight_decay},
-  };
-  j["scheduler"] = {
-      {"name", to_string(c.scheduler.name)},
-      {"t_max", nullable(c.scheduler.t_max)},
-      {"eta_min", c.scheduler.eta_min},
-  };
-  const LossScaleConfig& ls = c.precision.loss_scale;
-  j["precision"] = {
-      {"mode", to_string(c.precision.mode)},
-      {"loss_scale",
-       {
-           {"init", ls.init},
-           {"growth_factor", ls.growth_factor},
-           {"backoff_factor", ls.backoff_factor},
-           {"growth_interval", ls.growth_interval},
-       }},
-  };
-  j["train"] = {
-      {"epochs", c.train.epochs},
-      {"early_stopping",
-       {
-           {"monitor", to_string(c.train.early_stopping.monitor)},
-           {"patience", c.train.early_stopping.patience},
-           {"min_delta", c.train.early_stopping.min_delta},
-       }},
-  };
-  j["checkpoint"] = {
-      {"dir", c.checkpoint.dir},
-      {"keep_last", c.checkpoint.keep_last},
-      {"every_n_epochs", nullable(c.checkpoint.every_n_epochs)},
-      {"every_n_steps", nullable(c.checkpoint.every_n_steps)},
-      {"keep_epochs", json(c.checkpoint.keep_epochs)},
-      {"verify", c.checkpoint.verify},
-      {"async", c.checkpoint.async},
-      {"on_error", to_string(c.checkpoint.on_error)},
-  };
-  j["logging"] = {{"tensorboard", c.logging.tensorboard}};
-  j["cuda"] = {{"deterministic", c.cuda.deterministic}, {"batch_chunks", c.cuda.batch_chunks}};
-  j["dist"] = {{"backend", to_string(c.dist.backend)}, {"timeout_s", c.dist.timeout_s}};
+  json j = json::object();
+  for (const ConfigKey& k : keys()) set_dotted(j, k.dotted, k.write(c));
   return j;
 }
 

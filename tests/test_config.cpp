@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -573,5 +574,46 @@ TEST_CASE("overrides") {
     json bad = json::parse(R"({"train": 5})");
     CHECK(contains(config_error([&] { engine::apply_override(bad, "train.epochs=3"); }),
                    "'train' in the config is not an object"));
+  }
+}
+
+// docs/config.md's key tables against the config's own table (config_keys()): every key
+// documented once, with the type, default and range the reader applies; no row for a
+// key that does not exist.
+TEST_CASE("docs/config.md documents every key with its type, default and range, and no other") {
+  std::ifstream in(source_dir() / "docs" / "config.md");
+  REQUIRE(in);
+  struct Row {
+    std::string type, default_text, range;
+  };
+  std::map<std::string, Row> rows;
+  std::string line;
+  auto trim = [](std::string t) {
+    const auto b = t.find_first_not_of(' '), e = t.find_last_not_of(' ');
+    return b == std::string::npos ? std::string() : t.substr(b, e - b + 1);
+  };
+  while (std::getline(in, line)) {
+    if (line.rfind("| `", 0) != 0) continue;
+    std::vector<std::string> cells;
+    for (std::string::size_type at = 1, bar; (bar = line.find('|', at)) != std::string::npos; at = bar + 1)
+      cells.push_back(trim(line.substr(at, bar - at)));
+    if (cells.size() < 5 || cells[0].rfind("`--set", 0) == 0) continue;  // the --set examples
+    const std::string key = cells[0].substr(1, cells[0].size() - 2);
+    CAPTURE(key);
+    CHECK_MESSAGE(rows.count(key) == 0, "documented twice");
+    rows[key] = Row{cells[1], cells[2], cells[3]};
+  }
+  const std::vector<engine::ConfigKeyInfo> keys = engine::config_keys();
+  REQUIRE(keys.size() == rows.size());
+  for (const engine::ConfigKeyInfo& k : keys) {
+    CAPTURE(k.dotted);
+    const auto it = rows.find(k.dotted);
+    REQUIRE_MESSAGE(it != rows.end(), "not documented in docs/config.md");
+    CHECK(it->second.type == k.type);
+    CHECK(it->second.range == k.range);
+    // The default as the docs write it (`1e-3`, `"auto"`), read as JSON.
+    const std::string d = it->second.default_text;
+    REQUIRE(d.size() >= 2);
+    CHECK(nlohmann::json::parse(d.substr(1, d.size() - 2)) == nlohmann::json::parse(k.default_json));
   }
 }

@@ -155,4 +155,12 @@ nlohmann::json config_to_json(const Config& c);
 // The defaults as JSON (the schema of valid keys).
 nlohmann::json default_config_json();
 
+// One entry per config key, in file order, as docs/config.md's key tables state them:
+// the dotted name, the type ("integer, nullable", ...), the accepted range in the
+// documentation's words, and the default value as JSON text.
+struct ConfigKeyInfo {
+  std::string dotted, type, range, default_json;
+};
+std::vector<ConfigKeyInfo> config_keys();
+
 }  // namespace engine
