@@ -85,7 +85,7 @@ function(_engine_link_prefixes view prefixes)
     list(GET p 0 prefix)
     list(GET p 1 folder)
     if(NOT IS_DIRECTORY ${PROJECT_SOURCE_DIR}/${folder})
-      continue()  # a layer folder nobody has created yet (engine/run, engine/dist)
+      continue()  # a layer folder nobody has created yet
     endif()
     file(CREATE_LINK ${PROJECT_SOURCE_DIR}/${folder} ${view}/${prefix} SYMBOLIC)
   endforeach()
@@ -95,7 +95,7 @@ endfunction()
 
 # Kernels work on raw pointers and know no Tensor: the op list, its three
 # implementations, and the device runtime (memory, copies) the core types allocate through.
-set(_kernel_sources kernels/cpu/*.cpp)
+set(_kernel_sources kernels/ref/*.cpp kernels/cpu/*.cpp)
 if(ENGINE_WITH_CUDA)
   list(APPEND _kernel_sources kernels/cuda/*.cu kernels/cuda/*.cpp)
 else()
@@ -114,12 +114,12 @@ if(NOT ENGINE_WITH_CUDA)
   set_source_files_properties(kernels/no_cuda.cpp PROPERTIES COMPILE_OPTIONS -Wno-unused-parameter)
 endif()
 
-# Core types: tensors on a device, the state interface, named random streams. engine/dist
+# Core types: tensors on a device, the state interface, named random streams. engine/core/collective/
 # (the Collective) belongs here too; its sources are chosen by cmake/engine_mpi.cmake
 # (which implementation depends on whether MPI is found), so they are not globbed.
 engine_layer(core
   SOURCES engine/core/*.cpp
-  PREFIXES core=engine/core dist=engine/dist
+  PREFIXES core=engine/core
   HEADERS batch_chunks.h build_info.h collective.h device.h errors.h image_shape.h rng.h state.h
           tensor.h)
 
@@ -165,12 +165,12 @@ file(GLOB _stray CONFIGURE_DEPENDS LIST_DIRECTORIES false
   ${PROJECT_SOURCE_DIR}/engine/*.cpp ${PROJECT_SOURCE_DIR}/engine/*.h ${PROJECT_SOURCE_DIR}/engine/*.cu)
 if(_stray)
   message(FATAL_ERROR "${_stray}: in no layer; move it into the engine/ subfolder of its "
-    "layer (core, nn, train, run, dist; docs/architecture.md)")
+    "layer (core, nn, train, run; docs/architecture.md)")
 endif()
 file(GLOB _subdirs LIST_DIRECTORIES true RELATIVE ${PROJECT_SOURCE_DIR}/engine ${PROJECT_SOURCE_DIR}/engine/*)
 foreach(d IN LISTS _subdirs)
-  if(IS_DIRECTORY ${PROJECT_SOURCE_DIR}/engine/${d} AND NOT d MATCHES "^(core|dist|nn|train|run)$")
-    message(FATAL_ERROR "engine/${d}/ is no layer folder (core, dist, nn, train, run): "
+  if(IS_DIRECTORY ${PROJECT_SOURCE_DIR}/engine/${d} AND NOT d MATCHES "^(core|nn|train|run)$")
+    message(FATAL_ERROR "engine/${d}/ is no layer folder (core, nn, train, run): "
       "add it to cmake/engine_layers.cmake or move its files")
   endif()
 endforeach()

@@ -6,8 +6,8 @@
 option(ENGINE_NCCL "Build the NCCL collective when CUDA and nccl.h are found" ON)
 
 target_sources(engine PRIVATE
-  ${ENGINE_DIST_DIR}/nccl_bootstrap.cpp
-  ${ENGINE_DIST_DIR}/nccl_staging.cpp)
+  ${ENGINE_COLLECTIVE_DIR}/nccl_bootstrap.cpp
+  ${ENGINE_COLLECTIVE_DIR}/nccl_staging.cpp)
 
 set(ENGINE_WITH_NCCL OFF)
 if(ENGINE_NCCL AND ENGINE_WITH_CUDA)
@@ -25,14 +25,14 @@ if(ENGINE_WITH_NCCL)
     string(APPEND _nccl_version ".${part}")
   endforeach()
   string(SUBSTRING "${_nccl_version}" 1 -1 _nccl_version)
-  target_sources(engine PRIVATE ${ENGINE_DIST_DIR}/nccl_collective.cpp)
-  set_source_files_properties(${ENGINE_DIST_DIR}/nccl_collective.cpp PROPERTIES
+  target_sources(engine PRIVATE ${ENGINE_COLLECTIVE_DIR}/nccl_collective.cpp)
+  set_source_files_properties(${ENGINE_COLLECTIVE_DIR}/nccl_collective.cpp PROPERTIES
     INCLUDE_DIRECTORIES "${ENGINE_NCCL_INCLUDE_DIR};${CUDAToolkit_INCLUDE_DIRS}")
   target_link_libraries(engine PRIVATE ${CMAKE_DL_LIBS})
   message(STATUS "engine: NCCL ${_nccl_version} header found (${ENGINE_NCCL_INCLUDE_DIR}): dist.backend=nccl "
     "for CUDA ranks; libnccl.so.2 is opened at run time (dlopen), not linked")
 else()
-  target_sources(engine PRIVATE ${ENGINE_DIST_DIR}/nccl_none.cpp)
+  target_sources(engine PRIVATE ${ENGINE_COLLECTIVE_DIR}/nccl_none.cpp)
   message(STATUS "engine: NCCL not built (needs the CUDA backend and nccl.h, or ENGINE_NCCL=OFF): CUDA ranks "
     "exchange through host memory (dist.backend=mpi)")
 endif()

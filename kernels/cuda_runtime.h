@@ -35,7 +35,7 @@ StreamMark mark_stream();
 // Blocks (sleeping, not spinning) until the work before `mark` is done; null: returns.
 void wait_for(const StreamMark& mark);
 // The compute stream every op runs on, as a cudaStream_t (for NCCL, which must order
-// its exchanges on it: engine/dist/nccl_collective.cpp). Defined in kernels/cuda/chunk_ops.cu.
+// its exchanges on it: engine/core/collective/nccl_collective.cpp). Defined in kernels/cuda/chunk_ops.cu.
 void* compute_stream();
 
 // Versions for engine/build_info.cpp (`engine --version`); all empty in CPU-only builds.

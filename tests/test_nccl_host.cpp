@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/nccl_bootstrap.h"
+#include "core/collective/nccl_bootstrap.h"
 #include "engine/collective.h"
 #include "engine/dist_backend.h"
 

@@ -1,6 +1,6 @@
 // The exchanges of data-parallel training between the ranks of one job
 // (docs/distributed.md). No MPI or NCCL header here: the MPI implementation lives in
-// engine/dist/mpi_collective.cpp, compiled when CMake finds MPI.
+// engine/core/collective/mpi_collective.cpp, compiled when CMake finds MPI.
 //
 // Every cross-rank sum in the engine is a gather followed by an ordered sum that each
 // rank computes itself (kernels/chunk_tree.h), never a library reduction whose order
@@ -86,7 +86,7 @@ std::string mpi_library_version();
 std::unique_ptr<Collective> make_process_collective(const LaunchInfo& launch,
                                                     const CollectiveOptions& options = {});
 
-// NCCL (engine/dist/nccl_collective.cpp): whether this build has the NCCL collective
+// NCCL (engine/core/collective/nccl_collective.cpp): whether this build has the NCCL collective
 // (CUDA and nccl.h found at configure time), and the version of the libnccl.so.2 that
 // loads at run time ("" when none loads: the library is opened with dlopen on first use,
 // so a binary without NCCL installed still runs everything else).

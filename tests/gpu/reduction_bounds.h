@@ -6,7 +6,7 @@
 // the bounds must stay within a few ulp. tests/gpu/test_cuda_ops.cpp applies the same
 // bounds to the real GPU.
 //
-// Derivation. The reference (kernels/cpu/reference.cpp) and the GPU kernels
+// Derivation. The reference (kernels/ref/reference.cpp) and the GPU kernels
 // (kernels/cuda/elementwise_ops.cu) evaluate the same formulas with the same types:
 // every per-element term is computed by the same double operations in the same order
 // (with -fmad=false and -ffp-contract=off neither side fuses), so the terms are equal

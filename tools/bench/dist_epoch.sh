@@ -140,7 +140,7 @@ print(f"ratio engine {W} ranks / pytorch DDP: {r2:.3f}   (target <= 0.6: {'met' 
 # Bytes per training step per rank, from the layer shapes (the model of
 # tools/torch_interop.py, = models/fashion_cnn.cpp) and the global batch of the config.
 # What the engine exchanges per step, each one allgather of a fixed-size piece
-# (engine/nn/layers.cpp, engine/dist/batch_chunks.cpp, engine/train/trainer.cpp):
+# (engine/nn/layers.cpp, engine/core/collective/batch_chunks.cpp, engine/train/trainer.cpp):
 #   Conv2d / Linear backward: the weight gradient's subtree sums (float) and the bias
 #     gradient's (double): 2 allgathers;
 #   BatchNorm2d (synchronised): forward sum(x) and sum((x-mean)^2), C doubles each;

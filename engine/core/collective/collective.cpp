@@ -5,7 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "dist/mpi_entry.h"
+#include "core/collective/mpi_entry.h"
 
 namespace engine {
 

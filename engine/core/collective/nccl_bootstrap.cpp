@@ -1,4 +1,4 @@
-#include "dist/nccl_bootstrap.h"
+#include "core/collective/nccl_bootstrap.h"
 
 #include <stdexcept>
 #include <string>

@@ -17,7 +17,7 @@
 #include <string>
 #include <type_traits>
 
-#include "dist/nccl_bootstrap.h"
+#include "core/collective/nccl_bootstrap.h"
 #include "engine/collective.h"
 #include "kernels/cuda_runtime.h"
 

@@ -1,8 +1,8 @@
-// Builds without MPI: the single-process collective only (engine/dist/collective.cpp
+// Builds without MPI: the single-process collective only (engine/core/collective/collective.cpp
 // refuses a multi-rank launch before reaching here).
 #include <stdexcept>
 
-#include "dist/mpi_entry.h"
+#include "core/collective/mpi_entry.h"
 
 namespace engine {
 

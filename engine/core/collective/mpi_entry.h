@@ -1,5 +1,5 @@
-// The MPI side of engine/dist: engine/dist/mpi_collective.cpp where CMake found MPI,
-// engine/dist/no_mpi.cpp otherwise (cmake/engine_mpi.cmake picks one).
+// The MPI side of engine/core/collective: engine/core/collective/mpi_collective.cpp where CMake found MPI,
+// engine/core/collective/no_mpi.cpp otherwise (cmake/engine_mpi.cmake picks one).
 #pragma once
 #include <memory>
 

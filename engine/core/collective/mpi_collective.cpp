@@ -1,6 +1,6 @@
 // The collective over MPI_COMM_WORLD (Open MPI): compiled only when CMake finds MPI
 // (cmake/engine_mpi.cmake). MPI is initialised only when a launcher started this
-// process (engine/dist/collective.cpp decides); a plain run makes no MPI call.
+// process (engine/core/collective/collective.cpp decides); a plain run makes no MPI call.
 #include <mpi.h>
 
 #include <sched.h>
@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "dist/mpi_entry.h"
+#include "core/collective/mpi_entry.h"
 
 namespace engine {
 
