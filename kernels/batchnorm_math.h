@@ -5,10 +5,24 @@
 #pragma once
 #include <cmath>
 
+#include "engine/hd.h"
+
 namespace engine::kernels {
 
 // The mean from the tree sum of x over m elements (double, and rounded for the centred pass).
 inline double bn_mean(double sum, double m) { return sum / m; }
+
+// The running statistics after a training batch of m elements with mean `mean` and
+// centred sum of squares `sq`: the unbiased variance (PyTorch's convention), blended
+// by `momentum`. The one definition, for every backend and path (the reference keeps
+// its own, written out, on purpose).
+ENGINE_HD void bn_update_running(double mean, double sq, double m, float momentum, float& running_mean,
+                                 float& running_var) {
+  const double unbiased = m > 1 ? sq / (m - 1) : sq / m;
+  const double mom = momentum;
+  running_mean = static_cast<float>((1.0 - mom) * running_mean + mom * mean);
+  running_var = static_cast<float>((1.0 - mom) * running_var + mom * unbiased);
+}
 
 struct BnForwardFactors {
   float scale, shift;         // y = x * scale + shift
@@ -25,9 +39,7 @@ inline BnForwardFactors bn_forward_finish(double sum, double sq, double m, float
   BnForwardFactors f;
   f.scale = static_cast<float>(invstd * gamma);
   f.shift = static_cast<float>(beta - mean * invstd * gamma);
-  const double unbiased = m > 1 ? sq / (m - 1) : var;
-  running_mean = static_cast<float>((1.0 - momentum) * running_mean + momentum * mean);
-  running_var = static_cast<float>((1.0 - momentum) * running_var + momentum * unbiased);
+  bn_update_running(mean, sq, m, momentum, running_mean, running_var);
   f.save_mean = static_cast<float>(mean);
   f.save_invstd = static_cast<float>(invstd);
   return f;

@@ -53,20 +53,15 @@ void batchnorm_forward_train(const BatchNormShape& s, const float* x, const floa
         return d * d;
       });
     }
-    const double var = sq / m;
-    const double invstd = 1.0 / std::sqrt(var + eps);
-    // y = x * a + bias, folded once per channel.
-    const float a = static_cast<float>(invstd * gamma[c]);
-    const float bias = static_cast<float>(beta[c] - mean * invstd * gamma[c]);
+    // y = x * scale + shift, folded once per channel (kernels/batchnorm_math.h).
+    const BnForwardFactors f =
+        bn_forward_finish(sum, sq, m, gamma[c], beta[c], eps, momentum, running_mean[c], running_var[c]);
     for (int n = 0; n < s.n; ++n) {
       const int64_t off = (static_cast<int64_t>(n) * s.c + c) * s.hw;
-      for (int i = 0; i < s.hw; ++i) y[off + i] = x[off + i] * a + bias;
+      for (int i = 0; i < s.hw; ++i) y[off + i] = x[off + i] * f.scale + f.shift;
     }
-    const double unbiased = m > 1 ? sq / (m - 1) : var;
-    running_mean[c] = static_cast<float>((1.0 - momentum) * running_mean[c] + momentum * mean);
-    running_var[c] = static_cast<float>((1.0 - momentum) * running_var[c] + momentum * unbiased);
-    save_mean[c] = static_cast<float>(mean);
-    save_invstd[c] = static_cast<float>(invstd);
+    save_mean[c] = f.save_mean;
+    save_invstd[c] = f.save_invstd;
   }
 }
 

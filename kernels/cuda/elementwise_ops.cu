@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/batchnorm_math.h"
 #include "kernels/cuda/block_sum.h"
 #include "kernels/cuda/cast.h"
 #include "kernels/cuda/context.h"
@@ -230,11 +231,7 @@ __global__ void batchnorm_normalize_kernel(int n, int c, int64_t hw, const float
     if (blockIdx.y == 0) {
       save_mean[ch] = static_cast<float>(mean);
       save_invstd[ch] = static_cast<float>(invstd);
-      // Running variance uses the unbiased estimate (PyTorch's convention).
-      const double unbiased = m > 1 ? sq / static_cast<double>(m - 1) : var;
-      const double mom = momentum;
-      running_mean[ch] = static_cast<float>((1.0 - mom) * running_mean[ch] + mom * mean);
-      running_var[ch] = static_cast<float>((1.0 - mom) * running_var[ch] + mom * unbiased);
+      bn_update_running(mean, sq, static_cast<double>(m), momentum, running_mean[ch], running_var[ch]);
     }
   }
   __syncthreads();  // stats are written once, before any thread reads them
