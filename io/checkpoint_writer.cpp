@@ -1,6 +1,7 @@
 // Writing a checkpoint: the HDF5 image built in memory (docs/checkpoint-format.md,
 // section 2), sealed with its header, and written atomically (io/atomic_file.h).
 #include "io/aligned_bytes.h"
+#include "core/utc_time.h"
 #include "io/checkpoint_format.h"
 #include "io/checkpoint_hdf5.h"
 #include "io/checkpoint_header.h"
@@ -49,15 +50,6 @@ void check_for_save(const std::string& path, const Checkpoint& ckpt) {
         if (series->size() > kMaxElements) fail(path, "series " + group + "/" + key + " is too long");
     }
   }
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 class ImageWriter {
@@ -302,7 +294,7 @@ BuiltImage build_image(const H5Ctx& c, const Checkpoint& ckpt) {
         {"format", std::string(kFormatName)},
         {"format_version", kCheckpointFormatVersion},
         {"engine_version", std::string(ENGINE_VERSION)},
-        {"created_utc", utc_now()},
+        {"created_utc", utc_now(UtcFormat::Iso8601)},
         {"saved_on", ckpt.meta.saved_on},
         {"config", ckpt.config_json},
     };

@@ -1,5 +1,6 @@
 // The run directory's file names and housekeeping (engine/run_files.h).
 #include "engine/run_files.h"
+#include "core/utc_time.h"
 
 #include <cstdio>
 #include <ctime>
@@ -39,11 +40,7 @@ MovedAside move_previous_run_aside(const std::string& dir) {
   if (old.empty()) return moved;
   fs::path run = fs::absolute(fs::path(dir)).lexically_normal();
   if (run.filename().empty()) run = run.parent_path();  // "runs/x/"
-  char stamp[32];
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &utc);
+  const std::string stamp = utc_now(UtcFormat::Compact);
   fs::path aside = run.parent_path() / (run.filename().string() + ".replaced-" + stamp);
   for (int i = 2; fs::exists(aside); ++i)
     aside = run.parent_path() / (run.filename().string() + ".replaced-" + stamp + "-" + std::to_string(i));

@@ -1,4 +1,5 @@
 #include "engine/run_lock.h"
+#include "core/utc_time.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -18,11 +19,7 @@ std::string holder_text() {
   char host[256] = "?";
   if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
   host[sizeof host - 1] = '\0';
-  char since[32] = "?";
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  if (::gmtime_r(&now, &utc)) std::strftime(since, sizeof since, "%Y-%m-%d %H:%M:%S UTC", &utc);
-  return "pid " + std::to_string(::getpid()) + " on host " + host + " since " + since;
+  return "pid " + std::to_string(::getpid()) + " on host " + host + " since " + utc_now(UtcFormat::Readable);
 }
 
 // What the holder wrote, up to the first newline ("" when it has not written yet).

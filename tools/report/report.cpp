@@ -1,4 +1,5 @@
 #include "report/report.h"
+#include "core/utc_time.h"
 
 #include "engine/run_files.h"
 
@@ -456,15 +457,6 @@ std::string checkpoint_table(const std::vector<CheckpointRow>& rows) {
   return o.str();
 }
 
-std::string now_utc() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%SZ", &tm);
-  return buf;
-}
-
 }  // namespace
 
 ReportSummary write_run_report(const std::string& run_dir, const ReportOptions& options) {
@@ -495,7 +487,7 @@ ReportSummary write_run_report(const std::string& run_dir, const ReportOptions& 
   o << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
     << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
     << "<title>engine run report: " << escape_html(run_dir) << "</title><style>" << kStyle << "</style></head>\n<body>\n";
-  o << "<h1>Run report: " << escape_html(run_dir) << "</h1>\n<p class=\"meta\">Generated " << now_utc()
+  o << "<h1>Run report: " << escape_html(run_dir) << "</h1>\n<p class=\"meta\">Generated " << utc_now(UtcFormat::Readable)
     << " by engine report. Metrics from " << escape_html(metrics.source) << ".</p>\n";
 
   o << "<table id=\"summary\"><tbody>";
