@@ -121,7 +121,7 @@ void patches_pack(bool w_along_rows, const PaddedImages& im, PatchColumns column
   };
   PixelRun runs[kKc];  // each run has a column, and a stretch has at most kKc
   int64_t taps[kKc];
-  if (w_along_rows) {  // w: taps, kk: the pixel columns k0.. (the weight gradient's op(B))
+  if (w_along_rows) {  // w: taps, kk: the pixel columns k0.. (the weight gradient's P in P * dy^T)
     const int n_runs = pixel_runs(k0, kc, per_image, row, runs);
     for (int sl = 0; sl * W < count; ++sl) {
       float* dst = dst_all + static_cast<int64_t>(sl) * kc * W;
@@ -197,7 +197,7 @@ void image_rows_pack(bool w_along_rows, const float* src, int rows, int64_t pixe
                      int kc, float* dst_all) {
   PixelRun runs[kKc];
   auto at = [&](int row, const PixelRun& run) { return src + (run.image * rows + row) * pixels + run.pixel; };
-  if (w_along_rows) {  // w: rows, kk: the pixel columns k0.. (the weight gradient's op(A))
+  if (w_along_rows) {  // w: rows, kk: the pixel columns k0.. (the weight gradient's dy^T in P * dy^T)
     const int n_runs = pixel_runs(k0, kc, pixels, 0, runs);
     for (int sl = 0; sl * W < count; ++sl) {
       float* dst = dst_all + static_cast<int64_t>(sl) * kc * W;
