@@ -95,17 +95,21 @@ struct Shape {
 
 int main(int argc, char** argv) {
   const double budget = argc > 1 ? std::atof(argv[1]) : 0.3;
-  // One call of each kind per sub-batch of 8 images (conv) or chunk of 16 rows (linear),
-  // as kernels/cpu/conv.cpp and linear.cpp make them at batch 128.
+  // The calls kernels/cpu/conv.cpp and linear.cpp make at batch 128, as dense
+  // operands (the convolutions' patches are packed straight from the images there:
+  // kernel_bench times those ops whole): the forward per sub-batch of 8 images at the
+  // padded width, the weight gradients per chunk of 16 images with the taps as rows,
+  // the data gradient per sub-batch; fc1 per thread's 64 rows, its weight gradient per
+  // chunk and block of 64 input columns.
   const Shape shapes[] = {
-      {"conv1 forward", Trans::No, Trans::No, 32, 6272, 9, 1.0f},
-      {"conv1 dW", Trans::No, Trans::Yes, 32, 9, 6272, 1.0f},
-      {"conv2 forward", Trans::No, Trans::No, 64, 1568, 288, 1.0f},
-      {"conv2 dW", Trans::No, Trans::Yes, 64, 288, 1568, 1.0f},
+      {"conv1 forward", Trans::No, Trans::No, 32, 8 * 28 * 30, 9, 1.0f},
+      {"conv1 dW", Trans::No, Trans::Yes, 9, 32, 16 * 784, 0.0f},
+      {"conv2 forward", Trans::No, Trans::No, 64, 8 * 14 * 16, 288, 1.0f},
+      {"conv2 dW", Trans::No, Trans::Yes, 288, 64, 16 * 196, 0.0f},
       {"conv2 dX", Trans::Yes, Trans::No, 288, 1568, 64, 0.0f},
-      {"fc1 forward", Trans::No, Trans::Yes, 16, 128, 3136, 1.0f},
-      {"fc1 dW", Trans::Yes, Trans::No, 128, 3136, 128, 0.0f},
-      {"fc1 dX", Trans::No, Trans::No, 16, 3136, 128, 0.0f},
+      {"fc1 forward", Trans::No, Trans::Yes, 64, 128, 3136, 1.0f},
+      {"fc1 dW", Trans::Yes, Trans::No, 128, 64, 16, 0.0f},
+      {"fc1 dX", Trans::No, Trans::No, 64, 3136, 128, 0.0f},
   };
   std::vector<CpuKernels> paths;
   for (CpuKernels p : {CpuKernels::Avx512, CpuKernels::Avx2, CpuKernels::Portable})
