@@ -6,7 +6,6 @@
 // (the GPU pack cannot carry it) and a binary without NCCL installed still runs
 // everything else. nccl.h gives the types and, through decltype, the exact signatures.
 // ENGINE_NCCL_LIBRARY, when set, names the file to open instead of libnccl.so.2.
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include <cstdlib>
@@ -20,6 +19,7 @@
 #include "core/collective/nccl_bootstrap.h"
 #include "engine/collective.h"
 #include "kernels/cuda_runtime.h"
+#include "kernels/shared_library.h"
 
 namespace engine {
 
@@ -46,45 +46,27 @@ std::string library_name() {
 // is never closed: communicators may be destroyed as late as exit.
 NcclLibrary open_library() {
   const std::string name = library_name();
-  void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!handle) {
-    const char* why = dlerror();
-    throw std::runtime_error("dist.backend=nccl: cannot load the NCCL library " + name + " (" +
-                             (why ? why : "unknown error") +
+  std::string why;
+  void* handle = kernels::open_shared_library({name}, why);
+  if (!handle)
+    throw std::runtime_error("dist.backend=nccl: cannot load the NCCL library " + name + " (" + why +
                              "); put its folder on LD_LIBRARY_PATH (PyTorch's pip wheel has it under "
                              "site-packages/nvidia/nccl/lib), set ENGINE_NCCL_LIBRARY to the file, or use "
                              "dist.backend=mpi");
-  }
+  const std::string missing = "dist.backend=nccl: " + name + " (NCCL 2.x expected) has no symbol ";
   NcclLibrary lib;
-  auto resolve = [&](auto& fn, const char* symbol) {
-    void* p = dlsym(handle, symbol);
-    if (!p)
-      throw std::runtime_error("dist.backend=nccl: " + name + " has no symbol " + symbol +
-                               " (NCCL 2.x expected)");
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
-  };
-  resolve(lib.get_version, "ncclGetVersion");
-  resolve(lib.get_unique_id, "ncclGetUniqueId");
-  resolve(lib.comm_init_rank, "ncclCommInitRank");
-  resolve(lib.comm_destroy, "ncclCommDestroy");
-  resolve(lib.get_error_string, "ncclGetErrorString");
-  resolve(lib.all_gather, "ncclAllGather");
-  resolve(lib.broadcast, "ncclBroadcast");
+  kernels::resolve_symbol(handle, "ncclGetVersion", lib.get_version, missing);
+  kernels::resolve_symbol(handle, "ncclGetUniqueId", lib.get_unique_id, missing);
+  kernels::resolve_symbol(handle, "ncclCommInitRank", lib.comm_init_rank, missing);
+  kernels::resolve_symbol(handle, "ncclCommDestroy", lib.comm_destroy, missing);
+  kernels::resolve_symbol(handle, "ncclGetErrorString", lib.get_error_string, missing);
+  kernels::resolve_symbol(handle, "ncclAllGather", lib.all_gather, missing);
+  kernels::resolve_symbol(handle, "ncclBroadcast", lib.broadcast, missing);
   return lib;
 }
 
 // The process's library, loaded once; a failed load is retried (and reported) each time.
-const NcclLibrary& library() {
-  static std::mutex mutex;
-  static NcclLibrary lib;
-  static bool loaded = false;
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (!loaded) {
-    lib = open_library();
-    loaded = true;
-  }
-  return lib;
-}
+const NcclLibrary& library() { return kernels::load_once(open_library); }
 
 std::string version_string(int code) {
   // NCCL_VERSION(X, Y, Z) is X * 10000 + Y * 100 + Z since 2.9 (X * 1000 + Y * 100 + Z before).
