@@ -298,7 +298,7 @@ class Reader {
   // A fixed choice: the string as written in JSON, turned into its enum here, so
   // nothing past the config compares strings.
   template <typename Enum>
-  bool choice(const std::string& key, Enum& out, std::initializer_list<Enum> choices) const {
+  bool choice(const std::string& key, Enum& out, const std::vector<Enum>& choices) const {
     std::string text;
     if (!string(key, text)) return false;
     std::string names;
@@ -442,20 +442,7 @@ ConfigKey boolean_key(const char* dotted, F field) {
 template <class Enum, class F>
 ConfigKey choice_key(const char* dotted, F field, std::initializer_list<Enum> choices, const char* range) {
   const std::vector<Enum> all(choices);
-  return {dotted, "string", range,
-          [=](const Reader& r, Config& c) {
-            std::string text;
-            if (!r.string(dotted, text)) return;
-            std::string names;
-            for (const Enum e : all) {
-              if (text == to_string(e)) {
-                field(c) = e;
-                return;
-              }
-              names += (names.empty() ? "" : ", ") + std::string(to_string(e));
-            }
-            r.fail(dotted, "must be one of " + names + ", got " + short_dump(*r.find(dotted)));
-          },
+  return {dotted, "string", range, [=](const Reader& r, Config& c) { r.choice(dotted, field(c), all); },
           [=](const Config& c) { return json(to_string(field(c))); }};
 }
 

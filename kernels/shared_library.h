@@ -5,6 +5,7 @@
 #pragma once
 #include <dlfcn.h>
 
+#include <atomic>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -36,16 +37,18 @@ void resolve_symbol(void* handle, const char* symbol, Fn& fn, const std::string&
 }
 
 // The library `open` returns, opened once per process for each Library type; a failed
-// open (it throws) is retried, and reported again, on the next call.
+// open (it throws) is retried, and reported again, on the next call. Once loaded, a
+// call is one atomic load (the CUDA ops call it for every cuBLAS call), no lock.
 template <class Library>
 const Library& load_once(Library (*open)()) {
   static std::mutex mutex;
   static Library lib;
-  static bool loaded = false;
+  static std::atomic<bool> loaded{false};
+  if (loaded.load(std::memory_order_acquire)) return lib;
   const std::lock_guard<std::mutex> lock(mutex);
-  if (!loaded) {
+  if (!loaded.load(std::memory_order_relaxed)) {
     lib = open();
-    loaded = true;
+    loaded.store(true, std::memory_order_release);
   }
   return lib;
 }
