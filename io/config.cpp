@@ -553,6 +553,12 @@ const std::vector<ConfigKey>& keys() {
       choice_key("dist.backend", ENGINE_FIELD(dist.backend), {DistBackend::Auto, DistBackend::Mpi, DistBackend::Nccl},
                  "`auto`, `mpi`, `nccl`"),
       real_key("dist.timeout_s", ENGINE_FIELD(dist.timeout_s), [](double v) { return v > 0; }, "must be > 0", "> 0"),
+      {"dist.chunks", "integer", "a power of two, 1 … 1024",
+       [](const Reader& r, Config& c) {
+         r.integer("dist.chunks", c.dist.chunks, 1, 1024);
+         r.require("dist.chunks", (c.dist.chunks & (c.dist.chunks - 1)) == 0, "must be a power of two");
+       },
+       [](const Config& c) { return json(c.dist.chunks); }},
   };
   return table;
 }

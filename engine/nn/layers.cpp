@@ -1,6 +1,7 @@
 #include "engine/layers.h"
 
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -30,46 +31,37 @@ void expect_rank(const Tensor& x, int rank, const std::string& layer) {
                                 " input, got " + shape_str(x.shape()));
 }
 
-// Every layer computes by the fixed chunks of the global batch (kernels/chunk_ops.inc)
-// and completes its cross-sample sums over the ranks (BatchChunks::complete_tree): on the
-// CPU always, on the GPU when the trainer gives a batch plan and cuda.batch_chunks is on
+// Every layer computes by the fixed chunks of the global batch (kernels/chunk_ops.inc),
+// block by block (BatchChunks::Block: a whole subtree of the chunk tree, at most the 8
+// chunks one op call takes), and completes its cross-sample sums from the block sums
+// (BatchChunks::complete: over the ranks, and over the blocks of this rank): on the CPU
+// always, on the GPU when the trainer gives a batch plan and cuda.batch_chunks is on
 // (docs/distributed.md, "GPU ranks"). With cuda.batch_chunks off the CUDA path runs the
 // whole-batch ops: one process only.
-struct LocalChunks {
-  int chunks = kTreeChunks;
-  int bounds[kTreeChunks + 1];
-  int64_t global_batch = 0, local_begin = 0;
-};
 
-// The chunks of the n samples a layer was given: the trainer's plan, or the whole batch.
-LocalChunks local_chunks(const BatchChunks* plan, int64_t n, const std::string& layer) {
-  LocalChunks l;
-  if (!plan) {
-    for (int c = 0; c <= kTreeChunks; ++c) l.bounds[c] = tree_chunk_begin(n, c);
-    l.global_batch = n;
-    return l;
-  }
+// The plan of the n samples a layer was given: the trainer's, or the whole batch in one
+// process (8 chunks: one block) made in `own`.
+const BatchChunks& plan_for(const BatchChunks* plan, int64_t n, const std::string& layer,
+                            std::optional<BatchChunks>& own) {
+  if (!plan) return own.emplace(n);
   if (plan->local_count() != n)
     throw std::logic_error(layer + ": given " + std::to_string(n) + " samples, the batch plan gives this rank " +
                            std::to_string(plan->local_count()));
-  l.chunks = plan->chunks();
-  std::copy(plan->bounds(), plan->bounds() + l.chunks + 1, l.bounds);
-  l.global_batch = plan->global_batch();
-  l.local_begin = plan->local_begin();
-  return l;
+  return *plan;
 }
 
+// Block sums, one vector of n values per block, reused from step to step (per thread:
+// simulated ranks are threads of one process). With one block and nothing to complete
+// the op writes the result directly, and this is not used.
 template <class T>
-void complete_tree(const BatchChunks* plan, T* v, int64_t n) {
-  if (plan) plan->complete_tree(v, n);
-}
-// The same on device memory (weight gradients of the CUDA chunked path).
-void complete_tree_device(const BatchChunks* plan, float* v, int64_t n) {
-  if (plan) plan->complete_tree_device(v, n);
+T* block_parts(std::size_t count) {
+  thread_local std::vector<T> parts;
+  if (parts.size() < count) parts.resize(count);
+  return parts.data();
 }
 
-void store_rounded(const std::vector<double>& v, float* out) {
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<float>(v[i]);
+void store_rounded(const double* v, std::size_t n, float* out) {
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<float>(v[i]);
 }
 
 void require_one_process(const BatchChunks* plan, Device d, const std::string& layer) {
@@ -108,47 +100,99 @@ void host_to_device(T* p, const std::vector<T>& v) {
   cuda::copy(p, v.data(), sizeof(T) * v.size(), cuda::CopyKind::HostToDevice);
 }
 
-// The bias gradient of a CUDA chunked backward: the device tree sums (double) completed
-// over the ranks on the host (n values), rounded to float into the device bias gradient.
-void finish_bias_grad_cuda(const BatchChunks* plan, const DeviceValues<double>& db, float* bias_grad) {
-  std::vector<double> v = db.to_host();
-  complete_tree(plan, v.data(), static_cast<int64_t>(v.size()));
-  std::vector<float> f(v.size());
-  store_rounded(v, f.data());
+// The bias gradient of a CUDA chunked backward: the device block sums (double, n per
+// block) completed on the host, rounded to float into the device bias gradient.
+void finish_bias_grad_cuda(const BatchChunks& plan, const DeviceValues<double>& db_parts, std::size_t n,
+                           float* bias_grad) {
+  std::vector<double> v = db_parts.to_host();
+  plan.complete(v.data(), static_cast<int64_t>(n), v.data());
+  std::vector<float> f(n);
+  store_rounded(v.data(), n, f.data());
   host_to_device(bias_grad, f);
 }
 
-// Synchronised batch norm on the GPU by chunks. In one process the fused op; across
-// ranks the same steps with the per-channel sums (c values) completed on the host in
-// between. The fused op finishes on the host with the same functions
+// The weight gradient's block sums land in `grad` directly when there is one block and
+// nothing to complete, otherwise in a parts buffer that complete() then sums into grad.
+struct WeightGradParts {
+  WeightGradParts(const BatchChunks& plan, Tensor& grad) : plan(plan), grad(grad), n(grad.numel()) {
+    if (!plan.needs_completion()) return;
+    const std::size_t count = plan.blocks().size() * static_cast<std::size_t>(n);
+    if (grad.device().is_cpu()) host = block_parts<float>(count);
+    else device.emplace(count);
+  }
+  float* part(std::size_t block) {
+    if (!plan.needs_completion()) return grad.f32();
+    return (host ? host : device->p) + block * static_cast<std::size_t>(n);
+  }
+  void complete() {
+    if (!plan.needs_completion()) return;
+    if (host) plan.complete(host, n, grad.f32());
+    else plan.complete_device(device->p, n, grad.f32());
+  }
+  const BatchChunks& plan;
+  Tensor& grad;
+  int64_t n;
+  float* host = nullptr;
+  std::optional<DeviceValues<float>> device;
+};
+
+// Per-channel sums of batch norm, block by block: `sums(block, out)` writes one block's
+// `per_block` values; the result is the completed tree (host memory).
+template <class F>
+std::vector<double> bn_block_sums(const BatchChunks& plan, std::size_t per_block, F sums) {
+  const std::size_t blocks = plan.blocks().size();
+  std::vector<double> parts(blocks * per_block);
+  for (std::size_t i = 0; i < blocks; ++i) sums(plan.blocks()[i], parts.data() + i * per_block);
+  plan.complete(parts.data(), static_cast<int64_t>(per_block), parts.data());
+  parts.resize(per_block);
+  return parts;
+}
+template <class F>
+std::vector<double> bn_block_sums_cuda(const BatchChunks& plan, std::size_t per_block, F sums) {
+  const std::size_t blocks = plan.blocks().size();
+  DeviceValues<double> parts(blocks * per_block);
+  for (std::size_t i = 0; i < blocks; ++i) sums(plan.blocks()[i], parts.p + i * per_block);
+  std::vector<double> v = parts.to_host();
+  plan.complete(v.data(), static_cast<int64_t>(per_block), v.data());
+  v.resize(per_block);
+  return v;
+}
+
+BatchNormShape block_shape(const BatchNormShape& s, const BatchChunks::Block& b) { return {b.count, s.c, s.hw}; }
+int64_t bn_sample(const BatchNormShape& s) { return static_cast<int64_t>(s.c) * s.hw; }
+
+// Synchronised batch norm on the GPU by chunks. With one block in one process the fused
+// op; otherwise the same steps with the per-channel sums (c values) completed on the
+// host in between. The fused op finishes on the host with the same functions
 // (kernels/cuda/chunk_ops.cu), so both give the same bits.
-void bn_forward_train_cuda(const BatchChunks* plan, const LocalChunks& l, const BatchNormShape& s, const float* x,
-                           const float* gamma, const float* beta, float eps, float momentum, float* running_mean,
-                           float* running_var, float* save_mean, float* save_invstd, float* y) {
-  if (!plan->distributed()) {
-    cuda::batchnorm_forward_train_chunks(s, l.chunks, l.bounds, x, gamma, beta, eps, momentum, running_mean,
-                                         running_var, save_mean, save_invstd, y);
+void bn_forward_train_cuda(const BatchChunks& plan, const BatchNormShape& s, const float* x, const float* gamma,
+                           const float* beta, float eps, float momentum, float* running_mean, float* running_var,
+                           float* save_mean, float* save_invstd, float* y) {
+  if (!plan.needs_completion()) {
+    const BatchChunks::Block& b = plan.blocks()[0];
+    cuda::batchnorm_forward_train_chunks(s, b.chunks, b.bounds.data(), x, gamma, beta, eps, momentum,
+                                         running_mean, running_var, save_mean, save_invstd, y);
     return;
   }
   const std::size_t c = static_cast<std::size_t>(s.c);
   if (c == 0) return;
-  const double m = static_cast<double>(l.global_batch) * s.hw;
-  DeviceValues<double> dsum(c), dsq(c);
+  const double m = static_cast<double>(plan.global_batch()) * s.hw;
   DeviceValues<float> dvec(3 * c);  // mean, scale, shift
-  cuda::batchnorm_chunk_sums(s, l.chunks, l.bounds, x, dsum.p);
-  std::vector<double> sum = dsum.to_host();
-  complete_tree(plan, sum.data(), s.c);
+  const std::vector<double> sum = bn_block_sums_cuda(plan, c, [&](const BatchChunks::Block& b, double* out) {
+    cuda::batchnorm_chunk_sums(block_shape(s, b), b.chunks, b.bounds.data(), x + b.begin * bn_sample(s), out);
+  });
   std::vector<float> mean_f(c);
   for (std::size_t i = 0; i < c; ++i) mean_f[i] = static_cast<float>(bn_mean(sum[i], m));
   host_to_device(dvec.p, mean_f);
-  cuda::batchnorm_chunk_centered_squares(s, l.chunks, l.bounds, x, dvec.p, dsq.p);
-  std::vector<double> sq = dsq.to_host();
-  complete_tree(plan, sq.data(), s.c);
-  const std::vector<float> g = device_to_host(gamma, c), b = device_to_host(beta, c);
+  const std::vector<double> sq = bn_block_sums_cuda(plan, c, [&](const BatchChunks::Block& b, double* out) {
+    cuda::batchnorm_chunk_centered_squares(block_shape(s, b), b.chunks, b.bounds.data(), x + b.begin * bn_sample(s),
+                                           dvec.p, out);
+  });
+  const std::vector<float> g = device_to_host(gamma, c), bt = device_to_host(beta, c);
   std::vector<float> rm = device_to_host(running_mean, c), rv = device_to_host(running_var, c);
   std::vector<float> scale_shift(2 * c), smean(c), sinv(c);
   for (std::size_t i = 0; i < c; ++i) {
-    const BnForwardFactors f = bn_forward_finish(sum[i], sq[i], m, g[i], b[i], eps, momentum, rm[i], rv[i]);
+    const BnForwardFactors f = bn_forward_finish(sum[i], sq[i], m, g[i], bt[i], eps, momentum, rm[i], rv[i]);
     scale_shift[i] = f.scale;
     scale_shift[c + i] = f.shift;
     smean[i] = f.save_mean;
@@ -162,22 +206,24 @@ void bn_forward_train_cuda(const BatchChunks* plan, const LocalChunks& l, const 
   cuda::batchnorm_scale_shift(s, x, dvec.p + c, dvec.p + 2 * c, y);
 }
 
-void bn_backward_cuda(const BatchChunks* plan, const LocalChunks& l, const BatchNormShape& s, const float* x,
-                      const float* dy, const float* gamma, const float* save_mean, const float* save_invstd,
-                      float* dx, float* dgamma, float* dbeta) {
-  if (!plan->distributed()) {
-    cuda::batchnorm_backward_chunks(s, l.chunks, l.bounds, x, dy, gamma, save_mean, save_invstd, dx, dgamma,
-                                    dbeta);
+void bn_backward_cuda(const BatchChunks& plan, const BatchNormShape& s, const float* x, const float* dy,
+                      const float* gamma, const float* save_mean, const float* save_invstd, float* dx,
+                      float* dgamma, float* dbeta) {
+  if (!plan.needs_completion()) {
+    const BatchChunks::Block& b = plan.blocks()[0];
+    cuda::batchnorm_backward_chunks(s, b.chunks, b.bounds.data(), x, dy, gamma, save_mean, save_invstd, dx,
+                                    dgamma, dbeta);
     return;
   }
   const std::size_t c = static_cast<std::size_t>(s.c);
   if (c == 0) return;
-  const double m = static_cast<double>(l.global_batch) * s.hw;
+  const double m = static_cast<double>(plan.global_batch()) * s.hw;
   // [sum(dy) | sum(dy * (x - mean))], completed in one exchange.
-  DeviceValues<double> dsums(2 * c);
-  cuda::batchnorm_backward_chunk_sums(s, l.chunks, l.bounds, x, dy, save_mean, dsums.p, dsums.p + c);
-  std::vector<double> sums = dsums.to_host();
-  complete_tree(plan, sums.data(), 2 * s.c);
+  const std::vector<double> sums = bn_block_sums_cuda(plan, 2 * c, [&](const BatchChunks::Block& b, double* out) {
+    const int64_t off = b.begin * bn_sample(s);
+    cuda::batchnorm_backward_chunk_sums(block_shape(s, b), b.chunks, b.bounds.data(), x + off, dy + off, save_mean,
+                                        out, out + c);
+  });
   const std::vector<float> g = device_to_host(gamma, c), inv = device_to_host(save_invstd, c);
   std::vector<float> v(5 * c);  // k, mean_dy, proj, dgamma, dbeta
   for (std::size_t i = 0; i < c; ++i) {
@@ -193,6 +239,52 @@ void bn_backward_cuda(const BatchChunks* plan, const LocalChunks& l, const Batch
   cuda::copy(dgamma, dvec.p + 3 * c, sizeof(float) * c, cuda::CopyKind::DeviceToDevice);
   cuda::copy(dbeta, dvec.p + 4 * c, sizeof(float) * c, cuda::CopyKind::DeviceToDevice);
   cuda::batchnorm_backward_apply(s, x, dy, save_mean, dvec.p, dvec.p + c, dvec.p + 2 * c, dx);
+}
+
+ConvShape block_shape(const ConvShape& s, const BatchChunks::Block& b) {
+  ConvShape t = s;
+  t.n = b.count;
+  return t;
+}
+LinearShape block_shape(const LinearShape& s, const BatchChunks::Block& b) { return {b.count, s.in, s.out}; }
+int64_t in_sample(const ConvShape& s) { return static_cast<int64_t>(s.c) * s.h * s.w; }
+int64_t out_sample(const ConvShape& s) { return static_cast<int64_t>(s.k) * s.out_h() * s.out_w(); }
+int64_t in_sample(const LinearShape& s) { return s.in; }
+int64_t out_sample(const LinearShape& s) { return s.out; }
+
+// The chunked forward of a conv or linear layer, block by block (a sample's outputs do
+// not depend on the block: each chunk's GEMMs start at its first sample).
+template <class Shape, class Op>
+void forward_blocks(const BatchChunks& plan, const Shape& s, const float* x, float* y, Op op) {
+  for (const BatchChunks::Block& b : plan.blocks())
+    op(block_shape(s, b), b.chunks, b.bounds.data(), x + b.begin * in_sample(s), y + b.begin * out_sample(s));
+}
+
+// The chunked backward of a conv or linear layer: dx per block, the weight and bias
+// gradients from the block sums completed over the blocks and the ranks. `op(shape,
+// chunks, bounds, x, dy, dx, dw, db)` is the backend's chunked backward.
+template <class Shape, class Op>
+void backward_blocks(const BatchChunks& plan, const Shape& s, int out, const float* x, const float* dy, float* dx,
+                     Tensor& weight_grad, Tensor& bias_grad, Op op) {
+  WeightGradParts dw(plan, weight_grad);
+  const std::size_t blocks = plan.blocks().size(), n_out = static_cast<std::size_t>(out);
+  const bool cpu = weight_grad.device().is_cpu();
+  std::vector<double> db_host(cpu ? blocks * n_out : 0);
+  std::optional<DeviceValues<double>> db_device;
+  if (!cpu) db_device.emplace(blocks * n_out);
+  for (std::size_t i = 0; i < blocks; ++i) {
+    const BatchChunks::Block& b = plan.blocks()[i];
+    double* db = (cpu ? db_host.data() : db_device->p) + i * n_out;
+    op(block_shape(s, b), b.chunks, b.bounds.data(), x + b.begin * in_sample(s), dy + b.begin * out_sample(s),
+       dx ? dx + b.begin * in_sample(s) : nullptr, dw.part(i), db);
+  }
+  dw.complete();
+  if (cpu) {
+    plan.complete(db_host.data(), out, db_host.data());
+    store_rounded(db_host.data(), n_out, bias_grad.f32());
+  } else {
+    finish_bias_grad_cuda(plan, *db_device, n_out, bias_grad.f32());
+  }
 }
 
 }  // namespace
@@ -222,18 +314,21 @@ Tensor Conv2d::forward(const Tensor& x, Mode, Rng&) {
   ensure(y_, {s.n, s.k, s.out_h(), s.out_w()}, d);
   x_ = x;
   require_one_process(batch_chunks_, d, name_);
+  std::optional<BatchChunks> whole;
+  const float* w = weight_.value.f32();
+  const float* b = bias_.value.f32();
   if (d.is_cpu()) {  // fp32 (on the CPU the fp16 op is the fp32 op)
-    const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
-    cpu::conv2d_forward_chunks(s, l.chunks, l.bounds, x.f32(), weight_.value.f32(), bias_.value.f32(),
-                               y_.f32());
+    forward_blocks(plan_for(batch_chunks_, s.n, name_, whole), s, x.f32(), y_.f32(),
+                   [&](const ConvShape& bs, int chunks, const int* bounds, const float* bx, float* by) {
+                     cpu::conv2d_forward_chunks(bs, chunks, bounds, bx, w, b, by);
+                   });
   } else if (cuda_by_chunks(batch_chunks_)) {
-    const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
-    if (precision_ == Precision::Fp16)
-      cuda::conv2d_forward_chunks_f16(s, l.chunks, l.bounds, x.f32(), weight_.value.f32(), bias_.value.f32(),
-                                      y_.f32());
-    else
-      cuda::conv2d_forward_chunks(s, l.chunks, l.bounds, x.f32(), weight_.value.f32(), bias_.value.f32(),
-                                  y_.f32());
+    const bool f16 = precision_ == Precision::Fp16;
+    forward_blocks(plan_for(batch_chunks_, s.n, name_, whole), s, x.f32(), y_.f32(),
+                   [&](const ConvShape& bs, int chunks, const int* bounds, const float* bx, float* by) {
+                     if (f16) cuda::conv2d_forward_chunks_f16(bs, chunks, bounds, bx, w, b, by);
+                     else cuda::conv2d_forward_chunks(bs, chunks, bounds, bx, w, b, by);
+                   });
   } else if (precision_ == Precision::Fp16) {
     cuda::conv2d_forward_f16(s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
   } else {
@@ -249,25 +344,24 @@ Tensor Conv2d::backward(const Tensor& dy, InputGrad need) {
   float* dx = nullptr;
   if (need == InputGrad::Needed) dx = ensure(dx_, x_.shape(), d).f32();
   require_one_process(batch_chunks_, d, name_);
+  std::optional<BatchChunks> whole;
+  const float* w = weight_.value.f32();
   if (d.is_cpu()) {
-    const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
-    std::vector<double> db(static_cast<std::size_t>(out_));
-    cpu::conv2d_backward_chunks(s, l.chunks, l.bounds, x_.f32(), weight_.value.f32(), dy.f32(), dx,
-                                weight_.grad.f32(), db.data());
-    complete_tree(batch_chunks_, weight_.grad.f32(), weight_.grad.numel());
-    complete_tree(batch_chunks_, db.data(), out_);
-    store_rounded(db, bias_.grad.f32());
+    backward_blocks(plan_for(batch_chunks_, s.n, name_, whole), s, out_, x_.f32(), dy.f32(), dx, weight_.grad,
+                    bias_.grad,
+                    [&](const ConvShape& bs, int chunks, const int* bounds, const float* bx, const float* bdy,
+                        float* bdx, float* dw, double* db) {
+                      cpu::conv2d_backward_chunks(bs, chunks, bounds, bx, w, bdy, bdx, dw, db);
+                    });
   } else if (cuda_by_chunks(batch_chunks_)) {
-    const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
-    DeviceValues<double> db(static_cast<std::size_t>(out_));
-    if (precision_ == Precision::Fp16)
-      cuda::conv2d_backward_chunks_f16(s, l.chunks, l.bounds, x_.f32(), weight_.value.f32(), dy.f32(), dx,
-                                       weight_.grad.f32(), db.p);
-    else
-      cuda::conv2d_backward_chunks(s, l.chunks, l.bounds, x_.f32(), weight_.value.f32(), dy.f32(), dx,
-                                   weight_.grad.f32(), db.p);
-    complete_tree_device(batch_chunks_, weight_.grad.f32(), weight_.grad.numel());
-    finish_bias_grad_cuda(batch_chunks_, db, bias_.grad.f32());
+    const bool f16 = precision_ == Precision::Fp16;
+    backward_blocks(plan_for(batch_chunks_, s.n, name_, whole), s, out_, x_.f32(), dy.f32(), dx, weight_.grad,
+                    bias_.grad,
+                    [&](const ConvShape& bs, int chunks, const int* bounds, const float* bx, const float* bdy,
+                        float* bdx, float* dw, double* db) {
+                      if (f16) cuda::conv2d_backward_chunks_f16(bs, chunks, bounds, bx, w, bdy, bdx, dw, db);
+                      else cuda::conv2d_backward_chunks(bs, chunks, bounds, bx, w, bdy, bdx, dw, db);
+                    });
   } else if (precision_ == Precision::Fp16) {
     cuda::conv2d_backward_f16(s, x_.f32(), weight_.value.f32(), dy.f32(), dx, weight_.grad.f32(),
                               bias_.grad.f32());
@@ -321,7 +415,7 @@ Tensor BatchNorm2d::forward(const Tensor& x, Mode mode, Rng&) {
     if (d.is_cpu())
       forward_train_chunks(x);
     else if (cuda_by_chunks(batch_chunks_))
-      bn_forward_train_cuda(batch_chunks_, local_chunks(batch_chunks_, s.n, name_), s, x.f32(),
+      bn_forward_train_cuda(*batch_chunks_, s, x.f32(),
                             weight_.value.f32(), bias_.value.f32(), eps_, momentum_, running_mean_.f32(),
                             running_var_.f32(), save_mean_.f32(), save_invstd_.f32(), y_.f32());
     else
@@ -344,7 +438,7 @@ Tensor BatchNorm2d::backward(const Tensor& dy, InputGrad) {
   if (d.is_cpu())
     backward_chunks(dy, dx);
   else if (cuda_by_chunks(batch_chunks_))
-    bn_backward_cuda(batch_chunks_, local_chunks(batch_chunks_, s.n, name_), s, x_.f32(), dy.f32(),
+    bn_backward_cuda(*batch_chunks_, s, x_.f32(), dy.f32(),
                      weight_.value.f32(), save_mean_.f32(), save_invstd_.f32(), dx.f32(), weight_.grad.f32(),
                      bias_.grad.f32());
   else
@@ -358,23 +452,27 @@ Tensor BatchNorm2d::backward(const Tensor& dy, InputGrad) {
 // same steps with the sums completed in between (the same bits: kernels/batchnorm_math.h).
 void BatchNorm2d::forward_train_chunks(const Tensor& x) {
   BatchNormShape s{static_cast<int>(x.dim(0)), channels_, static_cast<int>(x.dim(2) * x.dim(3))};
-  const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
-  if (!batch_chunks_ || !batch_chunks_->distributed()) {
-    cpu::batchnorm_forward_train_chunks(s, l.chunks, l.bounds, x.f32(), weight_.value.f32(), bias_.value.f32(),
-                                        eps_, momentum_, running_mean_.f32(), running_var_.f32(),
-                                        save_mean_.f32(), save_invstd_.f32(), y_.f32());
+  std::optional<BatchChunks> whole;
+  const BatchChunks& plan = plan_for(batch_chunks_, s.n, name_, whole);
+  if (!plan.needs_completion()) {
+    const BatchChunks::Block& b = plan.blocks()[0];
+    cpu::batchnorm_forward_train_chunks(s, b.chunks, b.bounds.data(), x.f32(), weight_.value.f32(),
+                                        bias_.value.f32(), eps_, momentum_, running_mean_.f32(),
+                                        running_var_.f32(), save_mean_.f32(), save_invstd_.f32(), y_.f32());
     return;
   }
-  const double m = static_cast<double>(l.global_batch) * s.hw;
+  const double m = static_cast<double>(plan.global_batch()) * s.hw;
   const std::size_t c_n = static_cast<std::size_t>(channels_);
-  std::vector<double> sum(c_n), sq(c_n);
-  cpu::batchnorm_chunk_sums(s, l.chunks, l.bounds, x.f32(), sum.data());
-  complete_tree(batch_chunks_, sum.data(), channels_);
+  const std::vector<double> sum = bn_block_sums(plan, c_n, [&](const BatchChunks::Block& b, double* out) {
+    cpu::batchnorm_chunk_sums(block_shape(s, b), b.chunks, b.bounds.data(), x.f32() + b.begin * bn_sample(s), out);
+  });
   std::vector<float> mean_f(c_n), scale(c_n), shift(c_n);
   for (std::size_t c = 0; c < c_n; ++c) mean_f[c] = static_cast<float>(bn_mean(sum[c], m));
   // Centred second pass: no catastrophic cancellation for large means.
-  cpu::batchnorm_chunk_centered_squares(s, l.chunks, l.bounds, x.f32(), mean_f.data(), sq.data());
-  complete_tree(batch_chunks_, sq.data(), channels_);
+  const std::vector<double> sq = bn_block_sums(plan, c_n, [&](const BatchChunks::Block& b, double* out) {
+    cpu::batchnorm_chunk_centered_squares(block_shape(s, b), b.chunks, b.bounds.data(),
+                                          x.f32() + b.begin * bn_sample(s), mean_f.data(), out);
+  });
   for (std::size_t c = 0; c < c_n; ++c) {
     const BnForwardFactors f = bn_forward_finish(sum[c], sq[c], m, weight_.value.f32()[c], bias_.value.f32()[c],
                                                  eps_, momentum_, running_mean_.f32()[c], running_var_.f32()[c]);
@@ -389,20 +487,23 @@ void BatchNorm2d::forward_train_chunks(const Tensor& x) {
 // The backward of synchronised batch norm: sums over the global batch by the tree.
 void BatchNorm2d::backward_chunks(const Tensor& dy, Tensor& dx) {
   BatchNormShape s{static_cast<int>(x_.dim(0)), channels_, static_cast<int>(x_.dim(2) * x_.dim(3))};
-  const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
-  if (!batch_chunks_ || !batch_chunks_->distributed()) {
-    cpu::batchnorm_backward_chunks(s, l.chunks, l.bounds, x_.f32(), dy.f32(), weight_.value.f32(),
+  std::optional<BatchChunks> whole;
+  const BatchChunks& plan = plan_for(batch_chunks_, s.n, name_, whole);
+  if (!plan.needs_completion()) {
+    const BatchChunks::Block& b = plan.blocks()[0];
+    cpu::batchnorm_backward_chunks(s, b.chunks, b.bounds.data(), x_.f32(), dy.f32(), weight_.value.f32(),
                                    save_mean_.f32(), save_invstd_.f32(), dx.f32(), weight_.grad.f32(),
                                    bias_.grad.f32());
     return;
   }
-  const double m = static_cast<double>(l.global_batch) * s.hw;
+  const double m = static_cast<double>(plan.global_batch()) * s.hw;
   const std::size_t c_n = static_cast<std::size_t>(channels_);
   // [sum(dy) | sum(dy * (x - mean))], completed in one exchange.
-  std::vector<double> sums(2 * c_n);
-  cpu::batchnorm_backward_chunk_sums(s, l.chunks, l.bounds, x_.f32(), dy.f32(), save_mean_.f32(),
-                                     sums.data(), sums.data() + c_n);
-  complete_tree(batch_chunks_, sums.data(), 2 * channels_);
+  const std::vector<double> sums = bn_block_sums(plan, 2 * c_n, [&](const BatchChunks::Block& b, double* out) {
+    const int64_t off = b.begin * bn_sample(s);
+    cpu::batchnorm_backward_chunk_sums(block_shape(s, b), b.chunks, b.bounds.data(), x_.f32() + off,
+                                       dy.f32() + off, save_mean_.f32(), out, out + c_n);
+  });
   std::vector<float> k(c_n), mean_dy(c_n), proj(c_n);
   for (std::size_t c = 0; c < c_n; ++c) {
     const BnBackwardFactors f =
@@ -482,11 +583,12 @@ Tensor Dropout::forward(const Tensor& x, Mode mode, Rng& rng) {
   const int64_t n = x.rank() > 0 ? x.dim(0) : 0;
   uint64_t per_sample = 1;
   for (int d = 1; d < x.rank(); ++d) per_sample *= static_cast<uint64_t>(x.dim(d));
-  const LocalChunks l = local_chunks(batch_chunks_, n, name_);
+  std::optional<BatchChunks> whole;
+  const BatchChunks& plan = plan_for(batch_chunks_, n, name_, whole);
   require_one_process(batch_chunks_, x.device(), name_);
-  const uint64_t first = rng.take(RngStream::Dropout, static_cast<uint64_t>(l.global_batch) * per_sample);
+  const uint64_t first = rng.take(RngStream::Dropout, static_cast<uint64_t>(plan.global_batch()) * per_sample);
   ENGINE_DISPATCH(x.device(), dropout_forward, x.numel(), x.f32(), p_, rng.stream(RngStream::Dropout),
-                  first + static_cast<uint64_t>(l.local_begin) * per_sample, y_.f32(), keep_.u8());
+                  first + static_cast<uint64_t>(plan.local_begin()) * per_sample, y_.f32(), keep_.u8());
   return y_;
 }
 
@@ -524,18 +626,21 @@ Tensor Linear::forward(const Tensor& x, Mode, Rng&) {
   ensure(y_, {s.n, out_}, d);
   x_ = x;
   require_one_process(batch_chunks_, d, name_);
+  std::optional<BatchChunks> whole;
+  const float* w = weight_.value.f32();
+  const float* b = bias_.value.f32();
   if (d.is_cpu()) {  // fp32 (on the CPU the fp16 op is the fp32 op)
-    const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
-    cpu::linear_forward_chunks(s, l.chunks, l.bounds, x.f32(), weight_.value.f32(), bias_.value.f32(),
-                               y_.f32());
+    forward_blocks(plan_for(batch_chunks_, s.n, name_, whole), s, x.f32(), y_.f32(),
+                   [&](const LinearShape& bs, int chunks, const int* bounds, const float* bx, float* by) {
+                     cpu::linear_forward_chunks(bs, chunks, bounds, bx, w, b, by);
+                   });
   } else if (cuda_by_chunks(batch_chunks_)) {
-    const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
-    if (precision_ == Precision::Fp16)
-      cuda::linear_forward_chunks_f16(s, l.chunks, l.bounds, x.f32(), weight_.value.f32(), bias_.value.f32(),
-                                      y_.f32());
-    else
-      cuda::linear_forward_chunks(s, l.chunks, l.bounds, x.f32(), weight_.value.f32(), bias_.value.f32(),
-                                  y_.f32());
+    const bool f16 = precision_ == Precision::Fp16;
+    forward_blocks(plan_for(batch_chunks_, s.n, name_, whole), s, x.f32(), y_.f32(),
+                   [&](const LinearShape& bs, int chunks, const int* bounds, const float* bx, float* by) {
+                     if (f16) cuda::linear_forward_chunks_f16(bs, chunks, bounds, bx, w, b, by);
+                     else cuda::linear_forward_chunks(bs, chunks, bounds, bx, w, b, by);
+                   });
   } else if (precision_ == Precision::Fp16) {
     cuda::linear_forward_f16(s, x.f32(), weight_.value.f32(), bias_.value.f32(), y_.f32());
   } else {
@@ -550,25 +655,24 @@ Tensor Linear::backward(const Tensor& dy, InputGrad need) {
   float* dx = nullptr;
   if (need == InputGrad::Needed) dx = ensure(dx_, x_.shape(), d).f32();
   require_one_process(batch_chunks_, d, name_);
+  std::optional<BatchChunks> whole;
+  const float* w = weight_.value.f32();
   if (d.is_cpu()) {
-    const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
-    std::vector<double> db(static_cast<std::size_t>(out_));
-    cpu::linear_backward_chunks(s, l.chunks, l.bounds, x_.f32(), weight_.value.f32(), dy.f32(), dx,
-                                weight_.grad.f32(), db.data());
-    complete_tree(batch_chunks_, weight_.grad.f32(), weight_.grad.numel());
-    complete_tree(batch_chunks_, db.data(), out_);
-    store_rounded(db, bias_.grad.f32());
+    backward_blocks(plan_for(batch_chunks_, s.n, name_, whole), s, out_, x_.f32(), dy.f32(), dx, weight_.grad,
+                    bias_.grad,
+                    [&](const LinearShape& bs, int chunks, const int* bounds, const float* bx, const float* bdy,
+                        float* bdx, float* dw, double* db) {
+                      cpu::linear_backward_chunks(bs, chunks, bounds, bx, w, bdy, bdx, dw, db);
+                    });
   } else if (cuda_by_chunks(batch_chunks_)) {
-    const LocalChunks l = local_chunks(batch_chunks_, s.n, name_);
-    DeviceValues<double> db(static_cast<std::size_t>(out_));
-    if (precision_ == Precision::Fp16)
-      cuda::linear_backward_chunks_f16(s, l.chunks, l.bounds, x_.f32(), weight_.value.f32(), dy.f32(), dx,
-                                       weight_.grad.f32(), db.p);
-    else
-      cuda::linear_backward_chunks(s, l.chunks, l.bounds, x_.f32(), weight_.value.f32(), dy.f32(), dx,
-                                   weight_.grad.f32(), db.p);
-    complete_tree_device(batch_chunks_, weight_.grad.f32(), weight_.grad.numel());
-    finish_bias_grad_cuda(batch_chunks_, db, bias_.grad.f32());
+    const bool f16 = precision_ == Precision::Fp16;
+    backward_blocks(plan_for(batch_chunks_, s.n, name_, whole), s, out_, x_.f32(), dy.f32(), dx, weight_.grad,
+                    bias_.grad,
+                    [&](const LinearShape& bs, int chunks, const int* bounds, const float* bx, const float* bdy,
+                        float* bdx, float* dw, double* db) {
+                      if (f16) cuda::linear_backward_chunks_f16(bs, chunks, bounds, bx, w, bdy, bdx, dw, db);
+                      else cuda::linear_backward_chunks(bs, chunks, bounds, bx, w, bdy, bdx, dw, db);
+                    });
   } else if (precision_ == Precision::Fp16) {
     cuda::linear_backward_f16(s, x_.f32(), weight_.value.f32(), dy.f32(), dx, weight_.grad.f32(),
                               bias_.grad.f32());

@@ -11,6 +11,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 
 #include "engine/batch_chunks.h"
@@ -162,8 +163,8 @@ Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, Traine
   if (!model_) throw std::invalid_argument("Trainer: no model given");
   (void)cpu_kernels_in_use();  // ENGINE_CPU_KERNELS that this CPU cannot run: refused here, not mid-step
   if (collective) collective_ = collective;
+  require_world_size_fits(collective_->size(), cfg_.dist.chunks);
   if (collective_->size() > 1) {
-    require_valid_world_size(collective_->size());
     if (device_.is_cuda())
       throw std::invalid_argument("data-parallel training on " + std::to_string(collective_->size()) +
                                   " ranks runs on the CPU only for now (device " + device_.str() +
@@ -449,7 +450,7 @@ void Trainer::run_step() {
   const int64_t start = step_in_epoch_ * batch;
   const int b = static_cast<int>(std::min<int64_t>(batch, n - start));
   // This rank's chunks of the batch (all of it in one process, docs/distributed.md).
-  const BatchChunks plan(b, collective_);
+  const BatchChunks plan(b, collective_, cfg_.dist.chunks);
   const int local = plan.local_count();
   const int64_t first = start + plan.local_begin();
   if (!batch_x_.defined() || batch_x_.dim(0) != local) {
@@ -718,7 +719,7 @@ std::optional<EvalResult> Trainer::evaluate_impl(Split split, const RunControl* 
     if (stop && agree(false, false).stop) return std::nullopt;
     const int b = static_cast<int>(std::min<int64_t>(batch, d.count - start));
     // Each rank evaluates its chunks of the batch; the per-sample results are gathered.
-    const BatchChunks plan(b, collective_);
+    const BatchChunks plan(b, collective_, cfg_.dist.chunks);
     const int local = plan.local_count();
     const int64_t first = start + plan.local_begin();
     if (!x.defined() || x.dim(0) != local) {
@@ -773,8 +774,30 @@ Checkpoint Trainer::snapshot() const {
   return c;
 }
 
+namespace {
+// The dist.chunks a checkpoint was trained with: its stored config's (8, the default,
+// for checkpoints written before the key existed); nullopt when it has no config.
+std::optional<int64_t> stored_dist_chunks(const Checkpoint& ckpt) {
+  if (ckpt.config_json.empty()) return std::nullopt;
+  const nlohmann::json j = nlohmann::json::parse(ckpt.config_json, nullptr, false);
+  if (!j.is_object()) return std::nullopt;
+  const auto dist = j.find("dist");
+  if (dist == j.end() || !dist->is_object() || !dist->contains("chunks")) return BatchChunks::kDefaultChunks;
+  const nlohmann::json& c = (*dist)["chunks"];
+  return c.is_number_integer() ? std::optional<int64_t>(c.get<int64_t>()) : std::nullopt;
+}
+}  // namespace
+
 StateReport Trainer::restore(const Checkpoint& ckpt, LoadMode mode, RestoreObserver* observer) {
   StateReport report;
+  // The chunks fix the order of every cross-sample sum: a run resumed with others would
+  // go on with other bits.
+  if (const std::optional<int64_t> chunks = stored_dist_chunks(ckpt);
+      mode == LoadMode::Strict && chunks && *chunks != cfg_.dist.chunks)
+    throw std::runtime_error("the checkpoint was trained with dist.chunks = " + std::to_string(*chunks) +
+                             ", this config has " + std::to_string(cfg_.dist.chunks) +
+                             " (the chunks fix the order of every sum; resume with --set dist.chunks=" +
+                             std::to_string(*chunks) + ")");
   auto comps = components();
   std::map<std::string, StateDict> groups = ckpt.groups;  // shares the tensors
   accept_resized_buffer_at_epoch_boundary(groups, epoch_sample_loss_);

@@ -1,11 +1,14 @@
 // Which samples of a global batch this rank computes, and how its partial sums become
-// the whole batch's (docs/distributed.md). A batch of B samples is cut into 8 fixed
-// chunks, chunk c = [B*c/8, B*(c+1)/8); rank r of W computes chunks [8r/W, 8(r+1)/W).
-// Layers compute the tree sums over their local chunks (kernels/chunk_tree.h);
-// complete_tree() exchanges the W subtree sums and adds the top of the tree, in the
-// same order on every rank. With W = 1 nothing is exchanged and the bits are the same.
+// the whole batch's (docs/distributed.md). A batch of B samples is cut into C fixed
+// chunks (config dist.chunks, a power of two; 8 by default), chunk c = [B*c/C, B*(c+1)/C);
+// rank r of W (W <= C) computes chunks [C*r/W, C*(r+1)/W), even splits or not. A layer
+// computes its rank's chunks block by block, a block being a whole subtree of the fixed
+// tree (at most 8 chunks: what one call of a chunked op takes); complete() exchanges
+// every rank's block sums and combines them into the tree's, in the same order on every
+// rank. With one block in one process nothing is exchanged or combined.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "engine/collective.h"
 
@@ -13,30 +16,43 @@ namespace engine {
 
 class BatchChunks {
  public:
-  static constexpr int kChunks = 8;
+  // The chunks of a batch unless the config says otherwise (dist.chunks).
+  static constexpr int kDefaultChunks = 8;
 
-  // The batch of `global_batch` samples split over `comm`'s ranks (null: one process).
-  // The world size must divide kChunks (require_valid_world_size).
-  BatchChunks(int64_t global_batch, Collective* comm = nullptr);
+  // One whole subtree of this rank's chunks: `chunks` of them from global chunk
+  // `first_chunk`, samples [begin, begin + count) of this rank's local batch;
+  // bounds[0..chunks] are its chunks' first samples relative to `begin`.
+  struct Block {
+    int first_chunk = 0, chunks = 0;
+    int begin = 0, count = 0;
+    std::vector<int> bounds;
+  };
+
+  // The batch of `global_batch` samples in `chunks` chunks, split over `comm`'s ranks
+  // (null: one process). Throws std::invalid_argument when `chunks` is not a power of
+  // two in 1..1024, or is below the world size (naming dist.chunks).
+  BatchChunks(int64_t global_batch, Collective* comm = nullptr, int chunks = kDefaultChunks);
 
   int64_t global_batch() const { return global_; }
+  int total_chunks() const { return total_chunks_; }
   // This rank's samples: [local_begin(), local_begin() + local_count()) of the batch.
-  int64_t local_begin() const { return bounds_global_[0]; }
-  int local_count() const { return static_cast<int>(bounds_global_[chunks_] - bounds_global_[0]); }
-  // This rank's chunks, and their first samples relative to local_begin() (chunks()+1).
-  int chunks() const { return chunks_; }
-  const int* bounds() const { return bounds_; }
+  int64_t local_begin() const { return rank_begin(rank_); }
+  int local_count() const { return static_cast<int>(rank_begin(rank_ + 1) - rank_begin(rank_)); }
+  // This rank's chunks as whole subtrees, left to right (one block when its chunks are
+  // one aligned run of at most 8, as in one process with dist.chunks = 8).
+  const std::vector<Block>& blocks() const { return blocks_; }
   int world_size() const { return world_; }
   bool distributed() const { return world_ > 1; }
+  // Whether a cross-sample sum needs complete(): more than one block in the whole job.
+  bool needs_completion() const { return world_ > 1 || blocks_.size() > 1; }
 
-  // v: n values, this rank's subtree sums -> the whole tree's sums, the same bits on
-  // every rank (one allgather of n values). Nothing to do in one process.
-  void complete_tree(float* v, int64_t n) const;
-  void complete_tree(double* v, int64_t n) const;
-  // The same for v in GPU memory (CUDA ranks): the W subtree sums gathered on the
-  // device (Collective::allgather_device: NCCL, or staged through host memory) and the
-  // top of the tree added in a kernel (kernels::cuda::tree_sum_parts).
-  void complete_tree_device(float* v, int64_t n) const;
+  // parts: blocks().size() vectors of n values (this rank's block sums, in block order,
+  // part i at parts + i * n) -> out (n values): the whole tree's sums, the same bits on
+  // every rank (one allgather). `out` may be `parts`.
+  void complete(const float* parts, int64_t n, float* out) const;
+  void complete(const double* parts, int64_t n, double* out) const;
+  // The same with parts and out in GPU memory (CUDA ranks): staged through host memory.
+  void complete_device(const float* parts, int64_t n, float* out) const;
   // batch_values: the whole batch's per-sample values (global_batch() * per_sample),
   // of which this rank filled its own samples; receives every other rank's.
   void gather_samples(float* batch_values, int per_sample = 1) const;
@@ -44,16 +60,23 @@ class BatchChunks {
 
  private:
   template <class T>
-  void complete(T* v, int64_t n) const;
+  void complete_impl(const T* parts, int64_t n, T* out) const;
   template <class T>
   void gather(T* batch_values, int per_sample) const;
   int64_t rank_begin(int rank) const;
+  int rank_first_chunk(int rank) const;
 
   int64_t global_;
   Collective* comm_;
-  int world_ = 1, rank_ = 0, chunks_ = kChunks;
-  int64_t bounds_global_[kChunks + 1];
-  int bounds_[kChunks + 1];
+  int world_ = 1, rank_ = 0, total_chunks_ = kDefaultChunks;
+  std::vector<Block> blocks_;
+  // Every rank's blocks (global chunk ranges), in rank order: the tree's tiling.
+  std::vector<int> rank_block_count_;
+  int most_blocks_ = 1;
 };
+
+// Throws std::invalid_argument unless `chunks` (dist.chunks) is a power of two in
+// 1..1024 and at least `world_size`; the message names the key and the ranks.
+void require_world_size_fits(int world_size, int chunks);
 
 }  // namespace engine

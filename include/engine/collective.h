@@ -62,10 +62,6 @@ struct CollectiveOptions {
   double timeout_s = 300;
 };
 
-// World sizes that give the same bits as one process: those dividing the 8 chunks of
-// a batch (1, 2, 4, 8). Throws std::invalid_argument naming them for any other size.
-void require_valid_world_size(int world_size);
-
 // How this process was started, from the launcher's environment variables (Open MPI's
 // mpirun: OMPI_COMM_WORLD_*; Slurm's srun: SLURM_PROCID/SLURM_NTASKS; PMI/PMIx).
 struct LaunchInfo {

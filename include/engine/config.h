@@ -113,6 +113,11 @@ struct DistConfig {
   // A collective that has not completed after this many seconds means a rank has died
   // or stopped responding: the job is aborted with a message naming the rank.
   double timeout_s = 300;
+  // The fixed chunks a batch is cut into (a power of two): every cross-sample sum is the
+  // tree over them, so the bits depend on this and not on the ranks; any world size up
+  // to it trains the same run. A property of the run: a checkpoint resumes only with
+  // the value it was trained with.
+  int chunks = 8;
 };
 
 struct Config {

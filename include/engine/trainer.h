@@ -128,7 +128,7 @@ class Trainer {
   // the model's input shape and classes must match the dataset's. Loads the data (all
   // splits, or only the test set) onto `device` at once, so missing files fail here.
   //
-  // Data-parallel (docs/distributed.md): with a `collective` of W ranks (1, 2, 4 or 8;
+  // Data-parallel (docs/distributed.md): with a `collective` of W ranks (W <= dist.chunks;
   // null: one process), data.batch_size is the global batch; each rank computes its
   // chunks of every batch and the ranks complete the sums in a fixed order, so every
   // rank holds the state of the one-process run, bit for bit. It must outlive the trainer.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# `engine train` under mpirun on 1, 2 and 4 CPU ranks (and 2 over TCP only) writes the
-# checkpoint of the run without mpirun, bit for bit (`engine diff`); 3 ranks are refused
-# with a message naming the valid world sizes. CTest label `mpi` (docs/distributed.md).
+# `engine train` under mpirun on 1, 2, 3 and 4 CPU ranks (and 2 over TCP only) writes the
+# checkpoint of the run without mpirun, bit for bit (`engine diff`); more ranks than
+# dist.chunks are refused with a message naming the key. CTest label `mpi` (docs/distributed.md).
 #   mpi_identity.sh ENGINE MPIRUN CONFIG DATA_DIR TMP
 set -euo pipefail
 engine="$1" mpirun="$2" config="$3" data="$4" tmp="$5"
@@ -29,7 +29,7 @@ compare() {  # NAME: the run in $tmp/NAME against the plain run
   echo "$name: last.h5 and test metrics identical to the run without mpirun"
 }
 
-for np in 1 2 4; do
+for np in 1 2 3 4; do
   "${mpi[@]}" -np "$np" "$engine" train "$config" --device cpu --run-dir "$tmp/np$np" "${sets[@]}" \
     >"$tmp/np$np.log" 2>&1 || { cat "$tmp/np$np.log"; fail "mpirun -np $np failed"; }
   # Only rank 0 prints: one test line.
@@ -42,10 +42,11 @@ done
   >"$tmp/tcp2.log" 2>&1 || { cat "$tmp/tcp2.log"; fail "mpirun --mca btl tcp,self -np 2 failed"; }
 compare tcp2
 
-# A world size that does not divide the 8 chunks is refused, naming the valid ones.
-if "${mpi[@]}" -np 3 "$engine" train "$config" --device cpu --run-dir "$tmp/np3" "${sets[@]}" >"$tmp/np3.log" 2>&1; then
-  cat "$tmp/np3.log"; fail "3 ranks were not refused"
+# More ranks than the batch's chunks (dist.chunks) are refused, naming the key.
+if "${mpi[@]}" -np 3 "$engine" train "$config" --device cpu --run-dir "$tmp/np3c2" "${sets[@]}" --set dist.chunks=2 \
+  >"$tmp/np3c2.log" 2>&1; then
+  cat "$tmp/np3c2.log"; fail "3 ranks with dist.chunks=2 were not refused"
 fi
-grep -q 'run on 1, 2, 4 or 8 ranks' "$tmp/np3.log" || { cat "$tmp/np3.log"; fail "the refusal does not name the valid sizes"; }
-echo "np3: refused: $(grep -m1 'world size 3' "$tmp/np3.log")"
+grep -q 'world size 3 is above dist.chunks = 2' "$tmp/np3c2.log" || { cat "$tmp/np3c2.log"; fail "the refusal does not name dist.chunks"; }
+echo "np3 with dist.chunks=2: refused: $(grep -m1 'world size 3' "$tmp/np3c2.log")"
 echo "all identical"

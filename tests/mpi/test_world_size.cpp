@@ -68,8 +68,9 @@ class Synthetic28 : public Dataset {
 
 enum class Arch { Cnn, Mlp };
 
-Config run_config(Arch arch) {
+Config run_config(Arch arch, int chunks = 8) {
   Config c;
+  c.dist.chunks = chunks;
   c.device = "cpu";
   c.seed = 7;
   c.model.name = arch == Arch::Cnn ? "fashion_cnn" : "mlp";
@@ -85,8 +86,9 @@ Config run_config(Arch arch) {
   return c;
 }
 
-std::unique_ptr<Trainer> make_trainer(Arch arch, Collective* comm, TrainerObserver* observer = nullptr) {
-  const Config c = run_config(arch);
+std::unique_ptr<Trainer> make_trainer(Arch arch, Collective* comm, TrainerObserver* observer = nullptr,
+                                      int chunks = 8) {
+  const Config c = run_config(arch, chunks);
   std::unique_ptr<Dataset> data;
   std::unique_ptr<Model> model;
   if (arch == Arch::Cnn) {
@@ -146,15 +148,16 @@ void expect_same_state(const Checkpoint& want, const Checkpoint& got) {
   }
 }
 
-void check_world_sizes(Arch arch) {
-  auto plain = make_trainer(arch, nullptr);
+void check_world_sizes(Arch arch, std::vector<int> worlds, int chunks = 8) {
+  auto plain = make_trainer(arch, nullptr, nullptr, chunks);
   const RunOutcome want = train_a_bit(*plain);
   REQUIRE(plain->history().size() == 1);  // an epoch end with validation was reached
-  for (int world : {1, 2, 4, 8}) {
+  for (int world : worlds) {
     CAPTURE(world);
+    CAPTURE(chunks);
     std::vector<RunOutcome> got(static_cast<std::size_t>(world));
     run_ranks(world, [&](int rank, Collective& comm) {
-      auto t = make_trainer(arch, &comm);
+      auto t = make_trainer(arch, &comm, nullptr, chunks);
       got[rank] = train_a_bit(*t);
     });
     for (int rank = 0; rank < world; ++rank) {
@@ -170,74 +173,114 @@ void check_world_sizes(Arch arch) {
 
 }  // namespace
 
-TEST_CASE("BatchChunks: rank r of W holds chunks [8r/W, 8(r+1)/W) of the global batch") {
+TEST_CASE("BatchChunks: rank r of W holds chunks [8r/W, 8(r+1)/W) of the global batch, as whole subtrees") {
   const int64_t batch = 13;  // chunks of 1 or 2 samples: 0,1,3,4,6,8,9,11,13
   BatchChunks whole(batch);
-  CHECK(whole.chunks() == 8);
+  REQUIRE(whole.blocks().size() == 1);
+  CHECK(whole.blocks()[0].chunks == 8);
   CHECK(whole.local_begin() == 0);
   CHECK(whole.local_count() == 13);
+  CHECK_FALSE(whole.needs_completion());
   const std::vector<int> want_bounds = {0, 1, 3, 4, 6, 8, 9, 11, 13};
-  CHECK(std::vector<int>(whole.bounds(), whole.bounds() + 9) == want_bounds);
+  CHECK(whole.blocks()[0].bounds == want_bounds);
   run_ranks(4, [&](int rank, Collective& comm) {
     BatchChunks p(batch, &comm);
-    CHECK(p.chunks() == 2);
+    REQUIRE(p.blocks().size() == 1);
+    CHECK(p.blocks()[0].chunks == 2);
     CHECK(p.local_begin() == want_bounds[2 * rank]);
     CHECK(p.local_count() == want_bounds[2 * rank + 2] - want_bounds[2 * rank]);
-    CHECK(p.bounds()[1] == want_bounds[2 * rank + 1] - want_bounds[2 * rank]);
+    CHECK(p.blocks()[0].bounds[1] == want_bounds[2 * rank + 1] - want_bounds[2 * rank]);
     // gather_samples: every rank ends with every sample's value.
     std::vector<int32_t> v(batch, -1);
     for (int i = 0; i < p.local_count(); ++i) v[p.local_begin() + i] = static_cast<int32_t>(100 + p.local_begin() + i);
     p.gather_samples(v.data());
     for (int i = 0; i < batch; ++i) CHECK(v[i] == 100 + i);
   });
+  // 3 ranks: [0, 2), [2, 5), [5, 8) -> blocks {0-1}, {2-3, 4}, {5, 6-7}.
+  run_ranks(3, [&](int rank, Collective& comm) {
+    BatchChunks p(batch, &comm);
+    std::vector<std::pair<int, int>> got;
+    for (const BatchChunks::Block& b : p.blocks()) got.push_back({b.first_chunk, b.chunks});
+    const std::vector<std::vector<std::pair<int, int>>> want = {{{0, 2}}, {{2, 2}, {4, 1}}, {{5, 1}, {6, 2}}};
+    CHECK(got == want[rank]);
+    CHECK(p.needs_completion());
+    int covered = 0;
+    for (const BatchChunks::Block& b : p.blocks()) {
+      CHECK(b.begin == covered);
+      covered += b.count;
+    }
+    CHECK(covered == p.local_count());
+  });
+  // One process with 16 chunks: two blocks of 8, combined.
+  BatchChunks sixteen(40, nullptr, 16);
+  CHECK(sixteen.blocks().size() == 2);
+  CHECK(sixteen.needs_completion());
 }
 
-TEST_CASE("BatchChunks::complete_tree gives every rank the one-process tree sum, bit for bit") {
+TEST_CASE("BatchChunks::complete gives every rank the one-process tree sum, bit for bit, at any world size") {
   // Chunk partials chosen so that another order of summation gives other bits.
   const float part[8] = {1e8f, 1.0f, -1e8f, 3.0f, 0.5f, 1e-3f, 7e7f, -7e7f};
   const float want = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
   const float sequential = part[0] + part[1] + part[2] + part[3] + part[4] + part[5] + part[6] + part[7];
   REQUIRE(want != sequential);  // the test can tell the orders apart
-  for (int world : {1, 2, 4, 8}) {
+  for (int world = 1; world <= 8; ++world) {
     CAPTURE(world);
-    run_ranks(world, [&](int rank, Collective& comm) {
+    run_ranks(world, [&](int, Collective& comm) {
       BatchChunks p(8, &comm);
-      const int per = 8 / world;
-      // The rank's subtree sum, as a layer's chunked op computes it.
-      std::vector<float> sub(part + rank * per, part + (rank + 1) * per);
-      for (int step = 1; step < per; step *= 2)
-        for (int i = 0; i + step < per; i += 2 * step) sub[i] += sub[i + step];
-      float v = sub[0];
-      p.complete_tree(&v, 1);
+      // Each block's subtree sum, as a layer's chunked op computes it.
+      std::vector<float> parts;
+      for (const BatchChunks::Block& b : p.blocks()) {
+        std::vector<float> sub(part + b.first_chunk, part + b.first_chunk + b.chunks);
+        for (int step = 1; step < b.chunks; step *= 2)
+          for (int i = 0; i + step < b.chunks; i += 2 * step) sub[i] += sub[i + step];
+        parts.push_back(sub[0]);
+      }
+      float v = 0;
+      p.complete(parts.data(), 1, &v);
       CHECK(v == want);
     });
   }
 }
 
-TEST_CASE("world sizes other than 1, 2, 4, 8 are refused, naming the valid ones") {
-  for (int world : {3, 5, 6, 7}) {
+TEST_CASE("more ranks than dist.chunks are refused, naming the key") {
+  for (int world : {3, 5}) {
     CAPTURE(world);
     std::vector<std::string> messages(static_cast<std::size_t>(world));
     run_ranks(world, [&](int rank, Collective& comm) {
       try {
-        make_trainer(Arch::Mlp, &comm);
+        make_trainer(Arch::Mlp, &comm, nullptr, 2);
       } catch (const std::invalid_argument& e) {
         messages[rank] = e.what();
       }
     });
     for (const std::string& m : messages) {
       CHECK(m.find("world size " + std::to_string(world)) != std::string::npos);
-      CHECK(m.find("1, 2, 4 or 8") != std::string::npos);
+      CHECK(m.find("dist.chunks = 2") != std::string::npos);
     }
   }
+  CHECK_THROWS_WITH_AS(make_trainer(Arch::Mlp, nullptr, nullptr, 12), doctest::Contains("power of two"), std::invalid_argument);
 }
 
-TEST_CASE("the MLP trains bit-identically on 1, 2, 4 and 8 ranks and in one process") {
-  check_world_sizes(Arch::Mlp);
+TEST_CASE("a checkpoint resumes only with the dist.chunks it was trained with") {
+  auto a = make_trainer(Arch::Mlp, nullptr);
+  a->train_step();
+  const Checkpoint ckpt = a->snapshot();
+  auto b = make_trainer(Arch::Mlp, nullptr, nullptr, 16);
+  CHECK_THROWS_WITH_AS(b->restore(ckpt, LoadMode::Strict), doctest::Contains("dist.chunks = 8"), std::runtime_error);
+  auto c = make_trainer(Arch::Mlp, nullptr);
+  CHECK(c->restore(ckpt, LoadMode::Strict).clean());
 }
 
-TEST_CASE("the CNN (synchronised batch norm, dropout) trains bit-identically on 1, 2, 4 and 8 ranks") {
-  check_world_sizes(Arch::Cnn);
+TEST_CASE("the MLP trains bit-identically on 1 to 8 ranks and in one process") {
+  check_world_sizes(Arch::Mlp, {1, 2, 3, 4, 5, 6, 7, 8});
+}
+
+TEST_CASE("the CNN (synchronised batch norm, dropout) trains bit-identically on 1, 2, 3, 4, 5, 6 and 8 ranks") {
+  check_world_sizes(Arch::Cnn, {1, 2, 3, 4, 5, 6, 8});
+}
+
+TEST_CASE("with dist.chunks = 16 the CNN trains bit-identically on 16 ranks, 3 ranks and in one process") {
+  check_world_sizes(Arch::Cnn, {3, 16}, 16);
 }
 
 TEST_CASE("a state taken mid-epoch on 4 ranks continues on 2 ranks and in one process like a straight run") {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/chunk_tree.h"
@@ -11,50 +12,105 @@
 
 namespace engine {
 
-static_assert(BatchChunks::kChunks == kernels::kTreeChunks, "one chunk count for the tree and the plan");
+static_assert(BatchChunks::kDefaultChunks == kernels::kTreeChunks, "one default chunk count for the tree and the plan");
 
-BatchChunks::BatchChunks(int64_t global_batch, Collective* comm) : global_(global_batch), comm_(comm) {
+void require_world_size_fits(int world_size, int chunks) {
+  if (chunks < 1 || chunks > kernels::kMaxTreeChunks || (chunks & (chunks - 1)) != 0)
+    throw std::invalid_argument("dist.chunks = " + std::to_string(chunks) + " is not a power of two in 1 ... " +
+                                std::to_string(kernels::kMaxTreeChunks));
+  if (world_size > chunks)
+    throw std::invalid_argument("world size " + std::to_string(world_size) + " is above dist.chunks = " +
+                                std::to_string(chunks) + ": a batch is cut into that many fixed chunks and "
+                                "each rank needs at least one; run on at most " + std::to_string(chunks) +
+                                " ranks, or start a run with a larger dist.chunks (a power of two; "
+                                "other bits than a run with " + std::to_string(chunks) + ")");
+}
+
+BatchChunks::BatchChunks(int64_t global_batch, Collective* comm, int chunks)
+    : global_(global_batch), comm_(comm), total_chunks_(chunks) {
   if (global_batch < 0) throw std::invalid_argument("BatchChunks: negative batch size");
   if (comm_) {
     world_ = comm_->size();
     rank_ = comm_->rank();
   }
-  require_valid_world_size(world_);
-  chunks_ = kChunks / world_;
-  const int first = kChunks * rank_ / world_;
-  for (int c = 0; c <= chunks_; ++c) {
-    bounds_global_[c] = kernels::tree_chunk_begin(global_, first + c);
-    bounds_[c] = static_cast<int>(bounds_global_[c] - bounds_global_[0]);
+  require_world_size_fits(world_, total_chunks_);
+  const int64_t base = rank_begin(rank_);
+  for (const kernels::TreeBlock& t : kernels::tree_blocks(rank_first_chunk(rank_), rank_first_chunk(rank_ + 1))) {
+    Block b;
+    b.first_chunk = t.first;
+    b.chunks = t.count;
+    b.begin = static_cast<int>(kernels::tree_chunk_begin(global_, t.first, total_chunks_) - base);
+    for (int c = 0; c <= t.count; ++c)
+      b.bounds.push_back(static_cast<int>(kernels::tree_chunk_begin(global_, t.first + c, total_chunks_) - base) -
+                         b.begin);
+    b.count = b.bounds.back();
+    blocks_.push_back(std::move(b));
   }
+  for (int r = 0; r < world_; ++r)
+    most_blocks_ = std::max(most_blocks_, static_cast<int>(kernels::tree_blocks(rank_first_chunk(r),
+                                                                                 rank_first_chunk(r + 1)).size()));
+}
+
+int BatchChunks::rank_first_chunk(int rank) const {
+  return static_cast<int>(static_cast<int64_t>(total_chunks_) * rank / world_);
 }
 
 int64_t BatchChunks::rank_begin(int rank) const {
-  return kernels::tree_chunk_begin(global_, kChunks * rank / world_);
+  return kernels::tree_chunk_begin(global_, rank_first_chunk(rank), total_chunks_);
 }
 
 template <class T>
-void BatchChunks::complete(T* v, int64_t n) const {
-  if (world_ == 1 || n == 0) return;
-  std::vector<T> all(static_cast<std::size_t>(n) * world_);
-  comm_->allgather(v, sizeof(T) * static_cast<std::size_t>(n), all.data());
-  // The top of the tree over the W subtree sums (the same function as inside a rank).
-  kernels::tree_sum_in_place(all.data(), world_, n, n);
-  std::memcpy(v, all.data(), sizeof(T) * static_cast<std::size_t>(n));
+void BatchChunks::complete_impl(const T* parts, int64_t n, T* out) const {
+  if (n == 0) return;
+  const std::size_t len = static_cast<std::size_t>(n);
+  if (!needs_completion()) {
+    if (out != parts) std::memcpy(out, parts, sizeof(T) * len);
+    return;
+  }
+  // Every rank's blocks in global order, part i of the tiling at all + i * n.
+  std::vector<kernels::TreeBlock> tiling;
+  std::vector<T> all;
+  if (world_ == 1) {
+    for (const Block& b : blocks_) tiling.push_back({b.first_chunk, b.chunks});
+    all.assign(parts, parts + blocks_.size() * len);
+  } else {
+    // Fixed-size pieces: every rank sends as many block sums as the rank with the most.
+    const std::size_t piece = static_cast<std::size_t>(most_blocks_) * len;
+    std::vector<T> send(piece, T{}), gathered(piece * world_);
+    std::copy(parts, parts + blocks_.size() * len, send.begin());
+    comm_->allgather(send.data(), piece * sizeof(T), gathered.data());
+    for (int r = 0; r < world_; ++r) {
+      const auto rank_blocks = kernels::tree_blocks(rank_first_chunk(r), rank_first_chunk(r + 1));
+      for (std::size_t i = 0; i < rank_blocks.size(); ++i) {
+        tiling.push_back(rank_blocks[i]);
+        const T* src = gathered.data() + r * piece + i * len;
+        all.insert(all.end(), src, src + len);
+      }
+    }
+  }
+  if (!kernels::tree_combine_blocks(all.data(), tiling, n, n))
+    throw std::logic_error("BatchChunks: the ranks' blocks do not tile the tree of " +
+                           std::to_string(total_chunks_) + " chunks");
+  std::memcpy(out, all.data(), sizeof(T) * len);
 }
 
-void BatchChunks::complete_tree(float* v, int64_t n) const { complete(v, n); }
-void BatchChunks::complete_tree(double* v, int64_t n) const { complete(v, n); }
+void BatchChunks::complete(const float* parts, int64_t n, float* out) const { complete_impl(parts, n, out); }
+void BatchChunks::complete(const double* parts, int64_t n, double* out) const { complete_impl(parts, n, out); }
 
-void BatchChunks::complete_tree_device(float* v, int64_t n) const {
-  if (world_ == 1 || n == 0) return;
-  const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(n);
-  // Freed stream-ordered: the tree kernel queued before the free has read it by then.
-  struct Scratch {
-    void* p;
-    ~Scratch() { kernels::cuda::free(p); }
-  } all{kernels::cuda::alloc(bytes * world_)};
-  comm_->allgather_device(v, bytes, all.p);
-  kernels::cuda::tree_sum_parts(world_, n, static_cast<const float*>(all.p), v);
+void BatchChunks::complete_device(const float* parts, int64_t n, float* out) const {
+  if (n == 0) return;
+  if (!needs_completion()) {
+    if (out != parts)
+      kernels::cuda::copy(out, parts, sizeof(float) * static_cast<std::size_t>(n), kernels::cuda::CopyKind::DeviceToDevice);
+    return;
+  }
+  // Host staging: the combine adds in the same order on the host as a kernel would, and
+  // float addition is the same operation there, so the bits are those of the tree.
+  const std::size_t local = blocks_.size() * static_cast<std::size_t>(n);
+  std::vector<float> host(local);
+  kernels::cuda::copy(host.data(), parts, sizeof(float) * local, kernels::cuda::CopyKind::DeviceToHost);
+  complete_impl(host.data(), n, host.data());
+  kernels::cuda::copy(out, host.data(), sizeof(float) * static_cast<std::size_t>(n), kernels::cuda::CopyKind::HostToDevice);
 }
 
 template <class T>

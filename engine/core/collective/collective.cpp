@@ -25,13 +25,6 @@ void SingleProcessCollective::allgather(const void* send, std::size_t bytes, voi
   if (bytes) std::memmove(recv, send, bytes);
 }
 
-void require_valid_world_size(int world_size) {
-  if (world_size == 1 || world_size == 2 || world_size == 4 || world_size == 8) return;
-  throw std::invalid_argument("world size " + std::to_string(world_size) +
-                              " is not supported: a batch is cut into 8 fixed chunks, so the "
-                              "ranks must divide them; run on 1, 2, 4 or 8 ranks");
-}
-
 namespace {
 // A non-negative integer environment variable, or -1 when unset or not a number.
 int env_int(const char* name) {
