@@ -143,10 +143,11 @@ link_cut() {
   done
   gone=$(seconds_since "$t0")
   [[ $rc != 0 ]] || { cat "$tmp/$name.log"; fail "$name: mpirun exit status 0 after the link went down"; }
-  cat "$tmp/$name.log" "$tmp/$name".rank* | grep -aq -- "$pattern" \
+  # (grep on the files: `cat | grep -q` fails under pipefail when grep stops reading early)
+  grep -aqh -- "$pattern" "$tmp/$name.log" "$tmp/$name".rank* \
     || { cat "$tmp/$name.log" "$tmp/$name".rank*; fail "$name: no line saying '$pattern'"; }
   echo "$name: host B's link down after step $hold_step: mpirun exit $rc ${took} s later, both hosts empty after ${gone} s (bound $bound s)"
-  echo "$name: $(cat "$tmp/$name.log" "$tmp/$name".rank* | grep -am1 -- "$pattern")"
+  echo "$name: $(grep -ahm1 -- "$pattern" "$tmp/$name.log" "$tmp/$name".rank* | head -1)"
   # The run resumes on one process to the straight run's bits.
   "$engine" verify "$tmp/$name/last.h5" >/dev/null || fail "$name: last.h5 is not sound"
   "$engine" resume "$tmp/$name/last.h5" --device cpu >"$tmp/$name.resume.log" 2>&1 \
