@@ -120,8 +120,8 @@ endif()
 engine_layer(core
   SOURCES engine/core/*.cpp
   PREFIXES core=engine/core
-  HEADERS batch_chunks.h build_info.h collective.h device.h errors.h image_shape.h rng.h state.h
-          tensor.h)
+  HEADERS batch_chunks.h build_info.h collective.h device.h errors.h image_shape.h parameter_shards.h rng.h
+          state.h tensor.h)
 
 # Data and checkpoint I/O: the config, IDX files and datasets, the checkpoint format,
 # atomic files. Knows states, not models.

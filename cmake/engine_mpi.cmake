@@ -7,7 +7,8 @@ option(ENGINE_MPI "Build the MPI collective when MPI is found" ON)
 set(ENGINE_COLLECTIVE_DIR ${CMAKE_CURRENT_LIST_DIR}/../engine/core/collective)
 target_sources(engine PRIVATE
   ${ENGINE_COLLECTIVE_DIR}/collective.cpp
-  ${ENGINE_COLLECTIVE_DIR}/batch_chunks.cpp)
+  ${ENGINE_COLLECTIVE_DIR}/batch_chunks.cpp
+  ${ENGINE_COLLECTIVE_DIR}/parameter_shards.cpp)
 
 set(ENGINE_WITH_MPI OFF)
 if(ENGINE_MPI)

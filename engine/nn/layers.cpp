@@ -1,11 +1,13 @@
 #include "engine/layers.h"
 
 #include <cmath>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <vector>
 
 #include "engine/batch_chunks.h"
+#include "engine/parameter_shards.h"
 #include "kernels/batchnorm_math.h"
 #include "kernels/chunk_tree.h"
 #include "kernels/cuda/settings.h"
@@ -112,28 +114,38 @@ void finish_bias_grad_cuda(const BatchChunks& plan, const DeviceValues<double>& 
 }
 
 // The weight gradient's block sums land in `grad` directly when there is one block and
-// nothing to complete, otherwise in a parts buffer that complete() then sums into grad.
+// nothing to complete, otherwise in a parts buffer that complete() then sums into grad;
+// or, when the plan defers gradients (the trainer's one pass after backward), in the
+// deferred parts, left for that pass.
 struct WeightGradParts {
   WeightGradParts(const BatchChunks& plan, Tensor& grad) : plan(plan), grad(grad), n(grad.numel()) {
-    if (!plan.needs_completion()) return;
-    const std::size_t count = plan.blocks().size() * static_cast<std::size_t>(n);
-    if (grad.device().is_cpu()) host = block_parts<float>(count);
-    else device.emplace(count);
+    if (!plan.needs_completion()) {
+      base = grad.f32();
+      return;
+    }
+    const std::size_t blocks = plan.blocks().size();
+    if (GradientParts* deferred = plan.deferred_gradients()) {
+      base = deferred->floats(grad, blocks);
+    } else if (grad.device().is_cpu()) {
+      base = block_parts<float>(blocks * static_cast<std::size_t>(n));
+    } else {
+      device = std::make_unique<DeviceValues<float>>(blocks * static_cast<std::size_t>(n));
+      base = device->p;
+    }
   }
   float* part(std::size_t block) {
-    if (!plan.needs_completion()) return grad.f32();
-    return (host ? host : device->p) + block * static_cast<std::size_t>(n);
+    return plan.needs_completion() ? base + block * static_cast<std::size_t>(n) : base;
   }
   void complete() {
-    if (!plan.needs_completion()) return;
-    if (host) plan.complete(host, n, grad.f32());
-    else plan.complete_device(device->p, n, grad.f32());
+    if (!plan.needs_completion() || plan.deferred_gradients()) return;
+    if (device) plan.complete_device(base, n, grad.f32());
+    else plan.complete(base, n, grad.f32());
   }
   const BatchChunks& plan;
   Tensor& grad;
   int64_t n;
-  float* host = nullptr;
-  std::optional<DeviceValues<float>> device;
+  float* base = nullptr;
+  std::unique_ptr<DeviceValues<float>> device;
 };
 
 // Per-channel sums of batch norm, block by block: `sums(block, out)` writes one block's
@@ -269,16 +281,19 @@ void backward_blocks(const BatchChunks& plan, const Shape& s, int out, const flo
   WeightGradParts dw(plan, weight_grad);
   const std::size_t blocks = plan.blocks().size(), n_out = static_cast<std::size_t>(out);
   const bool cpu = weight_grad.device().is_cpu();
-  std::vector<double> db_host(cpu ? blocks * n_out : 0);
+  GradientParts* deferred = plan.needs_completion() ? plan.deferred_gradients() : nullptr;
+  std::vector<double> db_host(cpu && !deferred ? blocks * n_out : 0);
+  double* db_parts = deferred ? deferred->doubles(bias_grad, blocks) : db_host.data();
   std::optional<DeviceValues<double>> db_device;
   if (!cpu) db_device.emplace(blocks * n_out);
   for (std::size_t i = 0; i < blocks; ++i) {
     const BatchChunks::Block& b = plan.blocks()[i];
-    double* db = (cpu ? db_host.data() : db_device->p) + i * n_out;
+    double* db = (cpu ? db_parts : db_device->p) + i * n_out;
     op(block_shape(s, b), b.chunks, b.bounds.data(), x + b.begin * in_sample(s), dy + b.begin * out_sample(s),
        dx ? dx + b.begin * in_sample(s) : nullptr, dw.part(i), db);
   }
   dw.complete();
+  if (deferred) return;  // the trainer's pass after backward completes both
   if (cpu) {
     plan.complete(db_host.data(), out, db_host.data());
     store_rounded(db_host.data(), n_out, bias_grad.f32());

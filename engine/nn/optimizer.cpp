@@ -2,6 +2,7 @@
 
 #include "kernels/elementwise.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -42,12 +43,83 @@ void AdamOptimizer::step() {
     f.one_minus_beta1 = static_cast<float>(1.0 - beta1_);
     f.one_minus_beta2 = static_cast<float>(1.0 - beta2_);
     Tensor& p = s.param->value;
-    ENGINE_DISPATCH(p.device(), adam_update, p.numel(), p.f32(), s.param->grad.f32(),
+    const int64_t first = s.count < 0 ? 0 : s.offset, n = s.count < 0 ? p.numel() : s.count;
+    if (n == 0) continue;  // no element of this parameter in this rank's shard
+    ENGINE_DISPATCH(p.device(), adam_update, n, p.f32() + first, s.param->grad.f32() + first,
                     s.exp_avg.f32(), s.exp_avg_sq.f32(), h, f);
   }
 }
 
+void AdamOptimizer::shard(const ParameterShards& shards) {
+  if (sharded_) return;
+  int64_t total = 0;
+  for (const Slot& s : slots_) total += s.param->value.numel();
+  if (shards.total() != total)
+    throw std::logic_error("AdamOptimizer::shard: the shards are of other parameters");
+  for (Slot& s : slots_)
+    if (!s.exp_avg.device().is_cpu()) throw std::logic_error("AdamOptimizer::shard: the moments are not on the CPU");
+  std::vector<const ParameterShards::Segment*> mine(slots_.size(), nullptr);
+  for (const ParameterShards::Segment& seg : shards.segments()) mine.at(seg.index) = &seg;
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    s.offset = mine[i] ? mine[i]->offset : 0;
+    s.count = mine[i] ? mine[i]->count : 0;
+    Tensor m = Tensor::empty({s.count}), v = Tensor::empty({s.count});
+    std::copy(s.exp_avg.f32() + s.offset, s.exp_avg.f32() + s.offset + s.count, m.f32());
+    std::copy(s.exp_avg_sq.f32() + s.offset, s.exp_avg_sq.f32() + s.offset + s.count, v.f32());
+    s.exp_avg = m;
+    s.exp_avg_sq = v;
+  }
+  sharded_ = true;
+}
+
+void AdamOptimizer::unshard(const ParameterShards& shards) {
+  if (!sharded_) return;
+  std::vector<float> m_shard, v_shard;
+  for (const Slot& s : slots_) {
+    m_shard.insert(m_shard.end(), s.exp_avg.f32(), s.exp_avg.f32() + s.count);
+    v_shard.insert(v_shard.end(), s.exp_avg_sq.f32(), s.exp_avg_sq.f32() + s.count);
+  }
+  if (static_cast<int64_t>(m_shard.size()) != shards.shard_size(shards.rank()))
+    throw std::logic_error("AdamOptimizer::unshard: the shards are not the ones the moments were cut by");
+  const std::vector<float> m_all = shards.gather(m_shard.data()), v_all = shards.gather(v_shard.data());
+  int64_t at = 0;
+  for (Slot& s : slots_) {
+    const Shape& shape = s.param->value.shape();
+    const int64_t n = s.param->value.numel();
+    Tensor m = Tensor::empty(shape), v = Tensor::empty(shape);
+    std::copy(m_all.begin() + at, m_all.begin() + at + n, m.f32());
+    std::copy(v_all.begin() + at, v_all.begin() + at + n, v.f32());
+    s.exp_avg = m;
+    s.exp_avg_sq = v;
+    s.offset = 0;
+    s.count = -1;
+    at += n;
+  }
+  sharded_ = false;
+}
+
+int64_t AdamOptimizer::moment_bytes() const {
+  int64_t bytes = 0;
+  for (const Slot& s : slots_) bytes += static_cast<int64_t>(s.exp_avg.nbytes() + s.exp_avg_sq.nbytes());
+  return bytes;
+}
+
+int64_t AdamOptimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const Slot& s : slots_) bytes += 2 * static_cast<int64_t>(s.param->value.numel() * sizeof(float));
+  return bytes;
+}
+
+void AdamOptimizer::require_whole(const char* what) const {
+  if (sharded_)
+    throw std::logic_error(std::string("optimizer ") + what + ": the moments are sharded over the ranks (ZeRO-1); "
+                           "they are whole again after AdamOptimizer::unshard (the Trainer gathers them for "
+                           "every save and when fit() returns)");
+}
+
 void AdamOptimizer::to(Device device) {
+  require_whole("to()");
   for (Slot& s : slots_) {
     if (s.exp_avg.device() == device) continue;
     s.exp_avg = s.exp_avg.to(device);
@@ -56,6 +128,7 @@ void AdamOptimizer::to(Device device) {
 }
 
 StateDict AdamOptimizer::state() const {
+  require_whole("state()");
   StateDict d;
   d.scalars["name"] = name_;
   d.scalars["lr"] = lr_;
@@ -72,6 +145,7 @@ StateDict AdamOptimizer::state() const {
 }
 
 void AdamOptimizer::load_state(const StateDict& in) {
+  require_whole("load_state()");
   if (in.get_string("name") != name_)
     throw std::runtime_error("optimizer state is for '" + in.get_string("name") +
                              "' but the config asks for '" + name_ + "'");

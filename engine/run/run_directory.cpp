@@ -357,12 +357,7 @@ double RunDirectory::save_estimate(const Trainer& trainer) const {
   // Before the first save, from the state's size: written, fsynced, reloaded through the
   // parser process and compared at 50 MB/s at least, plus a fixed 0.1 s for the parser
   // process and the directory fsync. A 5 MB state: 0.2 s (this once assumed 1 s).
-  if (!m.state_bytes) {
-    double bytes = 0;
-    for (const auto& [group, d] : trainer.snapshot().groups)
-      for (const auto& [key, t] : d.tensors) bytes += static_cast<double>(t.nbytes());
-    m.state_bytes = bytes;
-  }
+  if (!m.state_bytes) m.state_bytes = static_cast<double>(trainer.state_bytes());
   return 0.1 + *m.state_bytes / 50e6;
 }
 

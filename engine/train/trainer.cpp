@@ -204,6 +204,15 @@ Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, Traine
     observer_->on_message(
         "precision.mode fp16 needs the CUDA backend: training in fp32 on the CPU, "
         "loss-scaler state kept unchanged");
+  if (collective_->size() > 1) {  // CPU ranks (refused above on CUDA): ZeRO-1
+    std::vector<int64_t> sizes;
+    for (Parameter* p : model_->parameters()) {
+      sizes.push_back(p->value.numel());
+      param_values_.push_back(&p->value);
+      param_grads_.push_back(&p->grad);
+    }
+    shards_ = std::make_unique<ParameterShards>(std::move(sizes), collective_);
+  }
   counter_state_ = std::make_unique<CounterState>(*this);
   metrics_state_ = std::make_unique<MetricsState>(*this);
   best_metric_ = lower_is_better(cfg_.train.early_stopping.monitor)
@@ -330,6 +339,7 @@ FitResult Trainer::fit(const StopPlan& stop, RunSink* sink) {
   // Several ranks: a failure of the saves just flushed reaches every rank here, so all
   // of them end the same way (CheckpointWriteError: exit 3 on every rank).
   if (collective_->size() > 1) agree(false, false);
+  gather_optimizer_shards();  // every rank returns here: state() is whole again
   return result;
 }
 
@@ -450,7 +460,14 @@ void Trainer::run_step() {
   const int64_t start = step_in_epoch_ * batch;
   const int b = static_cast<int>(std::min<int64_t>(batch, n - start));
   // This rank's chunks of the batch (all of it in one process, docs/distributed.md).
-  const BatchChunks plan(b, collective_, cfg_.dist.chunks);
+  BatchChunks plan(b, collective_, cfg_.dist.chunks);
+  if (shards_) {
+    // This rank keeps and updates its shard of the moments only; the layers leave their
+    // weight and bias block sums for the one pass after backward.
+    optimizer_->shard(*shards_);
+    grad_parts_.clear();
+    plan.defer_gradients(&grad_parts_);
+  }
   const int local = plan.local_count();
   const int64_t first = start + plan.local_begin();
   if (!batch_x_.defined() || batch_x_.dim(0) != local) {
@@ -479,9 +496,18 @@ void Trainer::run_step() {
   model_->backward(dlogits_);
   // Every rank holds every sample's loss (the state is the same on all ranks).
   plan.gather_samples(epoch_sample_loss_.f32() + start);
-  const bool found_inf = scaler_->unscale(model_->parameters());
-  scaler_->update(found_inf);
-  if (!found_inf) optimizer_->step();
+  if (shards_) {
+    // Every gradient complete in this rank's shard (one alltoall, the tree order), the
+    // shard updated, every rank's shard back to every rank (one allgather). The loss
+    // scaler is inactive here (CPU ranks: fp32), so no step is skipped.
+    shards_->reduce_scatter(plan, grad_parts_, param_grads_);
+    optimizer_->step();
+    shards_->allgather(param_values_);
+  } else {
+    const bool found_inf = scaler_->unscale(model_->parameters());
+    scaler_->update(found_inf);
+    if (!found_inf) optimizer_->step();
+  }
   ++step_in_epoch_;
   ++global_step_;
 }
@@ -665,6 +691,7 @@ StepResult Trainer::train_step() {
   r.epoch = epoch_ + 1;
   r.step_in_epoch = step_in_epoch_;
   r.global_step = global_step_;
+  gather_optimizer_shards();  // a step taken alone leaves the whole state (a collective)
   const int64_t b = std::min<int64_t>(cfg_.data.batch_size, n - start);
   r.loss = ENGINE_DISPATCH(device_, reduce_sum, b, epoch_sample_loss_.f32() + start) / static_cast<double>(b);
   if (step_in_epoch_ == steps) {
@@ -855,7 +882,26 @@ StateReport Trainer::resume_from(const std::string& path, LoadMode mode) {
 }
 
 void Trainer::save(CheckpointKind kind) {
+  // Every rank saves at the same point (agreed): the moments are gathered here, and cut
+  // again by the next step (saves in a row gather once).
+  gather_optimizer_shards();
   call_sink([&] { sink_->save(*this, kind); });
+}
+
+void Trainer::gather_optimizer_shards() {
+  if (shards_ && optimizer_->sharded()) optimizer_->unshard(*shards_);
+}
+
+int64_t Trainer::state_bytes() const {
+  int64_t bytes = 0;
+  for (auto& [name, comp] : const_cast<Trainer*>(this)->components()) {
+    if (comp == optimizer_.get()) {
+      bytes += optimizer_->state_bytes();
+      continue;
+    }
+    for (const auto& [key, t] : comp->state().tensors) bytes += static_cast<int64_t>(t.nbytes());
+  }
+  return bytes;
 }
 
 void Trainer::record_metrics(const std::optional<EvalResult>& test) {

@@ -14,6 +14,8 @@
 
 namespace engine {
 
+class GradientParts;
+
 class BatchChunks {
  public:
   // The chunks of a batch unless the config says otherwise (dist.chunks).
@@ -53,6 +55,19 @@ class BatchChunks {
   void complete(const double* parts, int64_t n, double* out) const;
   // The same with parts and out in GPU memory (CUDA ranks): staged through host memory.
   void complete_device(const float* parts, int64_t n, float* out) const;
+  // The block sums of every rank as complete() exchanges them (rank r's blocks in order
+  // at gathered + r * most_blocks() * n, padded with unused ones) -> out (n values):
+  // their tree sum. What ParameterShards combines after its alltoall.
+  void combine_gathered(const float* gathered, int64_t n, float* out) const;
+  void combine_gathered(const double* gathered, int64_t n, double* out) const;
+  // The most blocks any rank holds (the exchanges' fixed piece size, in blocks).
+  int most_blocks() const { return most_blocks_; }
+
+  // Weight and bias gradients left to one pass after backward (ParameterShards, on the
+  // CPU): a layer that finds GradientParts here writes its block sums into them instead
+  // of completing them itself. Null (the default): each layer completes its own.
+  void defer_gradients(GradientParts* parts) { deferred_ = parts; }
+  GradientParts* deferred_gradients() const { return deferred_; }
   // batch_values: the whole batch's per-sample values (global_batch() * per_sample),
   // of which this rank filled its own samples; receives every other rank's.
   void gather_samples(float* batch_values, int per_sample = 1) const;
@@ -61,6 +76,8 @@ class BatchChunks {
  private:
   template <class T>
   void complete_impl(const T* parts, int64_t n, T* out) const;
+  template <class T>
+  void combine_impl(const T* gathered, int64_t n, T* out) const;
   template <class T>
   void gather(T* batch_values, int per_sample) const;
   int64_t rank_begin(int rank) const;
@@ -73,6 +90,7 @@ class BatchChunks {
   // Every rank's blocks (global chunk ranges), in rank order: the tree's tiling.
   std::vector<int> rank_block_count_;
   int most_blocks_ = 1;
+  GradientParts* deferred_ = nullptr;
 };
 
 // Throws std::invalid_argument unless `chunks` (dist.chunks) is a power of two in

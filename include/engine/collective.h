@@ -26,6 +26,12 @@ class Collective {
   virtual void allgather(const void* send, std::size_t bytes, void* recv) = 0;
   // The `bytes` bytes at `data` on rank `root` copied into `data` on every rank.
   virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
+  // Every rank gives size() pieces of `bytes` bytes at `send`, piece s (at s * bytes)
+  // for rank s; `recv` (size() * bytes) receives every rank's piece for this rank, rank
+  // r's at r * bytes. What a reduce-scatter moves, with the sum left to the receiver
+  // (ParameterShards). This default goes through allgather (size() times the bytes);
+  // the MPI collective sends each piece once (MPI_Alltoall).
+  virtual void alltoall(const void* send, std::size_t bytes, void* recv);
 
   // Ends the whole job at once, every rank with `exit_code` (never returns): what a rank
   // that fails alone calls, so that the others do not wait for it in a collective. The
@@ -52,6 +58,7 @@ class SingleProcessCollective final : public Collective {
   std::string name() const override { return "single"; }
   void allgather(const void* send, std::size_t bytes, void* recv) override;
   void broadcast(void*, std::size_t, int) override {}
+  void alltoall(const void* send, std::size_t bytes, void* recv) override { allgather(send, bytes, recv); }
 };
 
 // How a collective behaves when the ranks do not all answer (docs/distributed.md "Faults").

@@ -18,6 +18,7 @@
 #include "engine/collective.h"
 #include "engine/dataset.h"
 #include "engine/optimizer.h"
+#include "engine/parameter_shards.h"
 #include "engine/rng.h"
 #include "engine/scaler.h"
 #include "engine/scheduler.h"
@@ -186,6 +187,12 @@ class Trainer {
   // size at an epoch boundary, not mid-epoch (the position in the shuffled epoch
   // depends on it).
   Checkpoint snapshot() const;
+  // The bytes of the tensors snapshot() holds (with several ranks, of the whole state a
+  // save writes, while each rank holds only its shard of the optimizer's moments).
+  int64_t state_bytes() const;
+  // The bytes of optimizer moments this rank holds now: about 1/W of them while a fit()
+  // or a step runs on W CPU ranks (ZeRO-1), all of them otherwise.
+  int64_t optimizer_moment_bytes() const { return optimizer_->moment_bytes(); }
   StateReport restore(const Checkpoint& ckpt, LoadMode mode, RestoreObserver* observer = nullptr);
   // load_checkpoint + restore; throws CheckpointError naming the file on failure.
   StateReport resume_from(const std::string& path, LoadMode mode);
@@ -239,6 +246,9 @@ class Trainer {
   void record_metrics(const std::optional<EvalResult>& test);
   double save_estimate() const;
   FitResult fit_loop(const StopPlan& stop);
+  // Several CPU ranks: the optimizer's moments whole again (a collective; every rank at
+  // the same point: a save, the end of fit() or of train_step()).
+  void gather_optimizer_shards();
   // The first n images of a split, normalised, on the training device: [n, C, H, W].
   Tensor first_images(Split split, int64_t n);
   Shape batch_shape(int64_t n) const;
@@ -289,6 +299,13 @@ class Trainer {
   // The ranks of a data-parallel run (collective_ points at single_process_ in one process).
   SingleProcessCollective single_process_;
   Collective* collective_ = &single_process_;
+
+  // Several CPU ranks: each owns a shard of the flat parameters and of the optimizer's
+  // moments (docs/distributed.md "Sharded optimizer"); the layers leave their weight and
+  // bias block sums in grad_parts_ for one pass after backward.
+  std::unique_ptr<ParameterShards> shards_;
+  GradientParts grad_parts_;
+  std::vector<Tensor*> param_values_, param_grads_;
 
   // Workspaces.
   Tensor batch_x_, batch_labels_, permutation_, sample_correct_, eval_loss_, eval_correct_;

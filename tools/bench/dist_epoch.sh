@@ -20,8 +20,9 @@
 #   2 ranks / 1 process          (target <= 1.10: splitting a batch over ranks costs little)
 #   engine 2 ranks / PyTorch DDP (target <= 0.6)
 # Also prints the bytes each rank sends and receives per training step, computed from the
-# model's layer shapes by the rules in docs/benchmarks.md ("Data-parallel epoch"), next to
-# what a ring allreduce of the gradients (PyTorch DDP) moves.
+# model's layer shapes by the rules in docs/benchmarks.md ("Bytes per step per rank";
+# tools/bench/dist_bytes.sh counts them), next to what a ring allreduce of the gradients
+# (PyTorch DDP) moves.
 # The figures are only as good as the machine is quiet (the load average is printed).
 set -euo pipefail
 
@@ -138,39 +139,58 @@ print(f"ratio {W} ranks / 1 process: {r1:.3f}   (target <= 1.10: {'met' if r1 <=
 print(f"ratio engine {W} ranks / pytorch DDP: {r2:.3f}   (target <= 0.6: {'met' if r2 <= 0.6 else 'NOT met'})")
 
 # Bytes per training step per rank, from the layer shapes (the model of
-# tools/torch_interop.py, = models/fashion_cnn.cpp) and the global batch of the config.
-# What the engine exchanges per step, each one allgather of a fixed-size piece
-# (engine/nn/layers.cpp, engine/core/collective/batch_chunks.cpp, engine/train/trainer.cpp):
-#   Conv2d / Linear backward: the weight gradient's subtree sums (float) and the bias
-#     gradient's (double): 2 allgathers;
-#   BatchNorm2d (synchronised): forward sum(x) and sum((x-mean)^2), C doubles each;
-#     backward [sum(dy) | sum(dy*(x-mean))], 2C doubles: 3 allgathers, 4C doubles
-#     (gamma's and beta's gradients follow from these sums: not exchanged);
-#   the per-sample losses: the largest rank's sample count of floats: 1 allgather.
-# An allgather sends the piece once and receives the other W-1 ranks' pieces (its
-# receive buffer holds all W). PyTorch DDP allreduces the gradients only (per-rank BN);
-# gloo's ring allreduce sends and receives 2(W-1)/W of them per rank.
+# tools/torch_interop.py, = models/fashion_cnn.cpp) and the global batch of the config,
+# as Open MPI's pml monitoring counts them (tools/bench/dist_bytes.sh measures them):
+# an allgather or an alltoall of a piece of m bytes sends (W-1)*m per rank.
+# Per step (engine/core/collective/parameter_shards.cpp, engine/nn/layers.cpp,
+# engine/train/trainer.cpp):
+#   one alltoall of the conv/linear weight (float) and bias (double) block sums, each
+#     rank's piece for rank s being s's shard of them, times the most blocks a rank holds;
+#   one allgather of the updated parameter shards (P/W floats, the largest shard);
+#   BatchNorm2d (synchronised): forward sum(x), sum((x-mean)^2), C doubles each, and
+#     backward [sum(dy) | sum(dy*(x-mean))], 2C doubles: 3 allgathers;
+#   the per-sample losses: the largest rank's sample count of floats: 1 allgather;
+#   the stop agreement (Trainer::agree): 5 int64: 1 allgather.
+# PyTorch DDP allreduces the gradients only (per-rank BN); gloo's ring allreduce sends
+# and receives 2(W-1)/W of them per rank.
 sys.path.insert(0, root + "/tools")
 import torch
 from torch_interop import make_model
 batch = json.load(open(root + "/configs/mnist.json"))["data"]["batch_size"]
 F32, F64 = 4, 8
-sent, exchanges, grads = 0, 0, 0
+layout, bn, exchanges, grads = [], 0, 2, 0  # layout: (values, bytes per value, exchanged?)
 for m in make_model().modules():
     if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)):
-        sent += m.weight.numel() * F32 + m.bias.numel() * F64
-        exchanges += 2
+        layout += [(m.weight.numel(), F32, True), (m.bias.numel(), F64, True)]
     elif isinstance(m, torch.nn.BatchNorm2d):
-        sent += 4 * m.num_features * F64
+        layout += [(m.weight.numel(), F32, False), (m.bias.numel(), F32, False)]
+        bn += 4 * m.num_features * F64
         exchanges += 3
     grads += sum(p.numel() for p in m.parameters(recurse=False))
+def tree_blocks(b, e):  # kernels/chunk_tree.h
+    out, p = 0, b
+    while p < e:
+        size = 1
+        while size * 2 <= 8 and p % (size * 2) == 0 and p + size * 2 <= e: size *= 2
+        out, p = out + 1, p + size
+    return out
+most_blocks = max(tree_blocks(8 * r // W, 8 * (r + 1) // W) for r in range(W))
+def shard_bytes(r):  # rank r's shard [P*r/W, P*(r+1)/W) of the exchanged gradients
+    lo, hi, at, n = grads * r // W, grads * (r + 1) // W, 0, 0
+    for values, size, exchanged in layout:
+        if exchanged: n += max(0, min(hi, at + values) - max(lo, at)) * size
+        at += values
+    return n
+alltoall = most_blocks * max(shard_bytes(r) for r in range(W))
+params = max(grads * (r + 1) // W - grads * r // W for r in range(W)) * F32
 chunk = lambda c: batch * c // 8  # kernels/chunk_tree.h: chunk c = [B*c/8, B*(c+1)/8)
-most = max(chunk(8 * (r + 1) // W) - chunk(8 * r // W) for r in range(W))
-sent += most * F32
-exchanges += 1
+losses = max(chunk(8 * (r + 1) // W) - chunk(8 * r // W) for r in range(W)) * F32
+agree = 5 * 8
+exchanges += 2
+sent = (W - 1) * (alltoall + params + bn + losses + agree)
 ring = 2 * (W - 1) / W * grads * F32
-print(f"bytes per step per rank, engine ({exchanges} allgathers, global batch {batch}): sends {sent:,}, "
-      f"receives {(W - 1) * sent:,} ((W-1) x piece; W = {W})")
+print(f"bytes per step per rank, engine ({exchanges} exchanges, global batch {batch}): sends {sent:,}, "
+      f"receives {sent:,} (alltoall of the gradients' shards, allgather of the parameters; W = {W})")
 print(f"bytes per step per rank, ring allreduce of the {grads:,} gradient floats (PyTorch DDP): "
       f"sends {ring:,.0f}, receives {ring:,.0f}")
 print(f"load average before: {before}; after: {after}")

@@ -19,6 +19,14 @@ std::vector<int64_t> Collective::agree_max(const std::vector<int64_t>& local) {
   return out;
 }
 
+void Collective::alltoall(const void* send, std::size_t bytes, void* recv) {
+  const std::size_t w = static_cast<std::size_t>(size()), me = static_cast<std::size_t>(rank());
+  std::vector<unsigned char> all(w * w * bytes);
+  allgather(send, w * bytes, all.data());
+  for (std::size_t r = 0; r < w; ++r)
+    if (bytes) std::memcpy(static_cast<unsigned char*>(recv) + r * bytes, all.data() + (r * w + me) * bytes, bytes);
+}
+
 void Collective::abort(int exit_code) { std::exit(exit_code); }
 
 void SingleProcessCollective::allgather(const void* send, std::size_t bytes, void* recv) {

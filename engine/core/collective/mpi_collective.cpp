@@ -80,6 +80,14 @@ class MpiCollective final : public Collective {
     check(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD, &req), "MPI_Ibcast");
     wait(req, "broadcast from rank " + std::to_string(root), bytes);
   }
+  void alltoall(const void* send, std::size_t bytes, void* recv) override {
+    if (bytes > static_cast<std::size_t>(1) << 30) throw std::runtime_error("MPI alltoall: piece too large");
+    MPI_Request req = MPI_REQUEST_NULL;
+    check(MPI_Ialltoall(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE,
+                        MPI_COMM_WORLD, &req),
+          "MPI_Ialltoall");
+    wait(req, "alltoall", bytes);
+  }
   [[noreturn]] void abort(int exit_code) override {
     std::fflush(nullptr);
     MPI_Abort(MPI_COMM_WORLD, exit_code);
