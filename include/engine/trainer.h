@@ -96,6 +96,7 @@ struct FitResult {
 };
 
 class TimeBudget;
+class RunProtocol;
 class Trainer;
 
 // Where fit() keeps its run: the checkpoints at the points the loop chooses and the
@@ -227,17 +228,8 @@ class Trainer {
   std::optional<EvalResult> evaluate_impl(Split split, const RunControl* stop);
   // Time-limit check (run_control): true when the work ahead would overrun.
   bool out_of_time(bool last_step_of_epoch);
-  // What every rank acts on after a step or an interruptible evaluation batch: with
-  // several ranks, one small exchange (Collective::agree_max) of each rank's stop and
-  // checkpoint requests, rank 0's time-limit decision and rank 0's held save failure
-  // (which it throws on every rank); in one process, the local flags and no exchange
-  // (docs/distributed.md "Stops and preemption").
-  struct Agreed {
-    bool stop = false, checkpoint = false, out_of_time = false;
-  };
-  Agreed agree(bool checkpoint_asked, bool out_of_time_on_rank0);
-  // Calls the sink; with several ranks, rank 0 holds a failure until the next
-  // agreement instead of throwing alone while the others wait in a collective.
+  // Calls the sink through the run protocol: with several ranks, rank 0 holds a failure
+  // until the next agreement instead of throwing alone while the others wait.
   template <class SinkCall>
   void call_sink(SinkCall&& call);
   std::string time_limit_message() const;
@@ -276,8 +268,9 @@ class Trainer {
   RunSink* sink_ = nullptr;                  // set while a fit() runs
   std::unique_ptr<TimeBudget> time_budget_;  // set while a fit() with a time limit runs
   FitResult::StopCause stop_cause_ = FitResult::StopCause::None;
-  bool stop_agreed_ = false;                 // a rank asked to stop (this fit, several ranks)
-  std::exception_ptr held_sink_error_;       // rank 0's, until the next agreement (several ranks)
+  // The agreements between the ranks, rank 0's clock, held sink failures: one process
+  // or several (engine/train/run_protocol.h).
+  std::unique_ptr<RunProtocol> protocol_;
 
   // Counters and early-stopping state (saved in the "trainer" group).
   int64_t epoch_ = 0, global_step_ = 0, step_in_epoch_ = 0;

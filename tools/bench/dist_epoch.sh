@@ -143,14 +143,14 @@ print(f"ratio engine {W} ranks / pytorch DDP: {r2:.3f}   (target <= 0.6: {'met' 
 # as Open MPI's pml monitoring counts them (tools/bench/dist_bytes.sh measures them):
 # an allgather or an alltoall of a piece of m bytes sends (W-1)*m per rank.
 # Per step (engine/core/collective/parameter_shards.cpp, engine/nn/layers.cpp,
-# engine/train/trainer.cpp):
+# engine/train/trainer_step.cpp):
 #   one alltoall of the conv/linear weight (float) and bias (double) block sums, each
 #     rank's piece for rank s being s's shard of them, times the most blocks a rank holds;
 #   one allgather of the updated parameter shards (P/W floats, the largest shard);
 #   BatchNorm2d (synchronised): forward sum(x), sum((x-mean)^2), C doubles each, and
 #     backward [sum(dy) | sum(dy*(x-mean))], 2C doubles: 3 allgathers;
 #   the per-sample losses: the largest rank's sample count of floats: 1 allgather;
-#   the stop agreement (Trainer::agree): 5 int64: 1 allgather.
+#   the stop agreement (RunProtocol::agree): 5 int64: 1 allgather.
 # PyTorch DDP allreduces the gradients only (per-rank BN); gloo's ring allreduce sends
 # and receives 2(W-1)/W of them per rank.
 sys.path.insert(0, root + "/tools")

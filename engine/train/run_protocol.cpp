@@ -1,0 +1,113 @@
+#include "train/run_protocol.h"
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/checkpoint.h"
+
+namespace engine {
+namespace {
+
+// One process: the requests as they are, the clock checked when asked, sink failures
+// thrown where they happen.
+class OneProcessProtocol final : public RunProtocol {
+ public:
+  Agreed agree(bool stop_requested, bool checkpoint_requested, const std::function<bool()>&) override {
+    return {stop_requested, checkpoint_requested};
+  }
+  // The time limit is checked right before the step it is about (after whatever the
+  // previous step saved), not in agree().
+  bool time_limit_before_step(const std::function<bool()>& late) override { return late(); }
+  bool time_limit_now(const std::function<bool()>& late) override { return late(); }
+  void call_sink(const std::function<void()>& call) override { call(); }
+  bool holds_sink_failure() const override { return false; }
+  void finish_run() override {}
+  void reset() override {}
+};
+
+// What a rank's held sink failure was, as agreed between the ranks (the largest wins).
+enum class SinkFailure : int64_t { None = 0, Other = 1, Write = 2 };
+
+// Several ranks: every decision is one small exchange (Collective::agree_max of five
+// int64), so every rank acts on the same answer at the same step.
+class RanksProtocol final : public RunProtocol {
+ public:
+  explicit RanksProtocol(Collective& comm) : comm_(comm) {}
+
+  Agreed agree(bool stop_requested, bool checkpoint_requested,
+               const std::function<bool()>& next_step_late) override {
+    // Rank 0 decides the next step's time limit now, in the same exchange.
+    const bool late = owns_clock() && next_step_late && next_step_late();
+    const std::vector<int64_t> all = exchange(stop_requested || stop_agreed_, checkpoint_requested, late);
+    stop_agreed_ = all[0] != 0;
+    next_step_late_ = all[2] != 0;
+    return {stop_agreed_, all[1] != 0};
+  }
+  bool time_limit_before_step(const std::function<bool()>&) override { return next_step_late_; }
+  bool time_limit_now(const std::function<bool()>& late) override {
+    const bool mine = owns_clock() && late();
+    const std::vector<int64_t> all = exchange(stop_agreed_, false, mine);
+    stop_agreed_ = all[0] != 0;
+    return all[2] != 0;
+  }
+  void call_sink(const std::function<void()>& call) override {
+    if (held_) return;  // the run stops at the next agreement: no further saves
+    try {
+      call();
+    } catch (...) {
+      held_ = std::current_exception();
+    }
+  }
+  bool holds_sink_failure() const override { return held_ != nullptr; }
+  void finish_run() override { exchange(stop_agreed_, false, false); }
+  void reset() override {
+    stop_agreed_ = next_step_late_ = false;
+    held_ = nullptr;
+  }
+
+ private:
+  // Only rank 0's clock decides the time limit: the ranks' clocks and limits may differ.
+  bool owns_clock() const { return comm_.rank() == 0; }
+
+  std::vector<int64_t> exchange(bool stop, bool checkpoint, bool late) {
+    const int rank = comm_.rank();
+    SinkFailure failure = SinkFailure::None;
+    if (held_) try {
+        std::rethrow_exception(held_);
+      } catch (const CheckpointWriteError&) {
+        failure = SinkFailure::Write;
+      } catch (...) {
+        failure = SinkFailure::Other;
+      }
+    const std::vector<int64_t> all = comm_.agree_max(
+        {stop, checkpoint, late, static_cast<int64_t>(failure), failure == SinkFailure::None ? 0 : rank + 1});
+    if (all[3] != static_cast<int64_t>(SinkFailure::None)) {
+      if (held_) {
+        const std::exception_ptr e = held_;
+        held_ = nullptr;
+        std::rethrow_exception(e);
+      }
+      const std::string what = "rank " + std::to_string(rank) + ": rank " + std::to_string(all[4] - 1) +
+                               " could not save a checkpoint (its message says why), so every rank stops";
+      if (all[3] == static_cast<int64_t>(SinkFailure::Write)) throw CheckpointWriteError(what);
+      throw std::runtime_error(what);
+    }
+    return all;
+  }
+
+  Collective& comm_;
+  bool stop_agreed_ = false;     // a rank asked to stop (this fit)
+  bool next_step_late_ = false;  // rank 0's time decision for the next step, agreed
+  std::exception_ptr held_;      // this rank's sink failure, until the next agreement
+};
+
+}  // namespace
+
+std::unique_ptr<RunProtocol> make_run_protocol(Collective& comm) {
+  if (comm.size() == 1) return std::make_unique<OneProcessProtocol>();
+  return std::make_unique<RanksProtocol>(comm);
+}
+
+}  // namespace engine

@@ -1,0 +1,18 @@
+// What the Trainer's source files share (engine/train/trainer.cpp: construction and the
+// state groups; trainer_step.cpp: the step and evaluation; run_loop.cpp: fit()).
+#pragma once
+#include <chrono>
+
+#include "engine/config.h"
+
+namespace engine {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+inline bool lower_is_better(MonitorMetric monitor) { return monitor == MonitorMetric::ValLoss; }
+
+}  // namespace engine

@@ -1,0 +1,233 @@
+#include "engine/trainer.h"
+
+#include <algorithm>
+#include <numeric>
+#include <optional>
+#include <stdexcept>
+
+#include "engine/batch_chunks.h"
+#include "nn/dispatch.h"
+#include "train/run_protocol.h"
+#include "train/time_budget.h"
+#include "train/trainer_common.h"
+
+// One training step, a step or epoch taken alone (train_step, train_epoch), and
+// evaluation: what the Trainer computes, whether in one process or on several ranks.
+
+namespace engine {
+
+int64_t Trainer::steps_per_epoch() {
+  const int64_t n = data_->get(Split::Train).count;
+  const int batch = cfg_.data.batch_size;
+  return (n + batch - 1) / batch;
+}
+
+void Trainer::prepare_epoch() {
+  const int64_t n = data_->get(Split::Train).count;
+  if (epoch_sample_loss_.numel() != n)
+    throw std::logic_error("this Trainer was built to evaluate only (SplitsNeeded::TestOnly): it cannot train");
+  if (step_in_epoch_ == 0) {
+    epoch_shuffle_offset_ = rng_.take(RngStream::Shuffle, Rng::permutation_draws(static_cast<int32_t>(n)));
+    epoch_sample_loss_.zero();
+  }
+  optimizer_->set_lr(scheduler_->lr());
+  if (permutation_offset_ == epoch_shuffle_offset_) return;
+  // The permutation is re-derived from its saved offset, so a mid-epoch resume sees
+  // the same order.
+  const std::vector<int32_t> perm = rng_.permutation(RngStream::Shuffle, epoch_shuffle_offset_,
+                                                     static_cast<int32_t>(n));
+  Tensor perm_host = Tensor::empty({n}, DType::I32);
+  std::copy(perm.begin(), perm.end(), perm_host.i32());
+  permutation_ = device_.is_cpu() ? perm_host : perm_host.to(device_);
+  permutation_offset_ = epoch_shuffle_offset_;
+  epoch_clock_ = Clock::now();
+}
+
+void Trainer::run_step() {
+  const SplitData& train = data_->get(Split::Train);
+  const int64_t n = train.count;
+  const int batch = cfg_.data.batch_size;
+  const int classes = model_->num_classes();
+  const int64_t start = step_in_epoch_ * batch;
+  const int b = static_cast<int>(std::min<int64_t>(batch, n - start));
+  // This rank's chunks of the batch (all of it in one process, docs/distributed.md).
+  BatchChunks plan(b, collective_, cfg_.dist.chunks);
+  if (shards_) {
+    // This rank keeps and updates its shard of the moments only; the layers leave their
+    // weight and bias block sums for the one pass after backward.
+    optimizer_->shard(*shards_);
+    grad_parts_.clear();
+    plan.defer_gradients(&grad_parts_);
+  }
+  const int local = plan.local_count();
+  const int64_t first = start + plan.local_begin();
+  if (!batch_x_.defined() || batch_x_.dim(0) != local) {
+    batch_x_ = Tensor::empty(batch_shape(local), DType::F32, device_);
+    batch_labels_ = Tensor::empty({local}, DType::I32, device_);
+    dlogits_ = Tensor::empty({local, classes}, DType::F32, device_);
+    sample_correct_ = Tensor::empty({local}, DType::F32, device_);
+  }
+  ENGINE_DISPATCH(device_, gather_batch, local, static_cast<int>(data_->sample_shape().numel()),
+                  train.images.u8(), train.labels.u8(), permutation_.i32() + first,
+                  static_cast<float>(cfg_.data.mean), static_cast<float>(cfg_.data.std), batch_x_.f32(),
+                  batch_labels_.i32());
+  struct PlanScope {
+    Model& m;
+    ~PlanScope() { m.set_batch_chunks(nullptr); }
+  } plan_scope{*model_};
+  model_->set_batch_chunks(&plan);
+  Tensor logits = model_->forward(batch_x_, Mode::Train, rng_);
+  if (device_.is_cpu())  // the gradient of the mean over the global batch
+    kernels::cpu::cross_entropy_part(local, b, classes, logits.f32(), batch_labels_.i32(),
+                                     scaler_->loss_scale(), dlogits_.f32(), epoch_sample_loss_.f32() + first,
+                                     sample_correct_.f32());
+  else
+    kernels::cuda::cross_entropy(b, classes, logits.f32(), batch_labels_.i32(), scaler_->loss_scale(),
+                                 dlogits_.f32(), epoch_sample_loss_.f32() + start, sample_correct_.f32());
+  model_->backward(dlogits_);
+  // Every rank holds every sample's loss (the state is the same on all ranks).
+  plan.gather_samples(epoch_sample_loss_.f32() + start);
+  if (shards_) {
+    // Every gradient complete in this rank's shard (one alltoall, the tree order), the
+    // shard updated, every rank's shard back to every rank (one allgather). The loss
+    // scaler is inactive here (CPU ranks: fp32), so no step is skipped.
+    shards_->reduce_scatter(plan, grad_parts_, param_grads_);
+    optimizer_->step();
+    shards_->allgather(param_values_);
+  } else {
+    const bool found_inf = scaler_->unscale(model_->parameters());
+    scaler_->update(found_inf);
+    if (!found_inf) optimizer_->step();
+  }
+  ++step_in_epoch_;
+  ++global_step_;
+}
+
+double Trainer::epoch_elapsed_seconds() const {
+  // The clock runs from the epoch's first step in this session (prepare_epoch); before
+  // that step, only the earlier sessions' part counts.
+  const bool running = step_in_epoch_ > 0 && permutation_offset_.has_value();
+  return epoch_elapsed_before_ + (running ? seconds_since(epoch_clock_) : 0.0);
+}
+
+
+StepResult Trainer::train_step() {
+  require_epochs_left();
+  const bool begins = step_in_epoch_ == 0;
+  prepare_epoch();
+  const int64_t steps = steps_per_epoch();
+  if (begins) observer_->on_epoch_begin(epoch_ + 1, cfg_.train.epochs, steps);
+  const int64_t n = data_->get(Split::Train).count;
+  const int64_t start = step_in_epoch_ * cfg_.data.batch_size;
+  run_step();
+  observer_->on_step_end(global_step_);
+  StepResult r;
+  r.epoch = epoch_ + 1;
+  r.step_in_epoch = step_in_epoch_;
+  r.global_step = global_step_;
+  gather_optimizer_shards();  // a step taken alone leaves the whole state (a collective)
+  const int64_t b = std::min<int64_t>(cfg_.data.batch_size, n - start);
+  r.loss = ENGINE_DISPATCH(device_, reduce_sum, b, epoch_sample_loss_.f32() + start) / static_cast<double>(b);
+  if (step_in_epoch_ == steps) {
+    EpochMetrics m;
+    finish_epoch(seconds_since(epoch_clock_), m, Interruptible::No);
+    observer_->on_epoch_end(m);
+    r.epoch_end = m;
+  }
+  return r;
+}
+
+EpochMetrics Trainer::train_epoch() {
+  require_epochs_left();
+  for (;;) {
+    StepResult r = train_step();
+    if (r.epoch_end) return *r.epoch_end;
+  }
+}
+
+void Trainer::gather_optimizer_shards() {
+  if (shards_ && optimizer_->sharded()) optimizer_->unshard(*shards_);
+}
+
+
+// ---- evaluation ----------------------------------------------------------------------
+
+EvalResult Trainer::evaluate(Split split) { return *evaluate_impl(split, nullptr); }
+
+std::optional<EvalResult> Trainer::evaluate_unless_stopped(Split split) {
+  const auto t0 = Clock::now();
+  std::optional<EvalResult> r = evaluate_impl(split, &control_);
+  if (r && time_budget_) time_budget_->record_eval(seconds_since(t0), r->count);
+  return r;
+}
+
+std::optional<EvalResult> Trainer::evaluate_impl(Split split, const RunControl* stop) {
+  const SplitData& d = data_->get(split);
+  const int classes = model_->num_classes();
+  EvalResult r;
+  r.count = d.count;
+  r.confusion.assign(classes, std::vector<int64_t>(classes, 0));
+  if (d.count == 0) return r;
+  const int batch = cfg_.data.batch_size;
+  Tensor idx_host = Tensor::empty({d.count}, DType::I32);
+  std::iota(idx_host.i32(), idx_host.i32() + d.count, 0);
+  Tensor idx = device_.is_cpu() ? idx_host : idx_host.to(device_);
+  Tensor losses = Tensor::empty({d.count}, DType::F32, device_);
+  Tensor correct = Tensor::empty({d.count}, DType::F32, device_);
+  Tensor predictions = Tensor::empty({d.count}, DType::I32);  // host
+  Tensor x, labels;
+  struct PlanScope {
+    Model& m;
+    ~PlanScope() { m.set_batch_chunks(nullptr); }
+  } plan_scope{*model_};
+  for (int64_t start = 0; start < d.count; start += batch) {
+    // Several ranks: a stop requested on any of them ends every rank's evaluation here.
+    if (stop && protocol_->agree(stop->stop_requested(), false, {}).stop) return std::nullopt;
+    const int b = static_cast<int>(std::min<int64_t>(batch, d.count - start));
+    // Each rank evaluates its chunks of the batch; the per-sample results are gathered.
+    const BatchChunks plan(b, collective_, cfg_.dist.chunks);
+    const int local = plan.local_count();
+    const int64_t first = start + plan.local_begin();
+    if (!x.defined() || x.dim(0) != local) {
+      x = Tensor::empty(batch_shape(local), DType::F32, device_);
+      labels = Tensor::empty({local}, DType::I32, device_);
+    }
+    ENGINE_DISPATCH(device_, gather_batch, local, static_cast<int>(data_->sample_shape().numel()), d.images.u8(),
+                    d.labels.u8(), idx.i32() + first, static_cast<float>(cfg_.data.mean),
+                    static_cast<float>(cfg_.data.std), x.f32(), labels.i32());
+    model_->set_batch_chunks(&plan);
+    Tensor logits = model_->forward(x, Mode::Eval, rng_);
+    ENGINE_DISPATCH(device_, cross_entropy, local, classes, logits.f32(), labels.i32(), 1.0f, nullptr,
+                    losses.f32() + first, correct.f32() + first);
+    const std::vector<float> z = logits.to_vector();
+    for (int i = 0; i < local; ++i) predictions.i32()[first + i] = kernels::argmax_first(z.data() + i * classes, classes);
+    plan.gather_samples(losses.f32() + start);
+    plan.gather_samples(correct.f32() + start);
+    plan.gather_samples(predictions.i32() + start);
+  }
+  r.loss = ENGINE_DISPATCH(device_, reduce_sum, d.count, losses.f32()) / static_cast<double>(d.count);
+  r.accuracy = ENGINE_DISPATCH(device_, reduce_sum, d.count, correct.f32()) / static_cast<double>(d.count);
+  Tensor labels_host = d.labels.to(Device::cpu());
+  for (int64_t i = 0; i < d.count; ++i) ++r.confusion[labels_host.u8()[i]][predictions.i32()[i]];
+  return r;
+}
+
+Tensor Trainer::first_images(Split split, int64_t n) {
+  const SplitData& d = data_->get(split);
+  n = std::min(n, d.count);
+  Tensor idx_host = Tensor::empty({n}, DType::I32);
+  std::iota(idx_host.i32(), idx_host.i32() + n, 0);
+  Tensor idx = device_.is_cpu() ? idx_host : idx_host.to(device_);
+  Tensor x = Tensor::empty(batch_shape(n), DType::F32, device_);
+  Tensor labels = Tensor::empty({n}, DType::I32, device_);
+  ENGINE_DISPATCH(device_, gather_batch, static_cast<int>(n), static_cast<int>(data_->sample_shape().numel()),
+                  d.images.u8(), d.labels.u8(), idx.i32(), static_cast<float>(cfg_.data.mean),
+                  static_cast<float>(cfg_.data.std), x.f32(), labels.i32());
+  return x;
+}
+
+Tensor Trainer::logits(Split split, int64_t n) {
+  return model_->forward(first_images(split, n), Mode::Eval, rng_).to(Device::cpu());
+}
+
+}  // namespace engine
