@@ -196,7 +196,10 @@ Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, Traine
     observer_->on_message(
         "precision.mode fp16 needs the CUDA backend: training in fp32 on the CPU, "
         "loss-scaler state kept unchanged");
-  if (collective_->size() > 1) {  // CPU ranks (refused above on CUDA): ZeRO-1
+  if (device_.is_cpu()) {
+    // The CPU step completes the weight and bias gradients in one pass after backward
+    // (when there is more than one block of chunks), and on several ranks each rank
+    // owns a shard of the parameters and moments (ZeRO-1; CUDA ranks are refused above).
     std::vector<int64_t> sizes;
     for (Parameter* p : model_->parameters()) {
       sizes.push_back(p->value.numel());

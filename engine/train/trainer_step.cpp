@@ -53,9 +53,9 @@ void Trainer::run_step() {
   // This rank's chunks of the batch (all of it in one process, docs/distributed.md).
   BatchChunks plan(b, collective_, cfg_.dist.chunks);
   if (shards_) {
-    // This rank keeps and updates its shard of the moments only; the layers leave their
-    // weight and bias block sums for the one pass after backward.
-    optimizer_->shard(*shards_);
+    // The layers leave their weight and bias block sums for the one pass after backward;
+    // on several ranks this rank keeps and updates its shard of the moments only.
+    if (shards_->world_size() > 1) optimizer_->shard(*shards_);
     grad_parts_.clear();
     plan.defer_gradients(&grad_parts_);
   }
@@ -87,17 +87,16 @@ void Trainer::run_step() {
   model_->backward(dlogits_);
   // Every rank holds every sample's loss (the state is the same on all ranks).
   plan.gather_samples(epoch_sample_loss_.f32() + start);
-  if (shards_) {
-    // Every gradient complete in this rank's shard (one alltoall, the tree order), the
-    // shard updated, every rank's shard back to every rank (one allgather). The loss
-    // scaler is inactive here (CPU ranks: fp32), so no step is skipped.
-    shards_->reduce_scatter(plan, grad_parts_, param_grads_);
+  // Every deferred gradient complete in this rank's shard (several ranks: one alltoall;
+  // the tree order either way), the shard updated, every rank's shard back to every rank
+  // (one allgather). The loss scaler only runs on CUDA, which completes its gradients in
+  // the layers and holds no shards: it sees whole gradients, the same on every rank.
+  if (shards_) shards_->reduce_scatter(plan, grad_parts_, param_grads_);
+  const bool found_inf = scaler_->unscale(model_->parameters());
+  scaler_->update(found_inf);
+  if (!found_inf) {
     optimizer_->step();
-    shards_->allgather(param_values_);
-  } else {
-    const bool found_inf = scaler_->unscale(model_->parameters());
-    scaler_->update(found_inf);
-    if (!found_inf) optimizer_->step();
+    if (shards_) shards_->allgather(param_values_);
   }
   ++step_in_epoch_;
   ++global_step_;
