@@ -17,9 +17,12 @@
 #   train     30  the default config for GPU_CHECK_EPOCHS epochs on cuda; verify
 #   nccl      25  a few hundred images plainly and with dist.backend=nccl (a 1-rank NCCL
 #                 communicator, libnccl.so.2 from PyTorch's wheel): engine diff, identical
+#   ranks     20  CUDA ranks in the Trainer: 2 ranks sharing the GPU (threads, host-staged
+#                 exchange) against one process, the MLP and the CNN, bit for bit
+#                 (gpu_test_gpu_ranks; CUDA ranks stay opt-in, ENGINE_CUDA_RANKS=1, until it passes)
 #   resume    60  GPU training tests (determinism, stop/SIGKILL resume, GPU<->CPU),
 #                 a GPU checkpoint evaluated and resumed on the CPU
-#   bench    120  engine fp32/fp16 vs every PyTorch peer (tools/bench/gpu_epoch.sh)
+#   bench    100  engine fp32/fp16 vs every PyTorch peer (tools/bench/gpu_epoch.sh)
 #   ncu       40  per-kernel table, ncu --print-summary per-kernel over a few hundred launches
 #   sanitize  85  compute-sanitizer memcheck, racecheck, initcheck, synccheck on filtered
 #                 op tests and a short training run (8 runs sharing the budget)
@@ -46,7 +49,7 @@ while [ $# -gt 0 ]; do
 done
 
 # Stage budgets, seconds (keep the header comment in step).
-declare -A BUDGET=([setup]=25 [op-tests]=45 [train]=30 [nccl]=25 [resume]=60 [bench]=120 [ncu]=40 [sanitize]=85 [ab]=40)
+declare -A BUDGET=([setup]=25 [op-tests]=45 [train]=30 [nccl]=25 [ranks]=20 [resume]=60 [bench]=100 [ncu]=40 [sanitize]=85 [ab]=40)
 
 
 mkdir -p "$OUT"
@@ -202,6 +205,14 @@ if stage_begin nccl; then
   run nccl-plain "$(left)" "${TRAIN[@]}" --run-dir /tmp/engine-nccl-plain "${SMALL[@]}"
   run nccl-1rank "$(left)" "${TRAIN[@]}" --run-dir /tmp/engine-nccl-nccl "${SMALL[@]}" --set dist.backend=nccl
   run nccl-diff "$(left)" "$ENGINE_BIN" diff /tmp/engine-nccl-plain/last.h5 /tmp/engine-nccl-nccl/last.h5
+fi
+
+# ---- ranks ---------------------------------------------------------------------------
+# Two CUDA ranks on one GPU (NCCL refuses that, so the host-staged exchange between two
+# threads) must end with one process's state: the check before CUDA ranks are on.
+CURRENT=ranks
+if stage_begin ranks; then
+  run gpu_test_gpu_ranks "$(left)" env ENGINE_DATA_DIR="$DATA" "$BUILD/tests/gpu_test_gpu_ranks"
 fi
 
 # ---- resume --------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 #include "engine/trainer.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -21,6 +22,11 @@
 namespace engine {
 
 namespace {
+// CUDA ranks are opt-in until tools/gpu-check.sh (stage ranks) has run them on a GPU.
+bool cuda_ranks_enabled() {
+  const char* v = std::getenv("ENGINE_CUDA_RANKS");
+  return v && std::string(v) == "1";
+}
 // The partial-epoch loss buffer (trainer/epoch_sample_loss) has one entry per training
 // image. At an epoch boundary it holds nothing (the next epoch starts by zeroing it), so
 // a training set of another size is accepted there: the saved buffer is replaced by an
@@ -157,11 +163,14 @@ Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, Traine
   protocol_ = make_run_protocol(*collective_);
   require_world_size_fits(collective_->size(), cfg_.dist.chunks);
   if (collective_->size() > 1) {
-    if (device_.is_cuda())
+    if (device_.is_cuda() && !cuda_ranks_enabled())
       throw std::invalid_argument("data-parallel training on " + std::to_string(collective_->size()) +
                                   " ranks runs on the CPU only for now (device " + device_.str() +
-                                  ": the CUDA layers compute by chunks, but the trainer's loss and "
-                                  "per-sample exchanges on GPU memory are not wired yet)");
+                                  ": CUDA ranks are wired but have not yet run on a GPU; ENGINE_CUDA_RANKS=1 "
+                                  "tries them, tools/gpu-check.sh stage ranks checks them)");
+    if (device_.is_cuda() && !cfg_.cuda.batch_chunks)
+      throw std::invalid_argument("data-parallel training on CUDA ranks needs cuda.batch_chunks=true (the "
+                                  "whole-batch CUDA ops compute in one process only)");
     if (!model_->set_batch_chunks(nullptr))
       throw std::invalid_argument("model " + model_->name() +
                                   " does not support data-parallel training (Model::set_batch_chunks)");

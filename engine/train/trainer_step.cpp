@@ -77,16 +77,12 @@ void Trainer::run_step() {
   } plan_scope{*model_};
   model_->set_batch_chunks(&plan);
   Tensor logits = model_->forward(batch_x_, Mode::Train, rng_);
-  if (device_.is_cpu())  // the gradient of the mean over the global batch
-    kernels::cpu::cross_entropy_part(local, b, classes, logits.f32(), batch_labels_.i32(),
-                                     scaler_->loss_scale(), dlogits_.f32(), epoch_sample_loss_.f32() + first,
-                                     sample_correct_.f32());
-  else
-    kernels::cuda::cross_entropy(b, classes, logits.f32(), batch_labels_.i32(), scaler_->loss_scale(),
-                                 dlogits_.f32(), epoch_sample_loss_.f32() + start, sample_correct_.f32());
+  // This rank's samples' losses, and the gradient of the mean over the global batch.
+  ENGINE_DISPATCH(device_, cross_entropy_part, local, b, classes, logits.f32(), batch_labels_.i32(),
+                  scaler_->loss_scale(), dlogits_.f32(), epoch_sample_loss_.f32() + first, sample_correct_.f32());
   model_->backward(dlogits_);
   // Every rank holds every sample's loss (the state is the same on all ranks).
-  plan.gather_samples(epoch_sample_loss_.f32() + start);
+  gather_samples(plan, epoch_sample_loss_.f32() + start);
   // Every deferred gradient complete in this rank's shard (several ranks: one alltoall;
   // the tree order either way), the shard updated, every rank's shard back to every rank
   // (one allgather). The loss scaler only runs on CUDA, which completes its gradients in
@@ -142,6 +138,11 @@ EpochMetrics Trainer::train_epoch() {
     StepResult r = train_step();
     if (r.epoch_end) return *r.epoch_end;
   }
+}
+
+void Trainer::gather_samples(const BatchChunks& plan, float* values) const {
+  if (device_.is_cpu()) plan.gather_samples(values);
+  else plan.gather_samples_device(values);
 }
 
 void Trainer::gather_optimizer_shards() {
@@ -200,8 +201,8 @@ std::optional<EvalResult> Trainer::evaluate_impl(Split split, const RunControl* 
                     losses.f32() + first, correct.f32() + first);
     const std::vector<float> z = logits.to_vector();
     for (int i = 0; i < local; ++i) predictions.i32()[first + i] = kernels::argmax_first(z.data() + i * classes, classes);
-    plan.gather_samples(losses.f32() + start);
-    plan.gather_samples(correct.f32() + start);
+    gather_samples(plan, losses.f32() + start);
+    gather_samples(plan, correct.f32() + start);
     plan.gather_samples(predictions.i32() + start);
   }
   r.loss = ENGINE_DISPATCH(device_, reduce_sum, d.count, losses.f32()) / static_cast<double>(d.count);

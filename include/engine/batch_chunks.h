@@ -72,6 +72,8 @@ class BatchChunks {
   // of which this rank filled its own samples; receives every other rank's.
   void gather_samples(float* batch_values, int per_sample = 1) const;
   void gather_samples(int32_t* batch_values, int per_sample = 1) const;
+  // The same with batch_values in GPU memory (CUDA ranks): staged through host memory.
+  void gather_samples_device(float* batch_values, int per_sample = 1) const;
 
  private:
   template <class T>

@@ -97,6 +97,7 @@ struct FitResult {
 
 class TimeBudget;
 class RunProtocol;
+class BatchChunks;
 class Trainer;
 
 // Where fit() keeps its run: the checkpoints at the points the loop chooses and the
@@ -241,6 +242,9 @@ class Trainer {
   // Several CPU ranks: the optimizer's moments whole again (a collective; every rank at
   // the same point: a save, the end of fit() or of train_step()).
   void gather_optimizer_shards();
+  // Every rank's per-sample values of a batch (this rank filled its own), on the
+  // training device.
+  void gather_samples(const BatchChunks& plan, float* values) const;
   // The first n images of a split, normalised, on the training device: [n, C, H, W].
   Tensor first_images(Split split, int64_t n);
   Shape batch_shape(int64_t n) const;

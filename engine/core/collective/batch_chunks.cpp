@@ -146,6 +146,19 @@ void BatchChunks::gather(T* batch_values, int per_sample) const {
 }
 
 void BatchChunks::gather_samples(float* batch_values, int per_sample) const { gather(batch_values, per_sample); }
+
+void BatchChunks::gather_samples_device(float* batch_values, int per_sample) const {
+  if (world_ == 1) return;
+  const std::size_t all = static_cast<std::size_t>(global_) * static_cast<std::size_t>(per_sample);
+  const std::size_t mine = static_cast<std::size_t>(local_begin()) * static_cast<std::size_t>(per_sample);
+  const std::size_t count = static_cast<std::size_t>(local_count()) * static_cast<std::size_t>(per_sample);
+  std::vector<float> host(all);
+  if (count)
+    kernels::cuda::copy(host.data() + mine, batch_values + mine, sizeof(float) * count,
+                        kernels::cuda::CopyKind::DeviceToHost);
+  gather(host.data(), per_sample);
+  if (all) kernels::cuda::copy(batch_values, host.data(), sizeof(float) * all, kernels::cuda::CopyKind::HostToDevice);
+}
 void BatchChunks::gather_samples(int32_t* batch_values, int per_sample) const { gather(batch_values, per_sample); }
 
 }  // namespace engine
