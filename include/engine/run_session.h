@@ -53,10 +53,11 @@ class RunSession {
   // watchdog. Call before any CUDA work (NCCL picks this rank's GPU). Rank 0 then
   // creates cfg.checkpoint.dir when absent and takes its lock, before any data is
   // loaded, so a second writer is refused at once. Throws (one line each):
-  // std::runtime_error for a launch this build cannot join ("started by mpirun as rank 1
-  // of 2, but this build has no MPI ..."), "<dir>: cannot create the run directory: ..."
-  // and "cannot silence stdout"; RunDirBusy naming the holder of the lock;
-  // std::invalid_argument for a dist.backend the device or build cannot have.
+  // std::runtime_error for a launch this build cannot join ("started by mpirun as rank
+  // 1 of 2, but this engine was built without MPI ..."), for "<dir>: cannot create the
+  // run directory: ..." and for "cannot silence stdout"; RunDirBusy naming the holder of
+  // the lock; std::invalid_argument for a dist.backend the device or build cannot have,
+  // or a dist.timeout_s <= 0.
   explicit RunSession(Config cfg, const RunSessionOptions& options = {});
   ~RunSession();
   RunSession(const RunSession&) = delete;
