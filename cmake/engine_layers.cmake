@@ -150,7 +150,7 @@ engine_layer(train
 engine_layer(run
   SOURCES engine/run/*.cpp
   PREFIXES run=engine/run
-  HEADERS run_directory.h run_files.h run_lock.h)
+  HEADERS run_directory.h run_files.h run_lock.h run_session.h)
 
 # ---- Checks: every file is in exactly one layer. ----------------------------------------
 file(GLOB_RECURSE _public RELATIVE ${PROJECT_SOURCE_DIR}/include/engine CONFIGURE_DEPENDS

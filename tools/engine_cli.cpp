@@ -27,17 +27,14 @@
 #include "engine/build_info.h"
 #include "engine/checkpoint.h"
 #include "engine/collective.h"
-#include "engine/dist_backend.h"
 #include "engine/config.h"
 #include "engine/dataset.h"
 #include "engine/inference.h"
 #include "engine/models/registry.h"
 #include "report/report.h"
-#include "engine/process_settings.h"
 #include "engine/run_control.h"
-#include "engine/run_directory.h"
 #include "engine/run_files.h"
-#include "engine/run_lock.h"
+#include "engine/run_session.h"
 #include "engine/start_agreement.h"
 #include "engine/trainer.h"
 #include "engine_cli.h"
@@ -73,24 +70,18 @@ constexpr int kExitTimeLimit = 75;     // --time-limit reached, last.h5 saved (E
 // When the process started: --time-limit counts from here, as a scheduler does.
 const auto g_process_start = std::chrono::steady_clock::now();
 
-// Under mpirun/srun with several ranks: this process's rank, which every error and
-// warning names ("engine: rank 2: ..."); -1 in one process.
-int g_rank = -1;
-// The job's collective once it exists (TrainingSession), kept to the end of the process
-// (an exception may unwind the session before main's catch reports it): an error on one
-// rank then ends every rank through it, instead of leaving the others in a collective.
-std::shared_ptr<Collective> g_job;
 // The host's own observer (engine::cli::run's `also`): hears every training event the
 // console does, after it.
 TrainerObserver* g_also = nullptr;
 
-std::string rank_tag() { return g_rank >= 0 ? "rank " + std::to_string(g_rank) + ": " : ""; }
-
+// Under mpirun/srun with several ranks every error and warning names its rank ("engine:
+// rank 2: ..."), and an error on one rank ends every rank (RunSession::abort_job, through
+// the job a session joined, which outlives the session), instead of leaving the others
+// in a collective.
 [[noreturn]] void fail(const std::string& msg, int code = 1) {
   std::cout << std::flush;
-  std::cerr << "engine: " + rank_tag() + msg + "\n" << std::flush;  // one write: ranks' lines do not mix
-  if (g_job && g_job->size() > 1) g_job->abort(code);  // every rank ends with `code`
-  std::exit(code);
+  std::cerr << "engine: " + RunSession::rank_tag() + msg + "\n" << std::flush;  // one write: ranks' lines do not mix
+  RunSession::abort_job(code);
 }
 
 // ---- options -------------------------------------------------------------------------
@@ -332,7 +323,8 @@ class ConsoleObserver : public TrainerObserver {
     clear();
     // A warning names its rank and goes to stderr, which every rank keeps (the stdout
     // of ranks other than 0 is discarded).
-    if (g_rank >= 0 && m.rfind("warning", 0) == 0) std::cerr << "engine: " + rank_tag() + m + "\n" << std::flush;
+    const std::string tag = RunSession::rank_tag();
+    if (!tag.empty() && m.rfind("warning", 0) == 0) std::cerr << "engine: " + tag + m + "\n" << std::flush;
     else std::cout << m << std::endl;
     if (g_also) g_also->on_message(m);
   }
@@ -457,56 +449,51 @@ Config resolve_config(const nlohmann::json& base, const std::string& origin, con
 
 // ---- train and resume ----------------------------------------------------------------
 
-// The run directory's lock, taken before the data is loaded so that a second writer is
-// refused at once.
-RunDirLock lock_run_dir(const std::string& dir) {
-  try {
-    fs::create_directories(dir);
-    return RunDirLock::acquire(dir);
-  } catch (const std::filesystem::filesystem_error& e) {
-    fail(dir + ": cannot create the run directory: " + e.code().message());
-  } catch (const std::exception& e) {
-    fail(e.what());
-  }
-}
-
-// Everything `train` and `resume` share once each has its config: the device, the
-// signal handlers, the lock, the trainer, restoring, "already complete", and the run.
+// Everything `train` and `resume` share once each has its config: the console, the
+// signal handlers, restoring, "already complete", and the run's end. The job is the
+// library's RunSession (engine/run_session.h): under mpirun/srun every rank builds one;
+// rank 0 alone prints and owns the run directory (its lock, checkpoints, metrics), the
+// other ranks train silently and write nothing (docs/distributed.md).
 class TrainingSession {
  public:
-  // Under mpirun/srun every rank builds a session; rank 0 alone prints and owns the run
-  // directory (its lock, checkpoints, metrics), the other ranks train silently and write
-  // nothing (docs/distributed.md).
+  // The run directory's lock is taken here (rank 0), before the data is loaded, so that
+  // a second writer is refused at once.
   TrainingSession(Config cfg, const RunOptions& o)
-      : opts_(o), cfg_(std::move(cfg)),
-        comm_(make_run_collective(cfg_.dist.backend, resolve_device(cfg_.device), detect_launch(),
-                                  CollectiveOptions{cfg_.dist.timeout_s})),
-        device_(resolve_device(cfg_.device)) {
-    g_job = comm_;
-    if (!writes_run_dir() && !std::freopen("/dev/null", "w", stdout))
-      fail("cannot silence stdout");  // fail() names the rank
+      : opts_(o), session_(std::move(cfg), RunSessionOptions{/*quiet_other_ranks=*/true}) {
     install_signal_handlers();
-    if (writes_run_dir()) lock_.emplace(lock_run_dir(cfg_.checkpoint.dir));
   }
 
   // Rank 0, or the only process.
-  bool writes_run_dir() const { return comm_->rank() == 0; }
-  Collective& collective() { return *comm_; }
+  bool writes_run_dir() const { return session_.writes_run_dir(); }
 
   Trainer& start() {
-    apply_process_settings(cfg_);  // cuda.deterministic is process-wide
-    trainer_ = std::make_unique<Trainer>(cfg_, device_, make_model(cfg_), &observer_, SplitsNeeded::All,
-                                         nullptr, comm_.get());
-    if (comm_->size() > 1) std::cout << "data-parallel on " << comm_->size() << " ranks (" << comm_->name() << ")\n";
-    if (writes_run_dir()) {
-      run_dir_ = std::make_unique<RunDirectory>(*trainer_, std::move(*lock_));
-      lock_.reset();
-    }
-    return *trainer_;
+    Trainer& t = session_.start(make_model(session_.config()), &observer_);
+    if (session_.size() > 1)
+      std::cout << "data-parallel on " << session_.size() << " ranks (" << session_.collective().name() << ")\n";
+    return t;
   }
 
-  const Config& config() const { return cfg_; }
-  Device device() const { return device_; }
+  // Ranks started with another config, build, data or checkpoint than rank 0 are refused
+  // by every rank (exit 2) before anything is trained (docs/distributed.md "Faults").
+  void require_same_start(const std::string& checkpoint) {
+    if (session_.size() == 1) return;
+    try {
+      const StartAgreement a = session_.agree_on_start(checkpoint);
+      std::cout << "ranks agree on config, build, data (" << a.data_bytes / 1000000.0 << " MB) and "
+                << (checkpoint.empty() ? "starting fresh" : "checkpoint") << " (hashing " << std::fixed
+                << std::setprecision(1) << a.hash_ms << " ms, test split read early " << a.test_load_ms
+                << " ms, exchange " << a.exchange_ms << " ms)\n"
+                << std::defaultfloat;
+    } catch (const StartMismatchError& e) {
+      // Every rank knows: each says so and exits, no abort needed.
+      std::cout << std::flush;
+      std::cerr << "engine: " + RunSession::rank_tag() + e.what() + "\n" << std::flush;
+      std::exit(kExitUsage);
+    }
+  }
+
+  const Config& config() const { return session_.config(); }
+  Device device() const { return session_.device(); }
 
   static void print_load_report(const StateReport& r) {
     if (r.clean()) return;
@@ -514,11 +501,12 @@ class TrainingSession {
   }
 
   int run() {
-    Trainer& t = *trainer_;
-    const bool trained = t.epochs_done() >= cfg_.train.epochs || t.early_stop_reached();
-    if (trained && !opts_.reevaluate && test_result_recorded(cfg_.checkpoint.dir)) {
+    const Config& cfg = session_.config();
+    Trainer& t = session_.trainer();
+    const bool trained = t.epochs_done() >= cfg.train.epochs || t.early_stop_reached();
+    if (trained && !opts_.reevaluate && test_result_recorded(cfg.checkpoint.dir)) {
       std::cout << "already complete: " << t.epochs_done() << " epoch(s) trained and the test set evaluated"
-                << " (see " << (fs::path(cfg_.checkpoint.dir) / run_files::kMetrics).string()
+                << " (see " << (fs::path(cfg.checkpoint.dir) / run_files::kMetrics).string()
                 << "); nothing to do (--reevaluate evaluates the test set again, --set "
                    "train.epochs=N trains on)\n";
       return 0;
@@ -530,7 +518,7 @@ class TrainingSession {
     g_run.store(&t.control());
     FitResult r;
     try {
-      r = run_dir_ ? run_dir_->fit(stop) : t.fit(stop);
+      r = session_.fit(stop);  // rank 0 through the run directory, the other ranks write nothing
     } catch (const CheckpointWriteError& e) {
       // checkpoint.on_error = stop: the previous checkpoint is intact, so the same command
       // resumes from it once the disk is fixed.
@@ -541,7 +529,7 @@ class TrainingSession {
     g_run.store(nullptr);
     if (r.ending == FitResult::Ending::Stopped) {
       std::cout << "stopped after " << t.epochs_done() << " epoch(s), step " << t.global_step()
-                << "; checkpoint in " << cfg_.checkpoint.dir << "/last.h5\n";
+                << "; checkpoint in " << cfg.checkpoint.dir << "/last.h5\n";
       switch (r.stop_cause) {
         case FitResult::StopCause::Requested: return kExitInterrupted;
         case FitResult::StopCause::TimeLimit: return kExitTimeLimit;
@@ -554,33 +542,9 @@ class TrainingSession {
 
  private:
   RunOptions opts_;
-  Config cfg_;
-  std::shared_ptr<Collective> comm_;  // outlives the trainer, which uses it; shared with g_job
-  Device device_;
-  std::optional<RunDirLock> lock_;
-  ConsoleObserver observer_;
-  std::unique_ptr<Trainer> trainer_;
-  std::unique_ptr<RunDirectory> run_dir_;  // after trainer_: it writes the trainer's state, so it goes first
+  ConsoleObserver observer_;  // before session_: the trainer it holds reports to it
+  RunSession session_;
 };
-
-// Ranks started with another config, build, data or checkpoint than rank 0 are refused
-// by every rank (exit 2) before anything is trained (docs/distributed.md "Faults").
-void require_same_start(TrainingSession& session, Trainer& trainer, const std::string& checkpoint) {
-  if (session.collective().size() == 1) return;
-  try {
-    const StartAgreement a = agree_on_start(session.collective(), session.config(), trainer.dataset(), checkpoint);
-    std::cout << "ranks agree on config, build, data (" << a.data_bytes / 1000000.0 << " MB) and "
-              << (checkpoint.empty() ? "starting fresh" : "checkpoint") << " (hashing " << std::fixed
-              << std::setprecision(1) << a.hash_ms << " ms, test split read early " << a.test_load_ms
-              << " ms, exchange " << a.exchange_ms << " ms)\n"
-              << std::defaultfloat;
-  } catch (const StartMismatchError& e) {
-    // Every rank knows: each says so and exits, no abort needed.
-    std::cout << std::flush;
-    std::cerr << "engine: " + rank_tag() + e.what() + "\n" << std::flush;
-    std::exit(kExitUsage);
-  }
-}
 
 int cmd_train(const TrainOptions& a) {
   const std::string& path = a.config_path;
@@ -608,7 +572,7 @@ int cmd_train(const TrainOptions& a) {
   }
   const bool resume = !a.fresh && fs::exists(last);
   Trainer& trainer = session.start();
-  require_same_start(session, trainer, resume ? last : "");
+  session.require_same_start(resume ? last : "");
   std::cout << "training " << cfg.model.name << " (" << trainer.model().parameter_count()
             << " parameters) on " << session.device().str() << ", run dir " << cfg.checkpoint.dir << "\n";
   if (resume) {
@@ -636,7 +600,7 @@ int cmd_resume(const ResumeOptions& a) {
   }
   TrainingSession session(resolve_config(j, path + " (stored config)", a.run), a.run);
   Trainer& trainer = session.start();
-  require_same_start(session, trainer, path);
+  session.require_same_start(path);
   StateReport r;
   try {
     r = trainer.restore(ckpt, a.non_strict ? LoadMode::NonStrict : LoadMode::Strict);
@@ -806,7 +770,6 @@ int engine::cli::run(int argc, char** argv, TrainerObserver* also) {
     return kExitUsage;
   }
   const std::string first = argv[1];
-  if (const LaunchInfo launch = detect_launch(); launch.launched && launch.size > 1) g_rank = launch.rank;
   if (first == "-h" || first == "--help" || first == "help") {
     std::cout << kMainHelp;
     return 0;

@@ -9,6 +9,10 @@
 #      CUDA backend off, runs it, installs that CPU-only engine into a second prefix and
 #      repeats step 1 against it. With a CUDA build in step 1, the package is thus
 #      proven with the CUDA backend on and off.
+# Against each installed package, embed_ranks (tests/embed/ranks.cpp: engine::RunSession)
+# trains alone and then, where mpirun exists and the build has MPI, under `mpirun -np 2`:
+# the two ranks' last.h5 must be the one process's, bit for bit (`engine diff`); a rank
+# that fails alone must end the job, and ranks that differ must be refused by every rank.
 # usage: run.sh BUILD_DIR ON|OFF   (the build to install; whether it has the CUDA backend)
 set -euo pipefail
 
@@ -78,6 +82,49 @@ consumer() {  # PREFIX NAME CUDA(ON|OFF)
     || { cat "$tmp/last.log"; fail "find_package(engine) did not find $p with CUDA $cuda"; }
   quiet "$cmake" --build "$tmp/$name" -j"$jobs"
   run_embed "$tmp/$name/embed" "$tmp/run-$name" "$cuda"
+  run_ranks "$tmp/$name/embed_ranks" "$p/bin/engine" "$tmp/ranks-$name"
+}
+
+# engine::RunSession: one process, then two ranks under mpirun (bit for bit), a rank that
+# fails alone, ranks that differ.
+run_ranks() {  # EXE ENGINE DIR
+  local exe=$1 engine=$2 dir=$3 rc
+  mkdir -p "$dir"
+  "$exe" "$dir/one" --device cpu "${data_args[@]}" >"$dir/one.log" 2>&1 \
+    || { cat "$dir/one.log"; fail "embed_ranks in one process"; }
+  grep -q "embed_ranks: all checks passed on 1 rank(s)" "$dir/one.log" || { cat "$dir/one.log"; fail "embed_ranks in one process"; }
+  echo "embed_ranks, one process: $(grep '^test:' "$dir/one.log")"
+  local mpirun=${MPIEXEC:-$(command -v mpirun || true)}
+  if [ -z "$mpirun" ]; then echo "embed_ranks under mpirun: skipped (no mpirun)"; return; fi
+  if ! grep -q "MPI built" "$dir/one.log"; then echo "embed_ranks under mpirun: skipped (the engine was built without MPI)"; return; fi
+  local mpi=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+             OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1
+             timeout -s KILL 120 "$mpirun" --oversubscribe --bind-to none -np 2)
+  "${mpi[@]}" "$exe" "$dir/two" --device cpu "${data_args[@]}" >"$dir/two.log" 2>&1 \
+    || { cat "$dir/two.log"; fail "mpirun -np 2 embed_ranks"; }
+  grep -q "embed_ranks: 2 rank(s) (mpi)" "$dir/two.log" || { cat "$dir/two.log"; fail "mpirun -np 2 embed_ranks: not 2 ranks over MPI"; }
+  grep -q "embed_ranks: all checks passed on 2 rank(s)" "$dir/two.log" || { cat "$dir/two.log"; fail "mpirun -np 2 embed_ranks"; }
+  [ "$(grep -c '^test:' "$dir/two.log")" = 1 ] || { cat "$dir/two.log"; fail "mpirun -np 2 embed_ranks: not rank 0 alone printed"; }
+  "$engine" diff "$dir/one/last.h5" "$dir/two/last.h5" >"$dir/diff.log" 2>&1 \
+    || { cat "$dir/diff.log"; fail "two ranks' last.h5 differs from one process's"; }
+  grep -q '^verdict: identical' "$dir/diff.log" || { cat "$dir/diff.log"; fail "engine diff: no identical verdict"; }
+  diff <(grep '^test:' "$dir/one.log") <(grep '^test:' "$dir/two.log") || fail "two ranks' test line differs"
+  echo "embed_ranks, mpirun -np 2: last.h5 and test line identical to one process ($(grep '^verdict' "$dir/diff.log"))"
+  # Rank 1 fails alone (its data.dir is missing) while rank 0 waits in the start
+  # agreement: RunSession::abort_job ends both, at once, with rank 1's line.
+  rc=0
+  "${mpi[@]}" "$exe" "$dir/failing" --device cpu "${data_args[@]}" --fail-on-rank 1 >"$dir/failing.log" 2>&1 || rc=$?
+  [ "$rc" = 1 ] || { cat "$dir/failing.log"; fail "a rank failing alone: exit $rc, expected 1 (137: the job hung)"; }
+  grep -q "embed_ranks: rank 1: error: data directory '/nonexistent' not found" "$dir/failing.log" \
+    || { cat "$dir/failing.log"; fail "a rank failing alone: no line naming rank 1"; }
+  echo "embed_ranks, rank 1 failing alone: the job ended, exit 1: $(grep -m1 'rank 1: error' "$dir/failing.log")"
+  # Rank 1 with another optimizer.lr: every rank refuses (exit 2), naming the key.
+  rc=0
+  "${mpi[@]}" "$exe" "$dir/differing" --device cpu "${data_args[@]}" --differ-on-rank 1 >"$dir/differing.log" 2>&1 || rc=$?
+  [ "$rc" = 2 ] || { cat "$dir/differing.log"; fail "ranks that differ: exit $rc, expected 2"; }
+  [ "$(grep -c 'optimizer.lr' "$dir/differing.log")" = 2 ] \
+    || { cat "$dir/differing.log"; fail "ranks that differ: not both ranks named optimizer.lr"; }
+  echo "embed_ranks, rank 1 differing: refused by both ranks, exit 2: $(grep -m1 'optimizer.lr' "$dir/differing.log" | cut -c1-120)"
 }
 
 run_embed() {  # EXE RUN_DIR CUDA(ON|OFF)
