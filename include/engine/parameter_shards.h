@@ -85,6 +85,11 @@ class ParameterShards {
   Collective* comm_;
   int world_ = 1, rank_ = 0;
   std::vector<std::vector<Segment>> by_rank_;  // every rank's segments
+  // Exchange buffers kept from step to step: a few MB allocated and freed every step
+  // would be page-faulted in again every step (glibc returns them to the kernel).
+  mutable std::vector<unsigned char> send_, recv_;            // the alltoall's pieces
+  mutable std::vector<float> combine_f_, param_send_, param_recv_;
+  mutable std::vector<double> combine_d_;
 };
 
 }  // namespace engine

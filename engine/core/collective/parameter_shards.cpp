@@ -78,15 +78,19 @@ std::size_t piece_bytes(const std::vector<ParameterShards::Segment>& segments, c
   return bytes;
 }
 
+// One segment's block sums of every rank (in `recv`, rank r's at r * piece + at) added
+// in tree order into grad[s.offset ...], through `scratch` (resized as needed).
 template <class T>
 void complete_segment(const BatchChunks& plan, const unsigned char* recv, std::size_t piece, std::size_t at,
-                      int world, std::size_t most_blocks, const ParameterShards::Segment& s, float* grad) {
+                      int world, std::size_t most_blocks, const ParameterShards::Segment& s, float* grad,
+                      std::vector<T>& scratch) {
   const std::size_t count = static_cast<std::size_t>(s.count), run = most_blocks * count;
-  std::vector<T> gathered(static_cast<std::size_t>(world) * run);
-  for (int r = 0; r < world; ++r)
-    std::memcpy(gathered.data() + r * run, recv + r * piece + at, run * sizeof(T));
-  std::vector<T> sum(count);
-  plan.combine_gathered(gathered.data(), s.count, sum.data());
+  const std::size_t values = static_cast<std::size_t>(world) * run + count;
+  if (scratch.size() < values) scratch.resize(values);
+  T* gathered = scratch.data();
+  T* sum = gathered + static_cast<std::size_t>(world) * run;
+  for (int r = 0; r < world; ++r) std::memcpy(gathered + r * run, recv + r * piece + at, run * sizeof(T));
+  plan.combine_gathered(gathered, s.count, sum);
   for (std::size_t k = 0; k < count; ++k) grad[static_cast<std::size_t>(s.offset) + k] = static_cast<float>(sum[k]);
 }
 }  // namespace
@@ -101,10 +105,12 @@ void ParameterShards::reduce_scatter(const BatchChunks& plan, const GradientPart
   std::size_t piece = 0;
   for (int r = 0; r < world_; ++r) piece = std::max(piece, piece_bytes(by_rank_[r], parts, grads, most_blocks));
   if (piece == 0) return;  // nothing deferred
-  // Piece r of `send`: this rank's block sums of rank r's shard (unused blocks zero).
-  std::vector<unsigned char> send(piece * static_cast<std::size_t>(world_), 0);
+  // Piece r of `send`: this rank's block sums of rank r's shard. The padding (blocks
+  // this rank does not have, the end of a shorter shard's piece) is never read.
+  const std::size_t bytes = piece * static_cast<std::size_t>(world_);
+  if (send_.size() < bytes) send_.resize(bytes);
   for (int r = 0; r < world_; ++r) {
-    unsigned char* p = send.data() + static_cast<std::size_t>(r) * piece;
+    unsigned char* p = send_.data() + static_cast<std::size_t>(r) * piece;
     for (const Segment& s : by_rank_[r]) {
       const GradientParts::Entry* e = parts.find(*grads[s.index]);
       if (!e) continue;
@@ -121,12 +127,11 @@ void ParameterShards::reduce_scatter(const BatchChunks& plan, const GradientPart
       }
     }
   }
-  std::vector<unsigned char> recv;
+  const unsigned char* recv = send_.data();
   if (world_ > 1) {
-    recv.resize(send.size());
-    comm_->alltoall(send.data(), piece, recv.data());
-  } else {
-    recv.swap(send);
+    if (recv_.size() < bytes) recv_.resize(bytes);
+    comm_->alltoall(send_.data(), piece, recv_.data());
+    recv = recv_.data();
   }
   // Every rank's block sums of this rank's shard, in the same layout: add them in tree order.
   std::size_t at = 0;
@@ -134,8 +139,8 @@ void ParameterShards::reduce_scatter(const BatchChunks& plan, const GradientPart
     const GradientParts::Entry* e = parts.find(*grads[s.index]);
     if (!e) continue;
     float* g = grads[s.index]->f32();
-    if (e->wide) complete_segment<double>(plan, recv.data(), piece, at, world_, most_blocks, s, g);
-    else complete_segment<float>(plan, recv.data(), piece, at, world_, most_blocks, s, g);
+    if (e->wide) complete_segment<double>(plan, recv, piece, at, world_, most_blocks, s, g, combine_d_);
+    else complete_segment<float>(plan, recv, piece, at, world_, most_blocks, s, g, combine_f_);
     at += most_blocks * static_cast<std::size_t>(s.count) * (e->wide ? sizeof(double) : sizeof(float));
   }
 }
@@ -163,17 +168,19 @@ void ParameterShards::allgather(const std::vector<Tensor*>& values) const {
                            std::to_string(sizes_.size()));
   if (world_ == 1) return;
   const std::size_t piece = static_cast<std::size_t>(largest_shard());
-  std::vector<float> send(piece, 0.0f), recv(piece * static_cast<std::size_t>(world_));
+  if (param_send_.size() < piece) param_send_.resize(piece);
+  if (param_recv_.size() < piece * static_cast<std::size_t>(world_)) param_recv_.resize(piece * static_cast<std::size_t>(world_));
+  float* send = param_send_.data();
   std::size_t at = 0;
   for (const Segment& s : segments()) {
     const float* v = values[s.index]->f32() + s.offset;
-    std::copy(v, v + s.count, send.begin() + static_cast<std::ptrdiff_t>(at));
+    std::copy(v, v + s.count, send + at);
     at += static_cast<std::size_t>(s.count);
   }
-  comm_->allgather(send.data(), piece * sizeof(float), recv.data());
+  comm_->allgather(send, piece * sizeof(float), param_recv_.data());
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
-    const float* src = recv.data() + static_cast<std::size_t>(r) * piece;
+    const float* src = param_recv_.data() + static_cast<std::size_t>(r) * piece;
     for (const Segment& s : by_rank_[r]) {
       std::copy(src, src + s.count, values[s.index]->f32() + s.offset);
       src += s.count;
