@@ -11,6 +11,8 @@
 #   tools/bench/async_save.sh     training-thread stall of checkpoint saves, when present
 #   tools/bench/dist_epoch.sh     one epoch: engine 2 ranks vs 1 process vs PyTorch DDP
 #                                 (--repeat 2; skipped with a note without mpirun)
+#   tools/bench/dist_bytes.sh     bytes sent per step by the busiest rank at W = 2, 4, 8
+#                                 (Open MPI's pml monitoring; W = 8 only with --quick)
 # A script that does not exist is skipped with a note (in the output and the table).
 # --quick: small runs to check the pipeline (cpu_epoch --limit 2048 --repeat 1,
 #          checkpoint_io --rounds 2 --reps 5, async_save --rounds 1,
@@ -83,6 +85,9 @@ elif [[ $quick == 1 ]]; then
 else
   bench dist_epoch "$here/dist_epoch.sh" --engine "$build/engine" --python "$py" --repeat 2
 fi
+if command -v mpirun >/dev/null; then
+  bench dist_bytes "$here/dist_bytes.sh" --engine "$build/engine" --ranks "$([[ $quick == 1 ]] && echo 8 || echo "2 4 8")"
+fi
 load_after="$(cut -d' ' -f1-3 /proc/loadavg)"
 
 "$py" - "$root" "$logs" "$commit" "$started" "$machine" "$load_before" "$load_after" "$quick" "$write" <<'EOF'
@@ -147,6 +152,14 @@ if dist is not None:
                  f"{sent.group(1)} B sent per step per rank)", verdict(r_one, 1.10)))
     rows.append((f"data-parallel CPU epoch, engine {w} ranks / PyTorch DDP (gloo, {w} ranks × 1 thread)", "≤ 0.6×",
                  f"**{r_ddp:.3f}×** ({two.group(2)} s vs {ddp.group(1)} s)", verdict(r_ddp, 0.6)))
+
+dist_bytes = log("dist_bytes")
+if dist_bytes is not None:
+    for w, sent, ratio in re.findall(r"^engine\s+(\d+)\s+([\d,]+)\s+([\d.]+)\s", dist_bytes, re.M):
+        if w != "8":
+            continue
+        rows.append(("data-parallel bytes sent per step, busiest of 8 ranks / the gradient (pml monitoring)", "≤ 2.0×",
+                     f"**{ratio}×** ({sent} B; a ring allreduce 1.75×; `dist_bytes.sh`)", verdict(float(ratio), 2.0)))
 
 extra = []
 if dist is None and os.path.exists(os.path.join(logs, "dist_epoch.skipped")):
