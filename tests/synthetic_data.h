@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "engine/config.h"
 #include "engine/dataset.h"
 
 namespace test_util {
@@ -54,5 +55,18 @@ class SyntheticDataset : public engine::Dataset {
   engine::Device device_;
   std::optional<engine::SplitData> splits_[3];
 };
+
+// What the trainer tests run on this dataset: the MLP on the CPU in batches of 16 (6
+// steps per epoch of the default 96 training images), no milestone checkpoints.
+inline engine::Config synthetic_mlp_config() {
+  engine::Config c;
+  c.device = "cpu";
+  c.model.name = "mlp";
+  c.data.batch_size = 16;
+  c.data.mean = 0.35;
+  c.data.std = 0.25;
+  c.checkpoint.every_n_epochs = std::nullopt;
+  return c;
+}
 
 }  // namespace test_util

@@ -24,15 +24,9 @@ using namespace test_util;
 namespace {
 
 Config synthetic_config(const std::string& dir) {
-  Config c;
-  c.device = "cpu";
-  c.model.name = "mlp";
-  c.data.batch_size = 16;
-  c.data.mean = 0.35;
-  c.data.std = 0.25;
+  Config c = synthetic_mlp_config();
   c.train.epochs = 2;
   c.checkpoint.dir = dir;
-  c.checkpoint.every_n_epochs = std::nullopt;
   return c;
 }
 

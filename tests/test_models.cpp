@@ -38,14 +38,8 @@ Config fashion_config(const std::string& model) {
 
 // The synthetic 2x4x4 dataset in batches of 16: 6 steps per epoch.
 Config synthetic_config() {
-  Config c;
-  c.device = "cpu";
-  c.model.name = "mlp";
-  c.data.batch_size = 16;
-  c.data.mean = 0.35;
-  c.data.std = 0.25;
+  Config c = synthetic_mlp_config();
   c.optimizer.lr = 1e-2;
-  c.checkpoint.every_n_epochs = std::nullopt;
   return c;
 }
 

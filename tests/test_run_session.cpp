@@ -30,15 +30,9 @@ namespace {
 fs::path scratch(const std::string& name) { return scratch_root("run_session") / name; }
 
 Config synthetic_config(const std::string& dir) {
-  Config c;
-  c.device = "cpu";
-  c.model.name = "mlp";
-  c.data.batch_size = 16;
-  c.data.mean = 0.35;
-  c.data.std = 0.25;
+  Config c = synthetic_mlp_config();
   c.train.epochs = 1;
   c.checkpoint.dir = dir;
-  c.checkpoint.every_n_epochs = std::nullopt;
   c.logging.tensorboard = false;
   return c;
 }

@@ -139,13 +139,9 @@ class MomentProbe : public TrainerObserver {
 };
 
 std::unique_ptr<Trainer> mlp_trainer(Collective* comm, TrainerObserver* observer) {
-  Config c;
-  c.device = "cpu";
+  Config c = test_util::synthetic_mlp_config();
   c.seed = 3;
-  c.model.name = "mlp";
-  c.data.batch_size = 16;
   c.train.epochs = 2;
-  c.checkpoint.every_n_epochs = std::nullopt;
   auto model = make_model_for(c.model, test_util::SyntheticDataset::kShape, test_util::SyntheticDataset::kClasses);
   return std::make_unique<Trainer>(c, Device::cpu(), std::move(model), observer, SplitsNeeded::All,
                                    std::make_unique<test_util::SyntheticDataset>(64, 16, 16), comm);
