@@ -62,6 +62,7 @@ H5Handle file_type_of(const H5Ctx& c, DType d) {
     case DType::F16: return half_type(c, false);
     case DType::I32: return c.copy_type(H5T_STD_I32LE);
     case DType::U8: return c.copy_type(H5T_STD_U8LE);
+    case DType::F64: return c.copy_type(H5T_IEEE_F64LE);
   }
   c.fail("unknown tensor dtype");
 }
@@ -72,6 +73,7 @@ H5Handle memory_type_of(const H5Ctx& c, DType d) {
     case DType::F16: return half_type(c, false);
     case DType::I32: return c.copy_type(H5T_NATIVE_INT32);
     case DType::U8: return c.copy_type(H5T_NATIVE_UINT8);
+    case DType::F64: return c.copy_type(H5T_NATIVE_DOUBLE);
   }
   c.fail("unknown tensor dtype");
 }

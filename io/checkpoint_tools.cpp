@@ -34,6 +34,7 @@ double element(const Tensor& t, int64_t i) {
     case DType::F16: return half_to_double(static_cast<const uint16_t*>(t.raw())[i]);
     case DType::I32: return t.i32()[i];
     case DType::U8: return t.u8()[i];
+    case DType::F64: return t.f64()[i];
   }
   return 0;
 }

@@ -12,6 +12,7 @@ std::size_t dtype_size(DType t) {
     case DType::F16: return 2;
     case DType::I32: return 4;
     case DType::U8: return 1;
+    case DType::F64: return 8;
   }
   return 0;
 }
@@ -22,6 +23,7 @@ const char* dtype_name(DType t) {
     case DType::F16: return "float16";
     case DType::I32: return "int32";
     case DType::U8: return "uint8";
+    case DType::F64: return "float64";
   }
   return "?";
 }
@@ -106,6 +108,8 @@ int32_t* Tensor::i32() { expect_dtype(*this, DType::I32); return static_cast<int
 const int32_t* Tensor::i32() const { expect_dtype(*this, DType::I32); return static_cast<const int32_t*>(raw()); }
 uint8_t* Tensor::u8() { expect_dtype(*this, DType::U8); return static_cast<uint8_t*>(raw()); }
 const uint8_t* Tensor::u8() const { expect_dtype(*this, DType::U8); return static_cast<const uint8_t*>(raw()); }
+double* Tensor::f64() { expect_dtype(*this, DType::F64); return static_cast<double*>(raw()); }
+const double* Tensor::f64() const { expect_dtype(*this, DType::F64); return static_cast<const double*>(raw()); }
 
 Tensor Tensor::reshape(const Shape& shape) const {
   if (shape_numel(shape) != numel())

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "nn/dispatch.h"
+#include "core/tensor_ops.h"
 #include "kernels/det_math.h"
 
 namespace engine {
@@ -45,8 +45,7 @@ void AdamOptimizer::step() {
     Tensor& p = s.param->value;
     const int64_t first = s.count < 0 ? 0 : s.offset, n = s.count < 0 ? p.numel() : s.count;
     if (n == 0) continue;  // no element of this parameter in this rank's shard
-    ENGINE_DISPATCH(p.device(), adam_update, n, p.f32() + first, s.param->grad.f32() + first,
-                    s.exp_avg.f32(), s.exp_avg_sq.f32(), h, f);
+    tt::adam_update(p, s.param->grad, first, n, s.exp_avg, s.exp_avg_sq, h, f);
   }
 }
 

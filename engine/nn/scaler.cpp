@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "nn/dispatch.h"
+#include "core/tensor_ops.h"
 
 namespace engine {
 
@@ -20,8 +20,7 @@ bool LossScaler::unscale(const std::vector<Parameter*>& params) {
   found_inf_.zero();
   // float32, as GradScaler does: inv_scale = 1/scale rounded to float.
   const float inv_scale = static_cast<float>(1.0 / scale_);
-  for (Parameter* p : params)
-    ENGINE_DISPATCH(d, unscale_check, p->grad.numel(), p->grad.f32(), inv_scale, found_inf_.i32());
+  for (Parameter* p : params) tt::unscale_check(p->grad, inv_scale, found_inf_);
   int32_t flag = 0;
   device_copy(Device::cpu(), &flag, d, found_inf_.raw(), sizeof flag);
   return flag != 0;

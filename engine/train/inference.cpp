@@ -10,7 +10,7 @@
 #include <type_traits>
 
 #include "engine/checkpoint.h"
-#include "nn/dispatch.h"
+#include "core/tensor_ops.h"
 #include "kernels/det_math.h"
 
 namespace engine {
@@ -121,9 +121,8 @@ Predictions Classifier::run(const Pixel* images, int64_t n, Scores scores) const
       Tensor no_labels = Tensor::zeros({b}, DType::U8, device_);
       Tensor labels_out = Tensor::empty({b}, DType::I32, device_);
       if (device_.is_cuda()) raw = raw.to(device_), idx = idx.to(device_);
-      ENGINE_DISPATCH(device_, gather_batch, b, static_cast<int>(pixels), raw.u8(), no_labels.u8(), idx.i32(),
-                      static_cast<float>(cfg_.data.mean), static_cast<float>(cfg_.data.std), x.f32(),
-                      labels_out.i32());
+      tt::gather_batch(raw, no_labels, idx, 0, b, static_cast<float>(cfg_.data.mean),
+                       static_cast<float>(cfg_.data.std), x, labels_out);
     } else {
       Tensor host = Tensor::empty({b, input_.channels, input_.height, input_.width}, DType::F32);
       std::memcpy(host.f32(), src, static_cast<size_t>(b * pixels) * sizeof(float));
@@ -167,19 +166,20 @@ EvalResult score_logits(const Predictions& p, const uint8_t* labels) {
   r.count = p.count;
   r.confusion.assign(static_cast<std::size_t>(p.classes), std::vector<int64_t>(static_cast<std::size_t>(p.classes), 0));
   if (p.count == 0) return r;
-  std::vector<int32_t> truth(static_cast<std::size_t>(p.count));
+  Tensor truth = Tensor::empty({p.count}, DType::I32);
   for (int64_t i = 0; i < p.count; ++i) {
     if (labels[i] >= p.classes)
       throw std::invalid_argument("score_logits: label " + std::to_string(labels[i]) + " of sample " +
                                   std::to_string(i) + " is not one of the " + std::to_string(p.classes) + " classes");
-    truth[static_cast<std::size_t>(i)] = labels[i];
+    truth.i32()[i] = labels[i];
     ++r.confusion[labels[i]][static_cast<std::size_t>(p.labels[static_cast<std::size_t>(i)])];
   }
-  std::vector<float> loss(static_cast<std::size_t>(p.count)), correct(static_cast<std::size_t>(p.count));
-  kernels::cpu::cross_entropy(static_cast<int>(p.count), p.classes, p.scores.data(), truth.data(), 1.0f, nullptr,
-                              loss.data(), correct.data());
-  r.loss = kernels::cpu::reduce_sum(p.count, loss.data()) / static_cast<double>(p.count);
-  r.accuracy = kernels::cpu::reduce_sum(p.count, correct.data()) / static_cast<double>(p.count);
+  // The trainer's loss (one definition), on the host.
+  const Tensor logits = Tensor::from_vector({p.count, p.classes}, p.scores);
+  Tensor loss = Tensor::empty({p.count}), correct = Tensor::empty({p.count});
+  tt::cross_entropy(logits, truth, static_cast<int>(p.count), 1.0f, nullptr, loss, 0, correct, 0);
+  r.loss = tt::reduce_sum(loss, 0, p.count) / static_cast<double>(p.count);
+  r.accuracy = tt::reduce_sum(correct, 0, p.count) / static_cast<double>(p.count);
   return r;
 }
 

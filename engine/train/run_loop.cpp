@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "nn/dispatch.h"
+#include "core/tensor_ops.h"
 #include "train/run_protocol.h"
 #include "train/time_budget.h"
 #include "train/trainer_common.h"
@@ -205,8 +205,7 @@ void Trainer::train_epoch(bool& interrupted) {
       p.epochs = cfg_.train.epochs;
       p.step = step_in_epoch_;
       p.steps = steps;
-      p.running_loss = ENGINE_DISPATCH(device_, reduce_sum, done_samples, epoch_sample_loss_.f32()) /
-                       static_cast<double>(done_samples);
+      p.running_loss = tt::reduce_sum(epoch_sample_loss_, 0, done_samples) / static_cast<double>(done_samples);
       p.samples_per_second = secs > 0 ? this_run / secs : 0;
       p.eta_seconds = p.samples_per_second > 0 ? (n - done_samples) / p.samples_per_second : 0;
       observer_->on_progress(p);
@@ -216,7 +215,7 @@ void Trainer::train_epoch(bool& interrupted) {
 
 std::optional<bool> Trainer::finish_epoch(double seconds, EpochMetrics& m, Interruptible when) {
   const int64_t n = data_->get(Split::Train).count;
-  m.train_loss = ENGINE_DISPATCH(device_, reduce_sum, n, epoch_sample_loss_.f32()) / static_cast<double>(n);
+  m.train_loss = tt::reduce_sum(epoch_sample_loss_, 0, n) / static_cast<double>(n);
   const std::optional<EvalResult> val_done =
       when == Interruptible::Yes ? evaluate_unless_stopped(Split::Val) : std::optional<EvalResult>(evaluate(Split::Val));
   // Stopped during validation: nothing has changed yet.

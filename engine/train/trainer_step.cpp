@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 #include "engine/batch_chunks.h"
-#include "nn/dispatch.h"
+#include "core/tensor_ops.h"
 #include "train/run_protocol.h"
 #include "train/time_budget.h"
 #include "train/trainer_common.h"
@@ -67,10 +67,8 @@ void Trainer::run_step() {
     dlogits_ = Tensor::empty({local, classes}, DType::F32, device_);
     sample_correct_ = Tensor::empty({local}, DType::F32, device_);
   }
-  ENGINE_DISPATCH(device_, gather_batch, local, static_cast<int>(data_->sample_shape().numel()),
-                  train.images.u8(), train.labels.u8(), permutation_.i32() + first,
-                  static_cast<float>(cfg_.data.mean), static_cast<float>(cfg_.data.std), batch_x_.f32(),
-                  batch_labels_.i32());
+  tt::gather_batch(train.images, train.labels, permutation_, first, local, static_cast<float>(cfg_.data.mean),
+                   static_cast<float>(cfg_.data.std), batch_x_, batch_labels_);
   struct PlanScope {
     Model& m;
     ~PlanScope() { m.set_batch_chunks(nullptr); }
@@ -78,8 +76,8 @@ void Trainer::run_step() {
   model_->set_batch_chunks(&plan);
   Tensor logits = model_->forward(batch_x_, Mode::Train, rng_);
   // This rank's samples' losses, and the gradient of the mean over the global batch.
-  ENGINE_DISPATCH(device_, cross_entropy_part, local, b, classes, logits.f32(), batch_labels_.i32(),
-                  scaler_->loss_scale(), dlogits_.f32(), epoch_sample_loss_.f32() + first, sample_correct_.f32());
+  tt::cross_entropy(logits, batch_labels_, b, scaler_->loss_scale(), &dlogits_, epoch_sample_loss_, first,
+                    sample_correct_, 0);
   model_->backward(dlogits_);
   // Every rank holds every sample's loss (the state is the same on all ranks).
   gather_samples(plan, epoch_sample_loss_.f32() + start);
@@ -122,7 +120,7 @@ StepResult Trainer::train_step() {
   r.global_step = global_step_;
   gather_optimizer_shards();  // a step taken alone leaves the whole state (a collective)
   const int64_t b = std::min<int64_t>(cfg_.data.batch_size, n - start);
-  r.loss = ENGINE_DISPATCH(device_, reduce_sum, b, epoch_sample_loss_.f32() + start) / static_cast<double>(b);
+  r.loss = tt::reduce_sum(epoch_sample_loss_, start, b) / static_cast<double>(b);
   if (step_in_epoch_ == steps) {
     EpochMetrics m;
     finish_epoch(seconds_since(epoch_clock_), m, Interruptible::No);
@@ -192,21 +190,19 @@ std::optional<EvalResult> Trainer::evaluate_impl(Split split, const RunControl* 
       x = Tensor::empty(batch_shape(local), DType::F32, device_);
       labels = Tensor::empty({local}, DType::I32, device_);
     }
-    ENGINE_DISPATCH(device_, gather_batch, local, static_cast<int>(data_->sample_shape().numel()), d.images.u8(),
-                    d.labels.u8(), idx.i32() + first, static_cast<float>(cfg_.data.mean),
-                    static_cast<float>(cfg_.data.std), x.f32(), labels.i32());
+    tt::gather_batch(d.images, d.labels, idx, first, local, static_cast<float>(cfg_.data.mean),
+                     static_cast<float>(cfg_.data.std), x, labels);
     model_->set_batch_chunks(&plan);
     Tensor logits = model_->forward(x, Mode::Eval, rng_);
-    ENGINE_DISPATCH(device_, cross_entropy, local, classes, logits.f32(), labels.i32(), 1.0f, nullptr,
-                    losses.f32() + first, correct.f32() + first);
+    tt::cross_entropy(logits, labels, local, 1.0f, nullptr, losses, first, correct, first);
     const std::vector<float> z = logits.to_vector();
     for (int i = 0; i < local; ++i) predictions.i32()[first + i] = kernels::argmax_first(z.data() + i * classes, classes);
     gather_samples(plan, losses.f32() + start);
     gather_samples(plan, correct.f32() + start);
     plan.gather_samples(predictions.i32() + start);
   }
-  r.loss = ENGINE_DISPATCH(device_, reduce_sum, d.count, losses.f32()) / static_cast<double>(d.count);
-  r.accuracy = ENGINE_DISPATCH(device_, reduce_sum, d.count, correct.f32()) / static_cast<double>(d.count);
+  r.loss = tt::reduce_sum(losses, 0, d.count) / static_cast<double>(d.count);
+  r.accuracy = tt::reduce_sum(correct, 0, d.count) / static_cast<double>(d.count);
   Tensor labels_host = d.labels.to(Device::cpu());
   for (int64_t i = 0; i < d.count; ++i) ++r.confusion[labels_host.u8()[i]][predictions.i32()[i]];
   return r;
@@ -220,9 +216,8 @@ Tensor Trainer::first_images(Split split, int64_t n) {
   Tensor idx = device_.is_cpu() ? idx_host : idx_host.to(device_);
   Tensor x = Tensor::empty(batch_shape(n), DType::F32, device_);
   Tensor labels = Tensor::empty({n}, DType::I32, device_);
-  ENGINE_DISPATCH(device_, gather_batch, static_cast<int>(n), static_cast<int>(data_->sample_shape().numel()),
-                  d.images.u8(), d.labels.u8(), idx.i32(), static_cast<float>(cfg_.data.mean),
-                  static_cast<float>(cfg_.data.std), x.f32(), labels.i32());
+  tt::gather_batch(d.images, d.labels, idx, 0, static_cast<int>(n), static_cast<float>(cfg_.data.mean),
+                   static_cast<float>(cfg_.data.std), x, labels);
   return x;
 }
 

@@ -5,10 +5,8 @@
 
 namespace engine {
 
-// Arithmetic of convolution and linear layers. Fp16 is mixed precision on CUDA (the
-// *_f16 ops of kernels/op_signatures.inc: fp16 inputs, fp32 accumulation, fp32
-// parameters and results); on the CPU it falls back to fp32. Other layers are always fp32.
-enum class Precision { Fp32, Fp16 };
+// Conv2d and Linear compute in a Precision (engine/tensor.h: on CUDA, Fp16 runs the
+// *_f16 ops of kernels/op_signatures.inc); the other layers are always fp32.
 
 class Conv2d : public Layer {
  public:
@@ -41,8 +39,6 @@ class BatchNorm2d : public Layer {
   void release_workspaces() override { x_ = y_ = Tensor(); }
 
  private:
-  void forward_train_chunks(const Tensor& x);
-  void backward_chunks(const Tensor& dy, Tensor& dx);
   int channels_;
   float eps_, momentum_;
   Parameter weight_, bias_;

@@ -11,9 +11,15 @@
 
 namespace engine {
 
-enum class DType { F32, F16, I32, U8 };
+// F64 holds working values of the ops (per-channel sums, block sums of a bias
+// gradient); no state the checkpoint saves is float64.
+enum class DType { F32, F16, I32, U8, F64 };
 std::size_t dtype_size(DType t);
-const char* dtype_name(DType t);  // "float32", "float16", "int32", "uint8"
+const char* dtype_name(DType t);  // "float32", "float16", "int32", "uint8", "float64"
+
+// The arithmetic of the convolution and linear ops. Fp16 is mixed precision on CUDA
+// (fp16 operands, fp32 accumulation, fp32 parameters and results); on the CPU it is fp32.
+enum class Precision { Fp32, Fp16 };
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);  // "[32, 1, 3, 3]"
@@ -50,6 +56,8 @@ class Tensor {
   const int32_t* i32() const;
   uint8_t* u8();
   const uint8_t* u8() const;
+  double* f64();
+  const double* f64() const;
 
   // Same storage, new shape with the same number of elements.
   Tensor reshape(const Shape& shape) const;

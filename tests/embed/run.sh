@@ -63,7 +63,7 @@ check_tree() {  # PREFIX CUDA(ON|OFF)
   fi
   "$p/bin/engine" --help >/dev/null || fail "$p/bin/engine --help"
   # Each installed header compiles alone against the installed tree only: none may
-  # include a private header (kernels/, io/, nn/dispatch.h).
+  # include a private header (kernels/, io/, core/tensor_ops.h).
   local h n=0
   while IFS= read -r h; do
     echo "#include <$h>" | "$cxx" -std=c++17 -fsyntax-only -Wall -Wextra -I"$p/include" -x c++ - \

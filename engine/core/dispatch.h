@@ -1,4 +1,5 @@
-// Picks the backend of an op from the device its data lives on.
+// Private to the op facade (core/tensor_ops.cpp, core/batchnorm_ops.cpp): picks the
+// backend of a kernel from the device its data lives on.
 #pragma once
 #include "kernels/ops.h"
 

@@ -1,0 +1,91 @@
+// The op facade, as dlib's tt:: over cpu:: and cuda::: one entry point per op, taking
+// tensors. It picks the backend from the tensors' device (kernels/ops.h: cpu or cuda;
+// the reference is the tests'), and for the ops that reduce over the batch the way the
+// batch is computed: by the fixed chunks of a batch plan (engine/batch_chunks.h), or
+// whole on CUDA with cuda.batch_chunks off (one process only). Layers, the optimizer,
+// the scaler and the trainer call only this; none of them allocates device memory or
+// reads a backend switch. Every op's contract is that of kernels/op_signatures.inc.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "engine/batch_chunks.h"
+#include "engine/rng.h"
+#include "engine/tensor.h"
+#include "kernels/ops.h"
+
+namespace engine::tt {
+
+using kernels::BatchNormShape;
+using kernels::ConvShape;
+using kernels::LinearShape;
+using kernels::PoolShape;
+
+// How a layer computes its batch: the chunks of the global batch this process computes
+// (null: all of them, in one process), the arithmetic of the conv and linear ops, and
+// the layer's name for the errors.
+struct BatchCompute {
+  const BatchChunks* plan = nullptr;
+  Precision precision = Precision::Fp32;
+  const std::string& layer;
+};
+
+// Convolution and linear layers. The weight and bias gradients are complete on return
+// (over the blocks of this process and over the ranks), unless the plan defers them
+// (BatchChunks::defer_gradients): then their block sums wait in the GradientParts for
+// the trainer's one pass after backward. dx null: not needed.
+void conv2d_forward(const BatchCompute& how, const ConvShape& s, const Tensor& x, const Tensor& w,
+                    const Tensor& b, Tensor& y);
+void conv2d_backward(const BatchCompute& how, const ConvShape& s, const Tensor& x, const Tensor& w,
+                     const Tensor& dy, Tensor* dx, Tensor& dw, Tensor& db);
+void linear_forward(const BatchCompute& how, const LinearShape& s, const Tensor& x, const Tensor& w,
+                    const Tensor& b, Tensor& y);
+void linear_backward(const BatchCompute& how, const LinearShape& s, const Tensor& x, const Tensor& w,
+                     const Tensor& dy, Tensor* dx, Tensor& dw, Tensor& db);
+
+// Batch norm in training mode: the statistics of the whole global batch (core/batchnorm_ops.cpp,
+// one driver for every device and world size). dx may be dy.
+void batchnorm_forward_train(const BatchCompute& how, const BatchNormShape& s, const Tensor& x,
+                             const Tensor& gamma, const Tensor& beta, float eps, float momentum,
+                             Tensor& running_mean, Tensor& running_var, Tensor& save_mean,
+                             Tensor& save_invstd, Tensor& y);
+void batchnorm_backward(const BatchCompute& how, const BatchNormShape& s, const Tensor& x, const Tensor& dy,
+                        const Tensor& gamma, const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
+                        Tensor& dgamma, Tensor& dbeta);
+void batchnorm_forward_eval(const BatchNormShape& s, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                            const Tensor& running_mean, const Tensor& running_var, float eps, Tensor& y);
+
+// Element-wise and pooling (in place allowed where op_signatures.inc allows it).
+void relu_forward(const Tensor& x, Tensor& y);
+void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
+void maxpool2x2_forward(const PoolShape& s, const Tensor& x, Tensor& y, Tensor& argmax);
+void maxpool2x2_backward(const PoolShape& s, const Tensor& dy, const Tensor& argmax, Tensor& dx);
+
+// Dropout draws belong to the global batch: element i of sample j takes the generator's
+// output at first + j * per_sample + i, whichever rank computes sample j; `rng`
+// advances by the whole global batch's draws.
+void dropout_forward(const BatchCompute& how, const Tensor& x, float p, Rng& rng, Tensor& y, Tensor& keep);
+void dropout_backward(const Tensor& dy, const Tensor& keep, float p, Tensor& dx);
+
+// The loss: per-sample cross-entropy of logits' rows (this process's samples of a batch
+// of batch_total) into sample_loss from element loss_first and sample_correct from
+// correct_first; dlogits (null: not wanted) receives the gradient of the batch-mean loss
+// times grad_scale.
+void cross_entropy(const Tensor& logits, const Tensor& labels, int batch_total, float grad_scale, Tensor* dlogits,
+                   Tensor& sample_loss, int64_t loss_first, Tensor& sample_correct, int64_t correct_first);
+
+// Sum of x[first, first + n) in the fixed order, in double, on the host.
+double reduce_sum(const Tensor& x, int64_t first, int64_t n);
+
+// x, labels_out = the n samples images[indices[first + i]] normalised, and their labels.
+void gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indices, int64_t first, int n,
+                  float mean, float std, Tensor& x, Tensor& labels_out);
+
+// One Adam/AdamW step over param[first, first + n) with the moments of that range.
+void adam_update(Tensor& param, const Tensor& grad, int64_t first, int64_t n, Tensor& exp_avg,
+                 Tensor& exp_avg_sq, const kernels::AdamHyper& h, const kernels::AdamStepFactors& f);
+
+// grad *= inv_scale; found_inf (one int32 on grad's device) set to 1 on inf or NaN.
+void unscale_check(Tensor& grad, float inv_scale, Tensor& found_inf);
+
+}  // namespace engine::tt
