@@ -102,7 +102,7 @@ else()
   list(APPEND _kernel_sources kernels/no_cuda.cpp)
   include(engine_no_cuda)
   engine_generate_no_cuda_stubs(${PROJECT_BINARY_DIR}/generated/no_cuda/op_stubs.inc
-    kernels/op_signatures.inc kernels/chunk_ops.inc kernels/chunk_ops_f16.inc)
+    kernels/op_signatures.inc kernels/chunk_ops.inc kernels/cuda_f16_ops.inc)
 endif()
 engine_layer(kernels
   SOURCES ${_kernel_sources}

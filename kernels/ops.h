@@ -42,7 +42,7 @@ namespace cpu {
 namespace cuda {
 #include "kernels/op_signatures.inc"
 #include "kernels/chunk_ops.inc"
-#include "kernels/chunk_ops_f16.inc"
+#include "kernels/cuda_f16_ops.inc"
 }
 
 }  // namespace engine::kernels

@@ -354,13 +354,13 @@ TEST_CASE("ref cross_entropy dlogits (grad_scale 1) is the gradient of the batch
     for (auto& l : labels) l = lab(g);
     auto loss = [&] {
       std::vector<float> l(cs.n), c(cs.n);
-      ref::cross_entropy(cs.n, cs.classes, z.data(), labels.data(), 1.0f, nullptr, l.data(), c.data());
+      ref::cross_entropy(cs.n, cs.n, cs.classes, z.data(), labels.data(), 1.0f, nullptr, l.data(), c.data());
       double sum = 0.0;
       for (float v : l) sum += v;
       return sum / cs.n;
     };
     std::vector<float> l(cs.n), c(cs.n), d(z.size());
-    ref::cross_entropy(cs.n, cs.classes, z.data(), labels.data(), 1.0f, d.data(), l.data(), c.data());
+    ref::cross_entropy(cs.n, cs.n, cs.classes, z.data(), labels.data(), 1.0f, d.data(), l.data(), c.data());
     CHECK_GRAD("cross_entropy dlogits", gradcheck::check(loss, z.data(), static_cast<int64_t>(z.size()), d.data()));
   }
 }
@@ -567,7 +567,7 @@ struct ModelProblem {
   std::vector<float> forward_backward() {
     const std::vector<float> z = model.forward(x, engine::Mode::Train, rng).to_vector();
     std::vector<float> dl(z.size()), sl(n), sc(n);
-    cpu::cross_entropy(n, classes, z.data(), labels.data(), 1.0f, dl.data(), sl.data(), sc.data());
+    cpu::cross_entropy(n, n, classes, z.data(), labels.data(), 1.0f, dl.data(), sl.data(), sc.data());
     model.backward(tensor_of({n, classes}, dl));
     return z;
   }
@@ -720,7 +720,7 @@ TEST_CASE("FashionCnn: gradients equal the reference-op chain (forward and backw
 
   // Backward.
   auto dz = vec(n * 10), sl = vec(n), sc = vec(n);
-  ref::cross_entropy(n, 10, z.data(), mp.labels.data(), 1.0f, dz.data(), sl.data(), sc.data());
+  ref::cross_entropy(n, n, 10, z.data(), mp.labels.data(), 1.0f, dz.data(), sl.data(), sc.data());
   std::map<std::string, std::vector<float>> want;
   for (const auto& kv : value) want[kv.first] = vec(static_cast<int64_t>(kv.second.size()));
   auto d10 = vec(n * 128), d9 = vec(n * 128), d8 = vec(n * 3136), d7 = vec(n * 64 * 196), d6 = vec(n * 64 * 196);
@@ -765,8 +765,8 @@ TEST_CASE("FashionCnn: gradients equal the reference-op chain (forward and backw
   }
 }
 
-// On the CPU the fp16 ops dispatch to the fp32 kernels (kernels/cpu/fp16_fallback.cpp),
-// so a model set to Fp16 computes exactly what the Fp32 model does.
+// On the CPU the op facade runs the fp32 kernels whatever the precision (fp16 ops are
+// CUDA only), so a model set to Fp16 computes exactly what the Fp32 model does.
 TEST_CASE("FashionCnn on the CPU: Fp16 precision gives the Fp32 bits") {
   ModelProblem fp32, fp16;
   fp16.model.set_precision(engine::Precision::Fp16);

@@ -750,9 +750,9 @@ TEST_CASE("cpu cross_entropy matches ref (loss, correct, dlogits; grad_scale 1 a
       const std::size_t nz = z.size();
       std::vector<float> l_ref(cs.n), c_ref(cs.n), d_ref(nz);
       std::vector<float> l(cs.n, kNaN), c(cs.n, kNaN), d(nz, kNaN);
-      ref::cross_entropy(cs.n, cs.classes, z.data(), labels.data(), scale, d_ref.data(),
+      ref::cross_entropy(cs.n, cs.n, cs.classes, z.data(), labels.data(), scale, d_ref.data(),
                          l_ref.data(), c_ref.data());
-      cpu::cross_entropy(cs.n, cs.classes, z.data(), labels.data(), scale, d.data(), l.data(),
+      cpu::cross_entropy(cs.n, cs.n, cs.classes, z.data(), labels.data(), scale, d.data(), l.data(),
                          c.data());
       check_close("ce loss", l, l_ref,
                   [&](std::size_t i) { return 4.0 * kU * (std::fabs(l_ref[i]) + zmax) + 1e-30; });
@@ -762,12 +762,12 @@ TEST_CASE("cpu cross_entropy matches ref (loss, correct, dlogits; grad_scale 1 a
       });
       // dlogits null: the per-sample outputs do not change.
       std::vector<float> l2(cs.n, kNaN), c2(cs.n, kNaN);
-      cpu::cross_entropy(cs.n, cs.classes, z.data(), labels.data(), scale, nullptr, l2.data(),
+      cpu::cross_entropy(cs.n, cs.n, cs.classes, z.data(), labels.data(), scale, nullptr, l2.data(),
                          c2.data());
       check_bits("ce loss with dlogits null", l2, l);
       check_bits("ce correct with dlogits null", c2, c);
       std::vector<float> l3(cs.n, kNaN), c3(cs.n, kNaN);
-      ref::cross_entropy(cs.n, cs.classes, z.data(), labels.data(), scale, nullptr, l3.data(),
+      ref::cross_entropy(cs.n, cs.n, cs.classes, z.data(), labels.data(), scale, nullptr, l3.data(),
                          c3.data());
       check_bits("ref ce loss with dlogits null", l3, l_ref);
       check_bits("ref ce correct with dlogits null", c3, c_ref);
@@ -798,8 +798,8 @@ TEST_CASE("cpu cross_entropy matches ref (loss, correct, dlogits; grad_scale 1 a
     // Scaling by a power of two is exact: dlogits(65536) == 65536 * dlogits(1), except
     // where dlogits(1) underflows into float denormals (softmax ~ e^-200 in the spread-100 case).
     std::vector<float> l(cs.n), c(cs.n), d1(z.size()), d2(z.size());
-    cpu::cross_entropy(cs.n, cs.classes, z.data(), labels.data(), 1.0f, d1.data(), l.data(), c.data());
-    cpu::cross_entropy(cs.n, cs.classes, z.data(), labels.data(), 65536.0f, d2.data(), l.data(),
+    cpu::cross_entropy(cs.n, cs.n, cs.classes, z.data(), labels.data(), 1.0f, d1.data(), l.data(), c.data());
+    cpu::cross_entropy(cs.n, cs.n, cs.classes, z.data(), labels.data(), 65536.0f, d2.data(), l.data(),
                        c.data());
     std::size_t wrong = 0;
     for (std::size_t i = 0; i < z.size(); ++i)

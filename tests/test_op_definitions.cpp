@@ -142,7 +142,7 @@ TEST_CASE("cross_entropy (ref and cpu): log-sum-exp loss, argmax, (softmax - one
         for (const bool fast : {false, true}) {
           CAPTURE(fast);
           std::vector<float> loss(n), correct(n), d(z.size());
-          (fast ? cpu::cross_entropy : ref::cross_entropy)(n, classes, z.data(), labels.data(), scale,
+          (fast ? cpu::cross_entropy : ref::cross_entropy)(n, n, classes, z.data(), labels.data(), scale,
                                                              d.data(), loss.data(), correct.data());
           CHECK(count_far(loss, want_loss, 1e-6, 1e-6) == 0);
           CHECK(count_far(correct, want_correct, 0.0, 0.0) == 0);
@@ -156,7 +156,7 @@ TEST_CASE("cross_entropy (ref and cpu): log-sum-exp loss, argmax, (softmax - one
   for (const bool fast : {false, true}) {
     float loss = 0, correct = -1;
     std::vector<float> d(10);
-    (fast ? cpu::cross_entropy : ref::cross_entropy)(1, 10, z.data(), &label, 1.0f, d.data(), &loss, &correct);
+    (fast ? cpu::cross_entropy : ref::cross_entropy)(1, 1, 10, z.data(), &label, 1.0f, d.data(), &loss, &correct);
     CHECK(loss == doctest::Approx(std::log(10.0)).epsilon(1e-7));
     CHECK(correct == 0.0f);  // ties: the first maximum (class 0) is the prediction
     CHECK(d[0] == doctest::Approx(0.1).epsilon(1e-7));

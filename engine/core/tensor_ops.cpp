@@ -240,7 +240,7 @@ void dropout_backward(const Tensor& dy, const Tensor& keep, float p, Tensor& dx)
 void cross_entropy(const Tensor& logits, const Tensor& labels, int batch_total, float grad_scale, Tensor* dlogits,
                    Tensor& sample_loss, int64_t loss_first, Tensor& sample_correct, int64_t correct_first) {
   const int n = static_cast<int>(logits.dim(0)), classes = static_cast<int>(logits.dim(1));
-  ENGINE_DISPATCH(logits.device(), cross_entropy_part, n, batch_total, classes, logits.f32(), labels.i32(),
+  ENGINE_DISPATCH(logits.device(), cross_entropy, n, batch_total, classes, logits.f32(), labels.i32(),
                   grad_scale, data_or_null(dlogits), sample_loss.f32() + loss_first,
                   sample_correct.f32() + correct_first);
 }

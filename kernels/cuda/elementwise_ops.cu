@@ -356,7 +356,7 @@ __device__ double warp_sum(double value) {
 // double around the maximum logit for stability. An out-of-range label gives a NaN
 // loss (and no one-hot term) rather than a memory error.
 // The gradient is normalised by batch_total (the whole batch's size; n when the kernel
-// sees all of it, more when it sees one rank's part: cross_entropy_part).
+// sees all of it, more when it sees one rank's part: cross_entropy).
 __global__ void cross_entropy_kernel(int n, int batch_total, int classes, const float* logits,
                                      const int32_t* labels, float grad_scale, float* dlogits,
                                      float* sample_loss, float* sample_correct) {
@@ -607,12 +607,7 @@ void batchnorm_backward(const BatchNormShape& s, const float* x, const float* dy
   ENGINE_CUDA_CHECK_LAUNCH("batchnorm_backward_dx_kernel");
 }
 
-void cross_entropy(int n, int classes, const float* logits, const int32_t* labels,
-                   float grad_scale, float* dlogits, float* sample_loss, float* sample_correct) {
-  cross_entropy_part(n, n, classes, logits, labels, grad_scale, dlogits, sample_loss, sample_correct);
-}
-
-void cross_entropy_part(int n, int batch_total, int classes, const float* logits,
+void cross_entropy(int n, int batch_total, int classes, const float* logits,
                         const int32_t* labels, float grad_scale, float* dlogits,
                         float* sample_loss, float* sample_correct) {
   if (n <= 0 || classes <= 0) return;

@@ -237,12 +237,7 @@ void dropout_backward(int64_t n, const float* dy, const uint8_t* keep, float p, 
   for (int64_t i = 0; i < n; ++i) dx[i] = keep[i] ? dy[i] * scale : 0.0f;
 }
 
-void cross_entropy(int n, int classes, const float* logits, const int32_t* labels,
-                   float grad_scale, float* dlogits, float* sample_loss, float* sample_correct) {
-  cross_entropy_part(n, n, classes, logits, labels, grad_scale, dlogits, sample_loss, sample_correct);
-}
-
-void cross_entropy_part(int n, int batch_total, int classes, const float* logits,
+void cross_entropy(int n, int batch_total, int classes, const float* logits,
                         const int32_t* labels, float grad_scale, float* dlogits,
                         float* sample_loss, float* sample_correct) {
   for (int i = 0; i < n; ++i) {

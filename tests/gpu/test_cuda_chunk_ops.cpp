@@ -182,17 +182,17 @@ TEST_CASE("CUDA chunked batch-norm ops match the reference chunked ops") {
   }
 }
 
-TEST_CASE("CUDA cross_entropy_part normalises by the whole batch") {
+TEST_CASE("CUDA cross_entropy normalises by the whole batch") {
   std::mt19937 g(3);
   const int n = 6, total = 24, classes = 10;
   const std::vector<float> logits = uniform(static_cast<std::size_t>(n) * classes, g, -3.0f, 3.0f);
   std::vector<int32_t> labels(n);
   for (int i = 0; i < n; ++i) labels[i] = (i * 7) % classes;
   std::vector<float> d_ref(logits.size()), l_ref(n), c_ref(n);
-  ref::cross_entropy_part(n, total, classes, logits.data(), labels.data(), 2.0f, d_ref.data(), l_ref.data(), c_ref.data());
+  ref::cross_entropy(n, total, classes, logits.data(), labels.data(), 2.0f, d_ref.data(), l_ref.data(), c_ref.data());
   DeviceArray<float> dl(logits), dd(logits.size()), ll(n), cc(n);
   DeviceArray<int32_t> lab(labels);
-  gpu::cross_entropy_part(n, total, classes, dl.get(), lab.get(), 2.0f, dd.get(), ll.get(), cc.get());
+  gpu::cross_entropy(n, total, classes, dl.get(), lab.get(), 2.0f, dd.get(), ll.get(), cc.get());
   check_close(dd.download(), d_ref, 1e-5, "dlogits");
   check_close(ll.download(), l_ref, 1e-5, "loss");
   CHECK(same_bits(cc.download(), c_ref));

@@ -513,12 +513,12 @@ TEST_CASE("cross_entropy matches the reference") {
     if (cs.classes > 1) labels[0] = 1;  // row 0 is tied: class 1 is its first maximum
 
     std::vector<float> dl_ref(total), loss_ref(labels.size()), corr_ref(labels.size());
-    ref::cross_entropy(cs.n, cs.classes, logits.data(), labels.data(), cs.grad_scale,
+    ref::cross_entropy(cs.n, cs.n, cs.classes, logits.data(), labels.data(), cs.grad_scale,
                        dl_ref.data(), loss_ref.data(), corr_ref.data());
 
     DeviceArray<float> z(logits), dl(total), loss(labels.size()), corr(labels.size());
     DeviceArray<int32_t> lab(labels);
-    gpu::cross_entropy(cs.n, cs.classes, z.get(), lab.get(), cs.grad_scale, dl.get(), loss.get(),
+    gpu::cross_entropy(cs.n, cs.n, cs.classes, z.get(), lab.get(), cs.grad_scale, dl.get(), loss.get(),
                        corr.get());
     check_close(loss.download(), loss_ref, 1e-5, 1e-6, tag + " loss");
     check_bits(corr.download(), corr_ref, tag + " correct");
@@ -526,7 +526,7 @@ TEST_CASE("cross_entropy matches the reference") {
 
     // Without dlogits (evaluation): same loss and correctness.
     loss.poison();
-    gpu::cross_entropy(cs.n, cs.classes, z.get(), lab.get(), cs.grad_scale, nullptr, loss.get(),
+    gpu::cross_entropy(cs.n, cs.n, cs.classes, z.get(), lab.get(), cs.grad_scale, nullptr, loss.get(),
                        corr.get());
     check_close(loss.download(), loss_ref, 1e-5, 1e-6, tag + " loss (no dlogits)");
   }
@@ -548,11 +548,11 @@ TEST_CASE("cross_entropy with NaN logits follows the reference's argmax rule") {
   // row 5: no NaN
   const std::vector<int32_t> labels = {0, 7, 3, 0, 2, 11};
   std::vector<float> dl_ref(logits.size()), loss_ref(n), corr_ref(n);
-  ref::cross_entropy(n, classes, logits.data(), labels.data(), 1.0f, dl_ref.data(),
+  ref::cross_entropy(n, n, classes, logits.data(), labels.data(), 1.0f, dl_ref.data(),
                      loss_ref.data(), corr_ref.data());
   DeviceArray<float> z(logits), dl(logits.size()), loss(n), corr(n);
   DeviceArray<int32_t> lab(labels);
-  gpu::cross_entropy(n, classes, z.get(), lab.get(), 1.0f, dl.get(), loss.get(), corr.get());
+  gpu::cross_entropy(n, n, classes, z.get(), lab.get(), 1.0f, dl.get(), loss.get(), corr.get());
   check_bits(corr.download(), corr_ref, "cross_entropy NaN rows: correct");
   check_close(loss.download(), loss_ref, 1e-5, 1e-6, "cross_entropy NaN rows: loss");
   check_close(dl.download(), dl_ref, 1e-5, 1e-6, "cross_entropy NaN rows: dlogits");
@@ -800,8 +800,8 @@ TEST_CASE("backward ops give identical bits when run twice") {
     for (int i = 0; i < n; ++i) labels[i] = i % classes;
     DeviceArray<float> zd(z), dl1(z.size()), dl2(z.size()), loss(n), corr(n);
     DeviceArray<int32_t> lab(labels);
-    gpu::cross_entropy(n, classes, zd.get(), lab.get(), 1.0f, dl1.get(), loss.get(), corr.get());
-    gpu::cross_entropy(n, classes, zd.get(), lab.get(), 1.0f, dl2.get(), loss.get(), corr.get());
+    gpu::cross_entropy(n, n, classes, zd.get(), lab.get(), 1.0f, dl1.get(), loss.get(), corr.get());
+    gpu::cross_entropy(n, n, classes, zd.get(), lab.get(), 1.0f, dl2.get(), loss.get(), corr.get());
     check_bits(dl2.download(), dl1.download(), "cross_entropy dlogits twice");
   }
 }

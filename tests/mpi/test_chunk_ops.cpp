@@ -376,16 +376,16 @@ TEST_CASE("batchnorm chunked sums, scale/shift and backward: cpu matches ref; ra
   }
 }
 
-TEST_CASE("cross_entropy_part: the gradient of the mean over the whole batch; cpu matches ref") {
+TEST_CASE("cross_entropy: the gradient of the mean over the whole batch; cpu matches ref") {
   std::mt19937 g(14);
   const int n = 5, total = 24, classes = 10;
   const auto z = uniform(static_cast<std::size_t>(n) * classes, g, -4, 4);
   std::vector<int32_t> labels(n);
   for (int i = 0; i < n; ++i) labels[i] = static_cast<int32_t>(g() % classes);
   std::vector<float> d(z.size()), d_ref(z.size()), loss(n), loss_ref(n), corr(n), corr_ref(n);
-  cpu::cross_entropy_part(n, total, classes, z.data(), labels.data(), 2.0f, d.data(), loss.data(), corr.data());
-  ref::cross_entropy_part(n, total, classes, z.data(), labels.data(), 2.0f, d_ref.data(), loss_ref.data(),
-                          corr_ref.data());
+  cpu::cross_entropy(n, total, classes, z.data(), labels.data(), 2.0f, d.data(), loss.data(), corr.data());
+  ref::cross_entropy(n, total, classes, z.data(), labels.data(), 2.0f, d_ref.data(), loss_ref.data(),
+                     corr_ref.data());
   check_close("ce dlogits", d, d_ref, [&](std::size_t i) { return 4.0 * kU * std::fabs(d_ref[i]) + 1e-30; });
   check_bits("ce correct", corr, corr_ref);
   // Against the definition: (softmax - onehot) * scale / total.
@@ -398,12 +398,6 @@ TEST_CASE("cross_entropy_part: the gradient of the mean over the whole batch; cp
       CHECK(std::fabs(d[i * classes + k] - want) <= 8 * kU * std::fabs(want) + 1e-12);
     }
   }
-  // With batch_total = n it is cross_entropy, bit for bit.
-  std::vector<float> d1(z.size()), d2(z.size()), l1(n), l2(n), c1(n), c2(n);
-  cpu::cross_entropy_part(n, n, classes, z.data(), labels.data(), 1.0f, d1.data(), l1.data(), c1.data());
-  cpu::cross_entropy(n, classes, z.data(), labels.data(), 1.0f, d2.data(), l2.data(), c2.data());
-  check_bits("cross_entropy_part(n, n) = cross_entropy", d1, d2);
-  check_bits("losses", l1, l2);
 }
 
 TEST_CASE("ref chunked backward ops match finite differences") {

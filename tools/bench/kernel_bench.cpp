@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
   b.op("relu3 forward", 0, [&] { cpu::relu_forward(n * 128, h1.data(), hr.data()); });
   b.op("dropout forward", 0, [&] { cpu::dropout_forward(n * 128, hr.data(), 0.25f, engine::PhiloxStream{0, 1}, 0, hd.data(), keep.data()); });
   b.op("fc2 forward", 2.0 * n * 128 * 10 * 1e-9, [&] { cpu::linear_forward_chunks(f2, chunks, bounds, hd.data(), wf2.data(), bf2.data(), logits.data()); });
-  b.op("cross-entropy", 0, [&] { cpu::cross_entropy_part(n, n, classes, logits.data(), labels.data(), 1.0f, dlogits.data(), loss.data(), correct.data()); });
+  b.op("cross-entropy", 0, [&] { cpu::cross_entropy(n, n, classes, logits.data(), labels.data(), 1.0f, dlogits.data(), loss.data(), correct.data()); });
   // ---- backward
   b.op("fc2 backward", 4.0 * n * 128 * 10 * 1e-9, [&] { cpu::linear_backward_chunks(f2, chunks, bounds, hd.data(), wf2.data(), dlogits.data(), dh.data(), dwf2.data(), dbf2.data()); });
   b.op("dropout backward", 0, [&] { cpu::dropout_backward(n * 128, g_h.data(), keep.data(), 0.25f, dh2.data()); });
