@@ -107,7 +107,7 @@ endif()
 engine_layer(kernels
   SOURCES ${_kernel_sources}
   PREFIXES kernels=kernels
-  HEADERS hd.h philox.h)
+  HEADERS hd.h philox.h tree_chunks.h)
 if(NOT ENGINE_WITH_CUDA)
   target_include_directories(engine_kernels PRIVATE ${PROJECT_BINARY_DIR}/generated)
   # The generated stubs keep the parameter names of the declarations they come from.

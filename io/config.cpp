@@ -555,7 +555,7 @@ const std::vector<ConfigKey>& keys() {
       real_key("dist.timeout_s", ENGINE_FIELD(dist.timeout_s), [](double v) { return v > 0; }, "must be > 0", "> 0"),
       {"dist.chunks", "integer", "a power of two, 1 … 1024",
        [](const Reader& r, Config& c) {
-         r.integer("dist.chunks", c.dist.chunks, 1, 1024);
+         r.integer("dist.chunks", c.dist.chunks, 1, kMaxTreeChunks);
          r.require("dist.chunks", (c.dist.chunks & (c.dist.chunks - 1)) == 0, "must be a power of two");
        },
        [](const Config& c) { return json(c.dist.chunks); }},

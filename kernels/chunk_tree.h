@@ -11,15 +11,11 @@
 #include <vector>
 
 #include "engine/hd.h"
+#include "engine/tree_chunks.h"
 
 namespace engine::kernels {
 
-// The default number of chunks of a batch (dist.chunks), and the most chunks one call
-// of a chunked op takes (its per-chunk partials live in fixed arrays): a rank with more
-// chunks, or with an unaligned range, calls the op once per block.
-inline constexpr int kTreeChunks = 8;
-// The largest dist.chunks accepted (ranks per job; a power of two).
-inline constexpr int kMaxTreeChunks = 1024;
+// kTreeChunks and kMaxTreeChunks: engine/tree_chunks.h.
 
 // First sample of chunk `chunk` of an n-sample batch cut into `chunks` chunks (chunk
 // `chunks` gives n).

@@ -293,7 +293,7 @@ TEST_CASE("cpu conv2d_backward matches ref (dx, dw, db; dx and db null)") {
     check_close("conv dx", dx, dx_ref,
                 [&](std::size_t i) { return gemm_tol(dx_ref[i], dx_sq[i], s.k * s.r * s.s); });
     check_close("conv dw", dw, dw_ref, [&](std::size_t i) {
-      return gemm_tol(dw_ref[i], dw_sq[i], static_cast<double>(s.n) * ohw + engine::kernels::kTreeChunks);
+      return gemm_tol(dw_ref[i], dw_sq[i], static_cast<double>(s.n) * ohw + engine::kTreeChunks);
     });
     check_close("conv db", db, db_ref, [&](std::size_t i) {
       return sum_tol(db_ref[i], dy_abs[i], static_cast<double>(s.n) * ohw);
@@ -382,7 +382,7 @@ TEST_CASE("cpu linear_backward matches ref (dx, dw, db; dx and db null)") {
     check_close("linear dx", dx, dx_ref,
                 [&](std::size_t i) { return gemm_tol(dx_ref[i], dx_sq[i], s.out); });
     check_close("linear dw", dw, dw_ref, [&](std::size_t i) {
-      return gemm_tol(dw_ref[i], dw_sq[i], s.n + engine::kernels::kTreeChunks);
+      return gemm_tol(dw_ref[i], dw_sq[i], s.n + engine::kTreeChunks);
     });
     check_close("linear db", db, db_ref,
                 [&](std::size_t i) { return sum_tol(db_ref[i], dy_abs[i], s.n); });

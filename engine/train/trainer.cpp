@@ -282,7 +282,7 @@ std::optional<int64_t> stored_dist_chunks(const Checkpoint& ckpt) {
   const nlohmann::json j = nlohmann::json::parse(ckpt.config_json, nullptr, false);
   if (!j.is_object()) return std::nullopt;
   const auto dist = j.find("dist");
-  if (dist == j.end() || !dist->is_object() || !dist->contains("chunks")) return BatchChunks::kDefaultChunks;
+  if (dist == j.end() || !dist->is_object() || !dist->contains("chunks")) return kTreeChunks;
   const nlohmann::json& c = (*dist)["chunks"];
   return c.is_number_integer() ? std::optional<int64_t>(c.get<int64_t>()) : std::nullopt;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/collective.h"
+#include "engine/tree_chunks.h"
 
 namespace engine {
 
@@ -19,7 +20,6 @@ class GradientParts;
 class BatchChunks {
  public:
   // The chunks of a batch unless the config says otherwise (dist.chunks).
-  static constexpr int kDefaultChunks = 8;
 
   // One whole subtree of this rank's chunks: `chunks` of them from global chunk
   // `first_chunk`, samples [begin, begin + count) of this rank's local batch;
@@ -33,7 +33,7 @@ class BatchChunks {
   // The batch of `global_batch` samples in `chunks` chunks, split over `comm`'s ranks
   // (null: one process). Throws std::invalid_argument when `chunks` is not a power of
   // two in 1..1024, or is below the world size (naming dist.chunks).
-  BatchChunks(int64_t global_batch, Collective* comm = nullptr, int chunks = kDefaultChunks);
+  BatchChunks(int64_t global_batch, Collective* comm = nullptr, int chunks = kTreeChunks);
 
   int64_t global_batch() const { return global_; }
   int total_chunks() const { return total_chunks_; }
@@ -87,7 +87,7 @@ class BatchChunks {
 
   int64_t global_;
   Collective* comm_;
-  int world_ = 1, rank_ = 0, total_chunks_ = kDefaultChunks;
+  int world_ = 1, rank_ = 0, total_chunks_ = kTreeChunks;
   std::vector<Block> blocks_;
   // Every rank's blocks (global chunk ranges), in rank order: the tree's tiling.
   std::vector<int> rank_block_count_;

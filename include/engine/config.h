@@ -9,6 +9,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "engine/tree_chunks.h"
+
 namespace engine {
 
 // The config's fixed choices, as the code uses them. JSON files, --set and checkpoints
@@ -101,7 +103,7 @@ struct LoggingConfig {
 
 struct CudaConfig {
   bool deterministic = true;  // restrict cuDNN to deterministic algorithms
-  // Compute by the 8 fixed chunks of the batch (the same bits at any world size); false:
+  // Compute by the fixed chunks of the batch, dist.chunks (the same bits at any world size); false:
   // whole-batch calls, faster, one process only (docs/distributed.md, "GPU ranks").
   bool batch_chunks = false;
 };
@@ -117,7 +119,7 @@ struct DistConfig {
   // tree over them, so the bits depend on this and not on the ranks; any world size up
   // to it trains the same run. A property of the run: a checkpoint resumes only with
   // the value it was trained with.
-  int chunks = 8;
+  int chunks = kTreeChunks;
 };
 
 struct Config {

@@ -44,7 +44,7 @@ namespace ref = engine::kernels::ref;
 using engine::kernels::BatchNormShape;
 using engine::kernels::ConvShape;
 using engine::kernels::LinearShape;
-using engine::kernels::kTreeChunks;
+using engine::kTreeChunks;
 using engine::kernels::tree_chunk_begin;
 using test_support::uniform;
 

@@ -33,7 +33,7 @@ namespace cpu = engine::kernels::cpu;
 using engine::kernels::BatchNormShape;
 using engine::kernels::ConvShape;
 using engine::kernels::LinearShape;
-using engine::kernels::kTreeChunks;
+using engine::kTreeChunks;
 using engine::kernels::tree_chunk_begin;
 using gradcheck::Result;
 

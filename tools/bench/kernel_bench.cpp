@@ -25,6 +25,7 @@
 #include "kernels/ops.h"
 
 using namespace engine::kernels;
+using engine::kTreeChunks;
 using Clock = std::chrono::steady_clock;
 
 namespace {

@@ -12,12 +12,11 @@
 
 namespace engine {
 
-static_assert(BatchChunks::kDefaultChunks == kernels::kTreeChunks, "one default chunk count for the tree and the plan");
 
 void require_world_size_fits(int world_size, int chunks) {
-  if (chunks < 1 || chunks > kernels::kMaxTreeChunks || (chunks & (chunks - 1)) != 0)
+  if (chunks < 1 || chunks > kMaxTreeChunks || (chunks & (chunks - 1)) != 0)
     throw std::invalid_argument("dist.chunks = " + std::to_string(chunks) + " is not a power of two in 1 ... " +
-                                std::to_string(kernels::kMaxTreeChunks));
+                                std::to_string(kMaxTreeChunks));
   if (world_size > chunks)
     throw std::invalid_argument("world size " + std::to_string(world_size) + " is above dist.chunks = " +
                                 std::to_string(chunks) + ": a batch is cut into that many fixed chunks and "
