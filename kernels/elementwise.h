@@ -25,6 +25,17 @@ ENGINE_HD int argmax_first(const float* z, int classes) {
   return arg;
 }
 
+// Softmax of one row of logits: e^(z_k - z_max) / sum, in double around the first
+// maximum. `exp` is the backend's double exponential: det::exp on the CPU (the same
+// bits on every CPU), the GPU's own on CUDA.
+template <class Exp>
+ENGINE_HD void softmax_row(const float* z, int classes, float* probs, Exp exp) {
+  const double zmax = z[argmax_first(z, classes)];
+  double sum = 0;
+  for (int k = 0; k < classes; ++k) sum += exp(static_cast<double>(z[k]) - zmax);
+  for (int k = 0; k < classes; ++k) probs[k] = static_cast<float>(exp(static_cast<double>(z[k]) - zmax) / sum);
+}
+
 // Inverted dropout: kept values are scaled by 1/(1-p) so eval needs no rescale.
 ENGINE_HD float dropout_scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <set>
 #include <thread>
@@ -16,6 +17,7 @@
 #include "engine/inference.h"
 #include "engine/models/registry.h"
 #include "engine/trainer.h"
+#include "kernels/ops.h"
 #include "synthetic_data.h"
 
 using namespace engine;
@@ -132,6 +134,12 @@ TEST_CASE("Classifier: 4 threads give the single-threaded bits and the trainer's
   CHECK(clf.classify(images, n) == single.labels);
 
   const Predictions p = clf.predict(images, 3, Scores::Probabilities);
+  // The probabilities are the softmax op of the logits (the reference's within one ulp).
+  std::vector<float> softmax_ref(30);
+  engine::kernels::ref::softmax(3, 10, single.scores.data(), softmax_ref.data());
+  for (std::size_t i = 0; i < softmax_ref.size(); ++i)
+    CHECK(std::fabs(p.scores[i] - softmax_ref[i]) <=
+          std::nextafter(softmax_ref[i], std::numeric_limits<float>::infinity()) - softmax_ref[i]);
   for (int i = 0; i < 3; ++i) {
     double sum = 0;
     for (int k = 0; k < 10; ++k) sum += p.scores[i * 10 + k];

@@ -809,6 +809,48 @@ TEST_CASE("cpu cross_entropy matches ref (loss, correct, dlogits; grad_scale 1 a
 }
 
 // ---------------------------------------------------------------------------------
+// softmax
+// ---------------------------------------------------------------------------------
+// Both compute in double and round each probability to float once; their exponentials
+// differ (det::exp against libm's, each within about 1 ulp of double), so the floats
+// may differ by one float ulp where the double lies next to a rounding boundary.
+TEST_CASE("cpu softmax matches ref within one float ulp; rows sum to 1; no overflow") {
+  std::mt19937 g(790);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const int classes : {1, 2, 10, 33}) {
+    for (const int n : {0, 1, 7, 1000}) {
+      CAPTURE(classes);
+      CAPTURE(n);
+      auto z = uniform(static_cast<std::size_t>(n) * classes, g, -30.0f, 30.0f);
+      if (n >= 7 && classes >= 2) {
+        z[0] = 1e30f;                               // huge: no overflow around the maximum
+        z[static_cast<std::size_t>(classes)] = -inf;  // row 1: a class that cannot happen
+        for (int k = 0; k < classes; ++k) z[2 * static_cast<std::size_t>(classes) + k] = 3.5f;  // all equal
+      }
+      std::vector<float> p(z.size()), p_ref(z.size());
+      cpu::softmax(n, classes, z.data(), p.data());
+      ref::softmax(n, classes, z.data(), p_ref.data());
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        const float ulp = std::nextafter(p_ref[i], inf) - p_ref[i];
+        bad += !(std::fabs(p[i] - p_ref[i]) <= ulp);
+      }
+      CHECK(bad == 0);
+      for (int i = 0; i < n; ++i) {
+        double sum = 0;
+        for (int k = 0; k < classes; ++k) sum += p[static_cast<std::size_t>(i) * classes + k];
+        CHECK(sum == doctest::Approx(1.0).epsilon(1e-6));
+      }
+      if (n >= 7 && classes >= 2) {
+        CHECK(p[0] == 1.0f);
+        CHECK(p[static_cast<std::size_t>(classes)] == 0.0f);
+        CHECK(p[2 * static_cast<std::size_t>(classes)] == 1.0f / static_cast<float>(classes));
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------
 // reduce_sum, gather_batch
 // ---------------------------------------------------------------------------------
 TEST_CASE("cpu reduce_sum matches ref") {

@@ -245,6 +245,11 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, int batch_total, 
                   sample_correct.f32() + correct_first);
 }
 
+void softmax(const Tensor& logits, Tensor& probs) {
+  const int n = static_cast<int>(logits.dim(0)), classes = static_cast<int>(logits.dim(1));
+  ENGINE_DISPATCH(logits.device(), softmax, n, classes, logits.f32(), probs.f32());
+}
+
 double reduce_sum(const Tensor& x, int64_t first, int64_t n) {
   return ENGINE_DISPATCH(x.device(), reduce_sum, n, x.f32() + first);
 }

@@ -74,6 +74,9 @@ void dropout_backward(const Tensor& dy, const Tensor& keep, float p, Tensor& dx)
 void cross_entropy(const Tensor& logits, const Tensor& labels, int batch_total, float grad_scale, Tensor* dlogits,
                    Tensor& sample_loss, int64_t loss_first, Tensor& sample_correct, int64_t correct_first);
 
+// probs = the row-wise softmax of logits ([n, classes], on one device).
+void softmax(const Tensor& logits, Tensor& probs);
+
 // Sum of x[first, first + n) in the fixed order, in double, on the host.
 double reduce_sum(const Tensor& x, int64_t first, int64_t n);
 

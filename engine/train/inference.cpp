@@ -11,7 +11,6 @@
 
 #include "engine/checkpoint.h"
 #include "core/tensor_ops.h"
-#include "kernels/det_math.h"
 
 namespace engine {
 
@@ -128,19 +127,17 @@ Predictions Classifier::run(const Pixel* images, int64_t n, Scores scores) const
       std::memcpy(host.f32(), src, static_cast<size_t>(b * pixels) * sizeof(float));
       x = device_.is_cpu() ? host : host.to(device_);
     }
-    const std::vector<float> z = model.forward(x, Mode::Eval, unused).to_vector();
-    for (int i = 0; i < b; ++i) {
-      const float* row = z.data() + static_cast<size_t>(i) * classes_;
-      const int arg = kernels::argmax_first(row, classes_);
-      p.labels[static_cast<size_t>(start + i)] = arg;
-      float* out = p.scores.empty() ? nullptr : p.scores.data() + static_cast<size_t>(start + i) * classes_;
-      if (scores == Scores::Logits) std::copy(row, row + classes_, out);
-      if (scores == Scores::Probabilities) {
-        double sum = 0;
-        for (int k = 0; k < classes_; ++k) sum += kernels::det::exp(static_cast<double>(row[k]) - row[arg]);
-        for (int k = 0; k < classes_; ++k)
-          out[k] = static_cast<float>(kernels::det::exp(static_cast<double>(row[k]) - row[arg]) / sum);
-      }
+    const Tensor logits = model.forward(x, Mode::Eval, unused);
+    const std::vector<float> z = logits.to_vector();
+    for (int i = 0; i < b; ++i)
+      p.labels[static_cast<size_t>(start + i)] = kernels::argmax_first(z.data() + static_cast<size_t>(i) * classes_, classes_);
+    float* out = p.scores.empty() ? nullptr : p.scores.data() + static_cast<size_t>(start) * classes_;
+    if (scores == Scores::Logits) std::copy(z.begin(), z.end(), out);
+    if (scores == Scores::Probabilities) {
+      Tensor probs = Tensor::empty(logits.shape(), DType::F32, logits.device());
+      tt::softmax(logits, probs);
+      const std::vector<float> host = probs.to_vector();
+      std::copy(host.begin(), host.end(), out);
     }
   }
   return p;

@@ -169,6 +169,13 @@ void dropout_backward(int64_t n, const float* dy, const uint8_t* keep, float p, 
   for (int64_t i = 0; i < n; ++i) dx[i] = keep[i] ? dy[i] * scale : 0.0f;
 }
 
+void softmax(int n, int classes, const float* logits, float* probs) {
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < n; ++i)
+    softmax_row(logits + static_cast<int64_t>(i) * classes, classes, probs + static_cast<int64_t>(i) * classes,
+                [](double x) { return det::exp(x); });
+}
+
 void cross_entropy(int n, int batch_total, int classes, const float* logits,
                         const int32_t* labels, float grad_scale, float* dlogits,
                         float* sample_loss, float* sample_correct) {

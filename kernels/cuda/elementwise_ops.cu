@@ -352,6 +352,18 @@ __device__ double warp_sum(double value) {
   return value;
 }
 
+// ---- Softmax ----------------------------------------------------------------------
+
+struct GpuExp {
+  __host__ __device__ double operator()(double x) const { return exp(x); }
+};
+
+// One thread per row: the classifier's rows are short (10 classes).
+__global__ void softmax_kernel(int n, int classes, const float* logits, float* probs) {
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    softmax_row(logits + i * classes, classes, probs + i * classes, GpuExp{});
+}
+
 // One warp per sample (the loops over classes are strided by lane). Log-softmax in
 // double around the maximum logit for stability. An out-of-range label gives a NaN
 // loss (and no one-hot term) rather than a memory error.
@@ -605,6 +617,12 @@ void batchnorm_backward(const BatchNormShape& s, const float* x, const float* dy
       s.n, s.c, s.hw, x, dy, gamma, save_mean, save_invstd, dy_partials, dy_xhat_partials, dx,
       dgamma, dbeta);
   ENGINE_CUDA_CHECK_LAUNCH("batchnorm_backward_dx_kernel");
+}
+
+void softmax(int n, int classes, const float* logits, float* probs) {
+  if (n <= 0) return;
+  softmax_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(n, classes, logits, probs);
+  ENGINE_CUDA_CHECK_LAUNCH("softmax_kernel");
 }
 
 void cross_entropy(int n, int batch_total, int classes, const float* logits,

@@ -260,6 +260,19 @@ void cross_entropy(int n, int batch_total, int classes, const float* logits,
   }
 }
 
+void softmax(int n, int classes, const float* logits, float* probs) {
+  for (int i = 0; i < n; ++i) {
+    const float* z = logits + static_cast<int64_t>(i) * classes;
+    int arg = 0;
+    for (int k = 1; k < classes; ++k)
+      if (z[k] > z[arg]) arg = k;
+    double sum = 0.0;
+    for (int k = 0; k < classes; ++k) sum += std::exp(static_cast<double>(z[k]) - z[arg]);
+    for (int k = 0; k < classes; ++k)
+      probs[static_cast<int64_t>(i) * classes + k] = static_cast<float>(std::exp(static_cast<double>(z[k]) - z[arg]) / sum);
+  }
+}
+
 double reduce_sum(int64_t n, const float* x) {
   double acc = 0.0;
   for (int64_t i = 0; i < n; ++i) acc += x[i];

@@ -532,6 +532,28 @@ TEST_CASE("cross_entropy matches the reference") {
   }
 }
 
+// The GPU's double exp against libm's: each probability within one float ulp.
+TEST_CASE("softmax matches the reference within one float ulp") {
+  std::mt19937 rng(640);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const int classes : {1, 10, 33}) {
+    const int n = 4099;
+    CAPTURE(classes);
+    auto logits = uniform(static_cast<std::size_t>(n) * classes, rng, -30.0f, 30.0f);
+    logits[0] = 1e30f;
+    if (classes > 1) logits[static_cast<std::size_t>(classes) + 1] = -inf;
+    std::vector<float> want(logits.size());
+    ref::softmax(n, classes, logits.data(), want.data());
+    DeviceArray<float> z(logits), p(logits.size());
+    gpu::softmax(n, classes, z.get(), p.get());
+    const std::vector<float> got = p.download();
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      bad += !(std::fabs(got[i] - want[i]) <= std::nextafter(want[i], inf) - want[i]);
+    CHECK(bad == 0);
+  }
+}
+
 TEST_CASE("cross_entropy with NaN logits follows the reference's argmax rule") {
   // The reference starts at class 0 and moves on only to a strictly greater value: a NaN
   // is the prediction only when it is class 0. 40 classes so lanes hold two values each.
