@@ -83,12 +83,12 @@ struct RunDirectory::Impl {
   };
 
   Impl(Trainer& t, std::optional<RunDirLock> given)
-      : trainer(t), cfg(t.config()), dir(cfg.checkpoint.dir), prototype(t.model().new_instance()) {
+      : trainer(t), env(t.env()), cfg(t.config()), dir(cfg.checkpoint.dir), prototype(t.model().new_instance()) {
     fs::create_directories(dir);
     // One writer per run directory, for as long as this lives (run_lock.h).
     if (given && fs::equivalent(given->dir(), dir)) lock.emplace(std::move(*given));
     else lock.emplace(RunDirLock::acquire(dir));
-    sweep_dead_writers(dir, {std::string(run_files::kTensorBoard) + "/" + run_files::kEventsRewrite});
+    sweep_dead_writers(env, dir, {std::string(run_files::kTensorBoard) + "/" + run_files::kEventsRewrite});
     if (cfg.checkpoint.async) writer = std::thread([this] { writer_loop(); });
   }
 
@@ -125,12 +125,12 @@ struct RunDirectory::Impl {
     try {
       if (j.state) {
         kernels::cuda::wait_for(j.copies_done);
-        save_checkpoint(j.path, *j.state);
-        if (cfg.checkpoint.verify) verify_saved_checkpoint(j.path, *j.state, *prototype);
+        save_checkpoint(j.path, *j.state, &env);
+        if (cfg.checkpoint.verify) verify_saved_checkpoint(j.path, *j.state, *prototype, env);
         if (j.kind == CheckpointKind::Milestone) rotate_milestones();
       } else {
         // Replaced like a checkpoint: a crash leaves the old or the new file, never a torn one.
-        write_file_atomically(j.path, j.text);
+        write_file_atomically(env, j.path, j.text);
         if (cfg.logging.tensorboard) tfevents::write_run_events(dir, j.history, j.test);
       }
     } catch (...) {
@@ -260,6 +260,7 @@ struct RunDirectory::Impl {
   }
 
   Trainer& trainer;
+  Env& env;  // the trainer's: this directory's files, the writer thread's too
   const Config cfg;
   const std::string dir;
   std::optional<RunDirLock> lock;

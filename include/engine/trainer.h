@@ -25,6 +25,7 @@
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/model.h"
+#include "engine/env.h"
 #include "engine/epoch_metrics.h"
 #include "engine/run_control.h"
 
@@ -135,13 +136,18 @@ class Trainer {
   // null: one process), data.batch_size is the global batch; each rank computes its
   // chunks of every batch and the ranks complete the sums in a fixed order, so every
   // rank holds the state of the one-process run, bit for bit. It must outlive the trainer.
+  //
+  // `env` (engine/env.h; null: Env::posix()) is the run's file system: the checkpoints
+  // resume_from() and save_checkpoint() read and write, and everything a RunDirectory
+  // over this trainer does. It must outlive the trainer. (The dataset reads its own files.)
   Trainer(Config cfg, Device device, std::unique_ptr<Model> model, TrainerObserver* observer = nullptr,
           SplitsNeeded splits = SplitsNeeded::All, std::unique_ptr<Dataset> data = nullptr,
-          Collective* collective = nullptr);
+          Collective* collective = nullptr, Env* env = nullptr);
   ~Trainer();
 
   const Config& config() const { return cfg_; }
   Device device() const { return device_; }
+  Env& env() const { return env_; }
   Model& model() { return *model_; }
   Dataset& dataset() { return *data_; }
   TrainerObserver& observer() { return *observer_; }
@@ -255,6 +261,7 @@ class Trainer {
   const Config cfg_;
   const std::string config_json_;  // cfg_ resolved, as every checkpoint stores it (made once)
   Device device_;
+  Env& env_;
   TrainerObserver* observer_;
   TrainerObserver silent_;
   std::unique_ptr<Dataset> data_;
