@@ -271,7 +271,7 @@ bool only_data_after(const Bytes& image, std::size_t metadata_end, std::vector<s
   return zeros(pos, image.size());
 }
 
-BuiltImage build_image(const H5Ctx& c, const Checkpoint& ckpt) {
+BuiltImage build_image(const H5Ctx& c, const Checkpoint& ckpt, const std::string& created_utc) {
   H5Handle fcpl = c.plist(H5P_FILE_CREATE, "a file property list");
   c.ok(H5Pset_userblock(fcpl.get(), kUserBlockBytes), "cannot reserve the user block");
   H5Handle fapl = c.plist(H5P_FILE_ACCESS, "a file access property list");
@@ -294,7 +294,7 @@ BuiltImage build_image(const H5Ctx& c, const Checkpoint& ckpt) {
         {"format", std::string(kFormatName)},
         {"format_version", kCheckpointFormatVersion},
         {"engine_version", std::string(ENGINE_VERSION)},
-        {"created_utc", utc_now(UtcFormat::Iso8601)},
+        {"created_utc", created_utc},
         {"saved_on", ckpt.meta.saved_on},
         {"config", ckpt.config_json},
     };
@@ -387,7 +387,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt, Env* env_g
   Checkpoint normalised = ckpt;  // shares tensor storage; only keys change
   normalise_keys(path, normalised.groups);
   for (const auto& [group, d] : normalised.groups) check_group_keys(path, group, d);
-  BuiltImage built = build_image(c, normalised);
+  BuiltImage built = build_image(c, normalised, utc_text(env.wall_now(), UtcFormat::Iso8601));
   Bytes& image = built.bytes;
   atomic_write(env, path,
                [&](int fd) { return write_sealed(env, fd, image, built.metadata_bytes, kCheckpointFormatVersion); });

@@ -32,7 +32,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Env& env, Clock::time_point t0) {
+  return std::chrono::duration<double>(env.monotonic_now() - t0).count();
+}
 
 std::string file_for(CheckpointKind kind, int64_t epochs_done) {
   switch (kind) {
@@ -120,7 +122,7 @@ struct RunDirectory::Impl {
   // (save_checkpoint), verify, rotate milestones. Metrics: metrics.jsonl, TensorBoard.
   // On the writer thread, or on the training thread without checkpoint.async.
   void run_job(const Job& j) {
-    const auto t0 = Clock::now();
+    const auto t0 = env.monotonic_now();
     std::exception_ptr error;
     try {
       if (j.state) {
@@ -138,8 +140,8 @@ struct RunDirectory::Impl {
     }
     std::lock_guard<std::mutex> g(mutex);
     if (j.state) {
-      records[j.record].total_seconds = seconds_since(j.requested);
-      slowest_write = std::max(slowest_write, seconds_since(t0));
+      records[j.record].total_seconds = seconds_since(env, j.requested);
+      slowest_write = std::max(slowest_write, seconds_since(env, t0));
     }
     outcomes.push_back({j.path, j.kind, j.state != nullptr, error});
   }
@@ -260,7 +262,7 @@ struct RunDirectory::Impl {
   }
 
   Trainer& trainer;
-  Env& env;  // the trainer's: this directory's files, the writer thread's too
+  Env& env;  // the trainer's: this directory's files and timings, the writer thread's too
   const Config cfg;
   const std::string dir;
   std::optional<RunDirLock> lock;
@@ -297,7 +299,7 @@ std::vector<SaveRecord> RunDirectory::saves() const {
 
 void RunDirectory::save(Trainer& trainer, CheckpointKind kind) {
   Impl& m = *impl_;
-  const auto t0 = Clock::now();
+  const auto t0 = m.env.monotonic_now();
   const std::string file = file_for(kind, trainer.epochs_done());
   // Saves in a row with nothing trained between them (last.h5, then best.h5 or a
   // milestone, at an epoch's end) hold the same state: they share one snapshot.
@@ -318,7 +320,7 @@ void RunDirectory::save(Trainer& trainer, CheckpointKind kind) {
   // An end-of-epoch save follows the epoch's ++epoch; a mid-epoch one is in the next.
   record.epoch = trainer.epochs_done() + (kind == CheckpointKind::MidEpoch ? 1 : 0);
   record.global_step = trainer.global_step();
-  record.stall_seconds = seconds_since(t0);
+  record.stall_seconds = seconds_since(m.env, t0);
   Impl::Job job;
   job.path = path(file);
   job.kind = kind;
@@ -335,7 +337,7 @@ void RunDirectory::save(Trainer& trainer, CheckpointKind kind) {
   m.submit(std::move(job));
   if (inline_write) {
     std::lock_guard<std::mutex> g(m.mutex);
-    m.records.back().stall_seconds = seconds_since(t0);  // checkpoint.async off: all of it
+    m.records.back().stall_seconds = seconds_since(m.env, t0);  // checkpoint.async off: all of it
   }
   if (inline_write) m.report_outcomes();
 }

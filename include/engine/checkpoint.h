@@ -65,7 +65,7 @@ const std::vector<std::string>& checkpoint_required_groups();
 // same directory, fsynced, renamed over `path`, and the directory fsynced. On failure
 // the previous file at `path` is untouched (a failure of the disk is a
 // CheckpointWriteError). `path` must not name a directory, FIFO or device. Tensors may
-// live on any device.
+// live on any device. created_utc is env's wall_now().
 void save_checkpoint(const std::string& path, const Checkpoint& ckpt, Env* env = nullptr);
 
 // Verifies header, length and checksum, then structure, then reads. Tensors come back

@@ -82,7 +82,8 @@ struct StopPlan {
   std::optional<int64_t> after_epochs;  // stop cleanly after this many epochs in total
   // Stop cleanly, last.h5 saved, before this much wall-clock time has passed since
   // time_limit_from (default: when fit() starts); the next step, evaluation and save
-  // are estimated from those measured so far, and a margin is kept.
+  // are estimated from those measured so far, and a margin is kept. Measured with the
+  // trainer's Env (Env::monotonic_now), which time_limit_from is a time of.
   std::optional<double> time_limit_seconds;
   std::optional<std::chrono::steady_clock::time_point> time_limit_from;
 };
@@ -137,9 +138,10 @@ class Trainer {
   // chunks of every batch and the ranks complete the sums in a fixed order, so every
   // rank holds the state of the one-process run, bit for bit. It must outlive the trainer.
   //
-  // `env` (engine/env.h; null: Env::posix()) is the run's file system: the checkpoints
-  // resume_from() and save_checkpoint() read and write, and everything a RunDirectory
-  // over this trainer does. It must outlive the trainer. (The dataset reads its own files.)
+  // `env` (engine/env.h; null: Env::posix()) is the run's file system and clocks: the
+  // checkpoints resume_from() and save_checkpoint() read and write, the clock of the time
+  // limit and of the epoch timings, and everything a RunDirectory over this trainer does.
+  // It must outlive the trainer. (The dataset reads its own files.)
   Trainer(Config cfg, Device device, std::unique_ptr<Model> model, TrainerObserver* observer = nullptr,
           SplitsNeeded splits = SplitsNeeded::All, std::unique_ptr<Dataset> data = nullptr,
           Collective* collective = nullptr, Env* env = nullptr);
