@@ -9,6 +9,7 @@
 #include <array>
 #include <deque>
 #include <functional>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -34,6 +35,11 @@ namespace {
 
 double seconds_since(Env& env, Clock::time_point t0) {
   return std::chrono::duration<double>(env.monotonic_now() - t0).count();
+}
+
+// What the std::filesystem call this stands for throws, worded as it words it.
+[[noreturn]] void throw_filesystem_error(const char* what, const std::string& path, int err) {
+  throw fs::filesystem_error(what, fs::path(path), std::error_code(err, std::generic_category()));
 }
 
 std::string file_for(CheckpointKind kind, int64_t epochs_done) {
@@ -86,10 +92,10 @@ struct RunDirectory::Impl {
 
   Impl(Trainer& t, std::optional<RunDirLock> given)
       : trainer(t), env(t.env()), cfg(t.config()), dir(cfg.checkpoint.dir), prototype(t.model().new_instance()) {
-    fs::create_directories(dir);
+    if (env.make_dirs(dir) != 0) throw_filesystem_error("cannot create directories", dir, errno);
     // One writer per run directory, for as long as this lives (run_lock.h).
     if (given && fs::equivalent(given->dir(), dir)) lock.emplace(std::move(*given));
-    else lock.emplace(RunDirLock::acquire(dir));
+    else lock.emplace(RunDirLock::acquire(dir, &env));
     sweep_dead_writers(env, dir, {std::string(run_files::kTensorBoard) + "/" + run_files::kEventsRewrite});
     if (cfg.checkpoint.async) writer = std::thread([this] { writer_loop(); });
   }
@@ -133,7 +139,7 @@ struct RunDirectory::Impl {
       } else {
         // Replaced like a checkpoint: a crash leaves the old or the new file, never a torn one.
         write_file_atomically(env, j.path, j.text);
-        if (cfg.logging.tensorboard) tfevents::write_run_events(dir, j.history, j.test);
+        if (cfg.logging.tensorboard) tfevents::write_run_events(env, dir, j.history, j.test);
       }
     } catch (...) {
       error = std::current_exception();
@@ -148,20 +154,23 @@ struct RunDirectory::Impl {
 
   // Keep the newest keep_last milestones, plus those named in keep_epochs.
   void rotate_milestones() {
+    std::vector<std::string> names;
+    if (env.list_dir(dir, names) != 0) throw_filesystem_error("directory iterator cannot open directory", dir, errno);
     std::vector<std::pair<int64_t, fs::path>> milestones;
-    for (const auto& entry : fs::directory_iterator(dir)) {
-      const std::string f = entry.path().filename().string();
+    for (const std::string& f : names) {
       long long e = 0;
       char tail[8] = {0};
       if (std::sscanf(f.c_str(), "epoch_%lld.%3s", &e, tail) == 2 && std::string(tail) == "h5" && f.size() == 13)
-        milestones.emplace_back(e, entry.path());
+        milestones.emplace_back(e, fs::path(dir) / f);
     }
     std::sort(milestones.rbegin(), milestones.rend());
     int64_t kept = 0;
     for (auto& [e, p] : milestones) {
       const auto& pinned = cfg.checkpoint.keep_epochs;
       if (std::count(pinned.begin(), pinned.end(), e) > 0) continue;
-      if (kept++ >= cfg.checkpoint.keep_last) fs::remove(p);
+      if (kept++ < cfg.checkpoint.keep_last || env.remove(p.string()) == 0) continue;
+      const int err = errno;
+      if (err != ENOENT) throw_filesystem_error("cannot remove", p.string(), err);  // gone already: no error
     }
   }
 
