@@ -124,11 +124,12 @@ engine_layer(core
           state.h tensor.h)
 
 # Data and checkpoint I/O: the config, IDX files and datasets, the checkpoint format,
-# atomic files. Knows states, not models.
+# atomic files, and the Env every file call and clock of a run goes through. Knows
+# states, not models.
 engine_layer(io
   SOURCES io/*.cpp
   PREFIXES io=io
-  HEADERS checkpoint.h config.h dataset.h idx.h)
+  HEADERS checkpoint.h config.h dataset.h env.h idx.h)
 
 # Model and nn pieces: modules, layers, models and their registry, optimizer, scheduler,
 # loss scaler.

@@ -7,6 +7,8 @@
 #include <functional>
 #include <string>
 
+#include "engine/env.h"
+
 namespace engine {
 
 // While one lives, SIGXFSZ is blocked on the calling thread, so that a write past the
@@ -25,8 +27,8 @@ class ScopedSigxfszBlock {
   bool was_blocked_ = false;
 };
 
-// pwrite of all `n` bytes at `offset` (through file_ops); 0 or the errno of the failure.
-int write_fully_at(int fd, const unsigned char* data, std::size_t n, off_t offset);
+// env.pwrite of all `n` bytes at `offset`; 0 or the errno of the failure.
+int write_fully_at(Env& env, int fd, const unsigned char* data, std::size_t n, off_t offset);
 
 // Writes a new file under `path` atomically: `write_content(fd)` fills a temporary
 // file in the same directory (returning 0 or an errno), which is fsynced, renamed over
@@ -34,9 +36,11 @@ int write_fully_at(int fd, const unsigned char* data, std::size_t n, off_t offse
 // untouched (put back if the directory fsync fails after the rename), no temporary file
 // is left, and a one-line CheckpointWriteError names `path`, the step and the errno
 // text. A `path` that exists and is not a regular file is refused (CheckpointError).
-void atomic_write(const std::string& path, const std::function<int(int)>& write_content);
+// Every call goes through `env`; with an Env other than Env::posix() the removal of the
+// replaced version is waited for before this returns (the Env may not outlive the call).
+void atomic_write(Env& env, const std::string& path, const std::function<int(int)>& write_content);
 
 // atomic_write of `bytes` (metrics.jsonl and other small files of a run).
-void write_file_atomically(const std::string& path, const std::string& bytes);
+void write_file_atomically(Env& env, const std::string& path, const std::string& bytes);
 
 }  // namespace engine

@@ -23,8 +23,8 @@ Checkpoint Checkpoint::to(Device device) const {
   return out;
 }
 
-Checkpoint load_checkpoint(const std::string& path, Device device) {
-  return load_checkpoint(path).to(device);
+Checkpoint load_checkpoint(const std::string& path, Device device, Env* env) {
+  return load_checkpoint(path, env).to(device);
 }
 
 }  // namespace engine

@@ -9,9 +9,6 @@
 #include "io/checkpoint_reader.h"
 #include "io/side_by_side.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -37,14 +34,14 @@ namespace {
 // while their checksum is taken; pieces before `split` go to crc_before, the rest to
 // crc_after. Returns the offset reached (short of `end` at end of file); `err` is set to
 // the errno of a failed read.
-std::size_t read_range_with_crc(int fd, unsigned char* data, std::size_t begin, std::size_t end, std::size_t split,
-                                uint32_t& crc_before, uint32_t& crc_after, int& err) {
+std::size_t read_range_with_crc(Env& env, int fd, unsigned char* data, std::size_t begin, std::size_t end,
+                                std::size_t split, uint32_t& crc_before, uint32_t& crc_after, int& err) {
   constexpr std::size_t kPiece = std::size_t(256) << 10;
   std::size_t pos = begin;
   crc_before = crc_after = 0;
   while (pos < end) {
     const std::size_t limit = pos < split ? std::min(end, split) : end;
-    const ssize_t n = ::pread(fd, data + pos, std::min(limit - pos, kPiece), static_cast<off_t>(pos));
+    const ssize_t n = env.pread(fd, data + pos, std::min(limit - pos, kPiece), static_cast<off_t>(pos));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) err = errno;
     if (n <= 0) break;
@@ -60,21 +57,21 @@ class FileReader {
  public:
   // Opened without blocking (a FIFO with no writer would wait forever) and refused
   // unless it is a regular file; a refusal closes what it opened.
-  explicit FileReader(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  FileReader(Env& env, const std::string& path) : env_(env), path_(path) {
+    fd_ = env_.open_for_reading(path);
     if (fd_ < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
-    struct stat st {};
+    FileInfo info;
     std::string refusal;
-    if (fstat(fd_, &st) != 0) refusal = std::string("cannot stat: ") + std::strerror(errno);
-    else if (S_ISDIR(st.st_mode)) refusal = "is a directory, not a file";
-    else if (!S_ISREG(st.st_mode)) refusal = "not a regular file (a FIFO, socket or device)";
+    if (env_.fstat(fd_, info) != 0) refusal = std::string("cannot stat: ") + std::strerror(errno);
+    else if (info.kind == FileKind::Directory) refusal = "is a directory, not a file";
+    else if (info.kind != FileKind::Regular) refusal = "not a regular file (a FIFO, socket or device)";
     if (!refusal.empty()) {
-      ::close(fd_);
+      env_.close(fd_);
       fail(path, refusal);
     }
-    size_ = static_cast<std::size_t>(st.st_size);
+    size_ = info.size;
   }
-  ~FileReader() { ::close(fd_); }
+  ~FileReader() { env_.close(fd_); }
   FileReader(const FileReader&) = delete;
   FileReader& operator=(const FileReader&) = delete;
 
@@ -87,7 +84,7 @@ class FileReader {
     const std::size_t want = std::min(size_, kUserBlockBytes);
     std::size_t got = 0;
     while (got < want) {
-      const ssize_t n = ::pread(fd_, header + got, want - got, static_cast<off_t>(got));
+      const ssize_t n = env_.pread(fd_, header + got, want - got, static_cast<off_t>(got));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) fail(path_, std::string("cannot read: ") + std::strerror(errno));
       if (n == 0) break;
@@ -107,7 +104,8 @@ class FileReader {
   // ends early.
   void read(std::size_t begin, std::size_t end, std::size_t split, uint32_t& crc_before, uint32_t& crc_after) {
     int err = 0;
-    const std::size_t reached = read_range_with_crc(fd_, bytes_->data(), begin, end, split, crc_before, crc_after, err);
+    const std::size_t reached =
+        read_range_with_crc(env_, fd_, bytes_->data(), begin, end, split, crc_before, crc_after, err);
     check_read(reached, end, err);
   }
 
@@ -118,8 +116,8 @@ class FileReader {
     std::size_t reached[2] = {0, 0};
     int errs[2] = {0, 0};
     auto read_half = [&](int half) {
-      reached[half] = read_range_with_crc(fd_, bytes_->data(), half == 0 ? begin : mid, half == 0 ? mid : end, end,
-                                          crcs[half][0], crcs[half][1], errs[half]);
+      reached[half] = read_range_with_crc(env_, fd_, bytes_->data(), half == 0 ? begin : mid, half == 0 ? mid : end,
+                                          end, crcs[half][0], crcs[half][1], errs[half]);
     };
     side_by_side([&] { read_half(0); }, [&] { read_half(1); });
     check_read(reached[0], mid, errs[0]);
@@ -131,7 +129,7 @@ class FileReader {
   void check_not_grown() {
     unsigned char probe = 0;
     ssize_t n;
-    do n = ::pread(fd_, &probe, 1, static_cast<off_t>(size_));
+    do n = env_.pread(fd_, &probe, 1, static_cast<off_t>(size_));
     while (n < 0 && errno == EINTR);
     if (n > 0) fail(path_, "length mismatch: the file grew while it was being read");
   }
@@ -143,6 +141,7 @@ class FileReader {
       fail(path_, "truncated: the file shrank to " + std::to_string(reached) + " bytes while it was being read");
   }
 
+  Env& env_;
   std::string path_;
   int fd_ = -1;
   std::size_t size_ = 0;
@@ -215,12 +214,12 @@ void start_checkpoint_parser() { hdf5_sandbox::prepare(); }
 // reads and checks the dataset bytes, and the checkpoint is assembled from the
 // manifest with every shape, offset and length checked against the verified buffer
 // (docs/security.md). Loaded tensors point into the buffer.
-Checkpoint load_checkpoint(const std::string& path) {
+Checkpoint load_checkpoint(const std::string& path, Env* env) {
   // HDF5 reads some structures 512 bytes at a time from where they start; the parser is
   // given the bytes just past the metadata too, as it would read them from the file.
   constexpr std::size_t kMetadataMargin = std::size_t(64) << 10;
   constexpr std::size_t kHalvesFrom = std::size_t(1) << 20;
-  FileReader reader(path);
+  FileReader reader(env_or_posix(env), path);
   const std::size_t size = reader.size();
   unsigned char header_bytes[kUserBlockBytes];
   const std::size_t header_read = reader.read_header(header_bytes);

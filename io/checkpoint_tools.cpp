@@ -4,8 +4,6 @@
 #include "io/checkpoint_reader.h"
 #include "io/number_text.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <set>
 #include <sstream>
@@ -176,12 +174,12 @@ std::string config_difference(const std::string& a, const std::string& b) {
 
 using namespace checkpoint_internal;
 
-void verify_checkpoint_file(const std::string& path) { (void)load_checkpoint(path); }
+void verify_checkpoint_file(const std::string& path, Env* env) { (void)load_checkpoint(path, env); }
 
-std::string inspect_checkpoint(const std::string& path) {
-  const Checkpoint ck = load_checkpoint(path);
-  struct stat st {};
-  const long long bytes = ::stat(path.c_str(), &st) == 0 ? static_cast<long long>(st.st_size) : -1;
+std::string inspect_checkpoint(const std::string& path, Env* env) {
+  const Checkpoint ck = load_checkpoint(path, env);
+  FileInfo info;
+  const long long bytes = env_or_posix(env).stat(path, info) == 0 ? static_cast<long long>(info.size) : -1;
   std::ostringstream o;
   o << "checkpoint " << path << "\n";
   o << "  file            " << bytes << " bytes, checksum ok\n";
@@ -206,9 +204,9 @@ std::string inspect_checkpoint(const std::string& path) {
   return o.str();
 }
 
-CheckpointDiff diff_checkpoints(const std::string& path_a, const std::string& path_b) {
-  const Checkpoint a = load_checkpoint(path_a);
-  const Checkpoint b = load_checkpoint(path_b);
+CheckpointDiff diff_checkpoints(const std::string& path_a, const std::string& path_b, Env* env) {
+  const Checkpoint a = load_checkpoint(path_a, env);
+  const Checkpoint b = load_checkpoint(path_b, env);
   std::ostringstream o;
   int differing = 0;
   o << "a: " << path_a << "\n" << "b: " << path_b << "\n";

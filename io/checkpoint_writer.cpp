@@ -271,7 +271,7 @@ bool only_data_after(const Bytes& image, std::size_t metadata_end, std::vector<s
   return zeros(pos, image.size());
 }
 
-BuiltImage build_image(const H5Ctx& c, const Checkpoint& ckpt) {
+BuiltImage build_image(const H5Ctx& c, const Checkpoint& ckpt, const std::string& created_utc) {
   H5Handle fcpl = c.plist(H5P_FILE_CREATE, "a file property list");
   c.ok(H5Pset_userblock(fcpl.get(), kUserBlockBytes), "cannot reserve the user block");
   H5Handle fapl = c.plist(H5P_FILE_ACCESS, "a file access property list");
@@ -294,7 +294,7 @@ BuiltImage build_image(const H5Ctx& c, const Checkpoint& ckpt) {
         {"format", std::string(kFormatName)},
         {"format_version", kCheckpointFormatVersion},
         {"engine_version", std::string(ENGINE_VERSION)},
-        {"created_utc", utc_now(UtcFormat::Iso8601)},
+        {"created_utc", created_utc},
         {"saved_on", ckpt.meta.saved_on},
         {"config", ckpt.config_json},
     };
@@ -335,11 +335,11 @@ BuiltImage build_image(const H5Ctx& c, const Checkpoint& ckpt) {
 
 // Like write_fully_at, in 1 MiB pieces, each handed to the disk as soon as it is in the
 // page cache (Linux), so that most of the data is on its way when fsync is called.
-int write_with_early_writeback(int fd, const unsigned char* data, std::size_t n, off_t offset) {
+int write_with_early_writeback(Env& env, int fd, const unsigned char* data, std::size_t n, off_t offset) {
   constexpr std::size_t kPiece = std::size_t(1) << 20;
   while (n > 0) {
     const std::size_t piece = std::min(n, kPiece);
-    if (const int err = write_fully_at(fd, data, piece, offset)) return err;
+    if (const int err = write_fully_at(env, fd, data, piece, offset)) return err;
 #if defined(__linux__)
     (void)::sync_file_range(fd, offset, static_cast<off_t>(piece), SYNC_FILE_RANGE_WRITE);  // a hint only
 #endif
@@ -353,12 +353,14 @@ int write_with_early_writeback(int fd, const unsigned char* data, std::size_t n,
 // Writes a checkpoint image into `fd`: the HDF5 payload first, while a second thread
 // takes its CRC-32 from the same memory, then the sealed header in front of it (the
 // file is still a temporary, so the order is invisible). 0 or the errno of a failure.
-int write_sealed(int fd, Bytes& image, std::size_t metadata_bytes, int64_t format_version) {
+int write_sealed(Env& env, int fd, Bytes& image, std::size_t metadata_bytes, int64_t format_version) {
   const unsigned char* payload = image.data() + kUserBlockBytes;
   const std::size_t payload_bytes = image.size() - kUserBlockBytes;
   int err = 0;
   PayloadChecksums sums;
-  auto write = [&] { err = write_with_early_writeback(fd, payload, payload_bytes, static_cast<off_t>(kUserBlockBytes)); };
+  auto write = [&] {
+    err = write_with_early_writeback(env, fd, payload, payload_bytes, static_cast<off_t>(kUserBlockBytes));
+  };
   auto checksum = [&] { sums = checksums_of(payload, payload_bytes, metadata_bytes); };
   if (payload_bytes >= (std::size_t(1) << 20)) {
     side_by_side(write, checksum);
@@ -368,7 +370,7 @@ int write_sealed(int fd, Bytes& image, std::size_t metadata_bytes, int64_t forma
   }
   if (err != 0) return err;
   seal_with(image, format_version, sums);
-  return write_fully_at(fd, image.data(), kUserBlockBytes, 0);
+  return write_fully_at(env, fd, image.data(), kUserBlockBytes, 0);
 }
 
 }  // namespace
@@ -377,16 +379,18 @@ int write_sealed(int fd, Bytes& image, std::size_t metadata_bytes, int64_t forma
 
 using namespace checkpoint_internal;
 
-void save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
+void save_checkpoint(const std::string& path, const Checkpoint& ckpt, Env* env_given) {
+  Env& env = env_or_posix(env_given);
   Hdf5Session session;
   const H5Ctx c{path};
   check_for_save(path, ckpt);
   Checkpoint normalised = ckpt;  // shares tensor storage; only keys change
   normalise_keys(path, normalised.groups);
   for (const auto& [group, d] : normalised.groups) check_group_keys(path, group, d);
-  BuiltImage built = build_image(c, normalised);
+  BuiltImage built = build_image(c, normalised, utc_text(env.wall_now(), UtcFormat::Iso8601));
   Bytes& image = built.bytes;
-  atomic_write(path, [&](int fd) { return write_sealed(fd, image, built.metadata_bytes, kCheckpointFormatVersion); });
+  atomic_write(env, path,
+               [&](int fd) { return write_sealed(env, fd, image, built.metadata_bytes, kCheckpointFormatVersion); });
   SpareImage::give_back(std::move(image));
 }
 

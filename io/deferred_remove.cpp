@@ -1,14 +1,12 @@
 #include "io/deferred_remove.h"
 
-#include <dirent.h>
-#include <sys/stat.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <ctime>
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -32,9 +30,9 @@ class Remover {
     return *remover;
   }
 
-  void add(std::string path) {
+  void add(Env& env, std::string path) {
     if (!in_owner()) {
-      ::unlink(path.c_str());
+      env.remove(path);
       return;
     }
     std::unique_lock<std::mutex> lock(mutex_);
@@ -43,20 +41,27 @@ class Remover {
         std::thread([this] { run(); }).detach();
       } catch (const std::system_error&) {
         lock.unlock();
-        ::unlink(path.c_str());  // no thread to be had: remove it now
+        env.remove(path);  // no thread to be had: remove it now
         return;
       }
       started_ = true;
       std::atexit([] { Remover::instance().drain(); });
     }
-    queue_.push_back(std::move(path));
+    queue_.push_back({&env, std::move(path)});
     wake_.notify_one();
   }
 
-  void drain() {
+  // Waits for the removals queued through `env` (null: all of them).
+  void drain(const Env* env = nullptr) {
     if (!in_owner()) return;
     std::unique_lock<std::mutex> lock(mutex_);
-    idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
+    idle_.wait(lock, [&] {
+      if (env == nullptr) return queue_.empty() && busy_ == nullptr;
+      if (busy_ == env) return false;
+      for (const Removal& r : queue_)
+        if (r.env == env) return false;
+      return true;
+    });
   }
 
  private:
@@ -64,29 +69,35 @@ class Remover {
 
   bool in_owner() const { return getpid() == owner_; }
 
+  struct Removal {
+    Env* env;
+    std::string path;
+  };
+
   void run() {
     std::unique_lock<std::mutex> lock(mutex_);
     while (true) {
       wake_.wait(lock, [this] { return !queue_.empty(); });
-      const std::string path = std::move(queue_.front());
+      const Removal r = std::move(queue_.front());
       queue_.pop_front();
-      busy_ = true;
+      busy_ = r.env;
       lock.unlock();
-      ::unlink(path.c_str());
+      r.env->remove(r.path);
       lock.lock();
-      busy_ = false;
-      if (queue_.empty()) idle_.notify_all();
+      busy_ = nullptr;
+      idle_.notify_all();  // a drain for this Env may be waiting, whatever is left
     }
   }
 
   const pid_t owner_;
   std::mutex mutex_;
   std::condition_variable wake_, idle_;
-  std::deque<std::string> queue_;
-  bool busy_ = false, started_ = false;
+  std::deque<Removal> queue_;
+  const Env* busy_ = nullptr;  // the Env of the removal under way
+  bool started_ = false;
 };
 
-constexpr std::time_t kTemporaryAgeSeconds = 3600;
+constexpr std::chrono::seconds kTemporaryAge{3600};
 
 bool all_digits(const std::string& s) {
   return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
@@ -121,28 +132,29 @@ long leftover_pid(const std::string& name, bool& temporary) {
 
 }  // namespace
 
-void remove_later(std::string path) { Remover::instance().add(std::move(path)); }
+void remove_later(Env& env, std::string path) { Remover::instance().add(env, std::move(path)); }
 
 void finish_pending_removals() { Remover::instance().drain(); }
+
+void finish_pending_removals(const Env& env) { Remover::instance().drain(&env); }
 
 std::string replaced_version_name(const std::string& dir_prefix, const std::string& name) {
   static std::atomic<unsigned long> counter{0};
   return dir_prefix + "." + name + ".old." + std::to_string(getpid()) + "." + std::to_string(counter++);
 }
 
-void sweep_leftovers_once(const std::string& dir) {
+void sweep_leftovers_once(Env& env, const std::string& dir) {
   static std::mutex mutex;
   static std::set<std::string> swept;
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (!swept.insert(dir).second) return;
   }
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return;
+  std::vector<std::string> names;
+  if (env.list_dir(dir, names) != 0) return;
   const long self = static_cast<long>(getpid());
-  const std::time_t now = std::time(nullptr);
-  while (const dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
+  const auto now = std::chrono::floor<std::chrono::seconds>(env.wall_now());  // as time(2)
+  for (const std::string& name : names) {
     bool temporary = false;
     const long pid = leftover_pid(name, temporary);
     if (pid <= 0 || pid == self) continue;
@@ -152,28 +164,26 @@ void sweep_leftovers_once(const std::string& dir) {
     // version (shared directory) only frees it sooner, but its temporary file may be a
     // save in progress: those go only once they are an hour old.
     const std::string path = dir + "/" + name;
-    struct stat st {};
-    if (temporary && (::stat(path.c_str(), &st) != 0 || now - st.st_mtime < kTemporaryAgeSeconds)) continue;
-    remove_later(path);
+    FileInfo info;
+    if (temporary && (env.stat(path, info) != 0 || now - info.modified < kTemporaryAge)) continue;
+    remove_later(env, path);
   }
-  ::closedir(d);
 }
 
-int sweep_dead_writers(const std::string& dir, const std::vector<std::string>& also) {
+int sweep_dead_writers(Env& env, const std::string& dir, const std::vector<std::string>& also) {
   int removed = 0;
   const long self = static_cast<long>(getpid());
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (const dirent* e = ::readdir(d)) {
-      const std::string name = e->d_name;
+  std::vector<std::string> names;
+  if (env.list_dir(dir, names) == 0) {
+    for (const std::string& name : names) {
       bool temporary = false;
       const long pid = leftover_pid(name, temporary);
       if (pid <= 0 || pid == self) continue;
-      if (::unlink((dir + "/" + name).c_str()) == 0) ++removed;
+      if (env.remove(dir + "/" + name) == 0) ++removed;
     }
-    ::closedir(d);
   }
   for (const std::string& f : also)
-    if (::unlink((dir + "/" + f).c_str()) == 0) ++removed;
+    if (env.remove(dir + "/" + f) == 0) ++removed;
   return removed;
 }
 

@@ -77,7 +77,7 @@ TEST_CASE("saving over a directory, a FIFO or a device is refused and leaves it 
   const std::size_t fds = open_descriptors();
   CHECK(refusal([&] { save_checkpoint(p.fifo, c); }) == p.fifo + ": not a regular file (a FIFO, socket or device)");
   CHECK(refusal([&] { save_checkpoint(p.device, c); }) == p.device + ": not a regular file (a FIFO, socket or device)");
-  CHECK(refusal([&] { write_file_atomically(p.fifo, "x\n"); }) ==
+  CHECK(refusal([&] { write_file_atomically(Env::posix(), p.fifo, "x\n"); }) ==
         p.fifo + ": not a regular file (a FIFO, socket or device)");
   CHECK(open_descriptors() == fds);
   struct stat st {};

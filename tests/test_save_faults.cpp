@@ -34,7 +34,7 @@
 
 using namespace engine;
 namespace fs = std::filesystem;
-using file_ops::Step;
+using file_faults::Step;
 
 namespace {
 
@@ -92,20 +92,21 @@ TEST_CASE("a save failing at any step with any disk error keeps the previous fil
   const std::string path = dir + "/last.h5";
   save_checkpoint(path, state(1.0f));
   const auto before = read_bytes(path);
+  file_faults::FaultyEnv env;
   // Write: the first piece (the payload) and the second (the header written last).
   const Case cases[] = {{Step::Create, 0}, {Step::Write, 0}, {Step::Write, 1}, {Step::Fsync, 0},
                         {Step::Close, 0},  {Step::Rename, 0}, {Step::DirFsync, 0}};
   int tried = 0;
   for (const Case& c : cases) {
     for (int err : {ENOSPC, EIO, EDQUOT, EFBIG}) {
-      CAPTURE(file_ops::step_name(c.step));
+      CAPTURE(file_faults::step_name(c.step));
       CAPTURE(c.skip);
       CAPTURE(std::strerror(err));
       bool write_error = false;
       std::string msg;
       {
-        file_faults::ScopedFault fault({c.step, err, c.skip, 1});
-        msg = error_of([&] { save_checkpoint(path, state(2.0f)); }, &write_error);
+        file_faults::ScopedFault fault(env, {c.step, err, c.skip, 1});
+        msg = error_of([&] { save_checkpoint(path, state(2.0f), &env); }, &write_error);
         CHECK(fault.injected() == 1);
       }
       CHECK(write_error);
@@ -128,10 +129,11 @@ TEST_CASE("a save failing at any step with any disk error keeps the previous fil
 TEST_CASE("a first save that fails leaves no file at all") {
   const std::string dir = test_util::fresh_dir("save_faults_first");
   const std::string path = dir + "/best.h5";
+  file_faults::FaultyEnv env;
   for (Step step : {Step::Write, Step::Rename, Step::DirFsync}) {
-    CAPTURE(file_ops::step_name(step));
-    file_faults::ScopedFault fault({step, ENOSPC, 0, 1});
-    CHECK(error_of([&] { save_checkpoint(path, state(1.0f)); }).find("No space left on device") != std::string::npos);
+    CAPTURE(file_faults::step_name(step));
+    file_faults::ScopedFault fault(env, {step, ENOSPC, 0, 1});
+    CHECK(error_of([&] { save_checkpoint(path, state(1.0f), &env); }).find("No space left on device") != std::string::npos);
     CHECK(!fs::exists(path));
     CHECK(hidden_in(dir).empty());
   }
@@ -141,9 +143,10 @@ TEST_CASE("the message names the step") {
   const std::string dir = test_util::fresh_dir("save_faults_words");
   const std::string path = dir + "/last.h5";
   save_checkpoint(path, state(1.0f));
+  file_faults::FaultyEnv env;
   auto message = [&](Step step) {
-    file_faults::ScopedFault fault({step, EIO, 0, 1});
-    return error_of([&] { save_checkpoint(path, state(2.0f)); });
+    file_faults::ScopedFault fault(env, {step, EIO, 0, 1});
+    return error_of([&] { save_checkpoint(path, state(2.0f), &env); });
   };
   const std::string tmp = dir + "/.last.h5.tmp." + std::to_string(getpid());
   CHECK(message(Step::Create) == path + ": cannot create temporary file " + tmp + ": Input/output error");
@@ -198,15 +201,16 @@ TEST_CASE("a real EFBIG (RLIMIT_FSIZE), SIGXFSZ ignored or not, keeps the previo
 TEST_CASE("write_file_atomically replaces a file whole, or leaves it as it was") {
   const std::string dir = test_util::fresh_dir("atomic_small");
   const std::string path = dir + "/metrics.jsonl";
-  write_file_atomically(path, "one\n");
+  file_faults::FaultyEnv env;
+  write_file_atomically(env, path, "one\n");
   for (Step step : {Step::Create, Step::Write, Step::Fsync, Step::Rename, Step::DirFsync}) {
-    CAPTURE(file_ops::step_name(step));
-    file_faults::ScopedFault fault({step, EDQUOT, 0, 1});
-    CHECK(error_of([&] { write_file_atomically(path, "two\n"); }).find("Disk quota exceeded") != std::string::npos);
+    CAPTURE(file_faults::step_name(step));
+    file_faults::ScopedFault fault(env, {step, EDQUOT, 0, 1});
+    CHECK(error_of([&] { write_file_atomically(env, path, "two\n"); }).find("Disk quota exceeded") != std::string::npos);
     CHECK(test_util::read_lines(path) == std::vector<std::string>{"one"});
     CHECK(hidden_in(dir).empty());
   }
-  write_file_atomically(path, "two\n");
+  write_file_atomically(env, path, "two\n");
   CHECK(test_util::read_lines(path) == std::vector<std::string>{"two"});
 }
 
@@ -244,7 +248,7 @@ std::string small_cli_run(const std::string& run_dir) {
 }
 
 // Makes every file write of one epoch (its checkpoints and metrics.jsonl) fail, and
-// keeps the bytes last.h5 had when that epoch began.
+// keeps the bytes last.h5 had when that epoch began. The trainer takes env().
 class FailingEpoch : public TrainerObserver {
  public:
   FailingEpoch(std::string run_dir, int64_t epoch, int error) : dir_(std::move(run_dir)), epoch_(epoch), error_(error) {}
@@ -252,8 +256,9 @@ class FailingEpoch : public TrainerObserver {
     fault_.reset();
     if (epoch != epoch_) return;
     last_before = read_bytes(dir_ + "/last.h5");
-    fault_.emplace(file_faults::Fault{Step::Write, error_, 0, -1});
+    fault_.emplace(env_, file_faults::Fault{Step::Write, error_, 0, -1});
   }
+  Env* env() { return &env_; }
   void on_message(const std::string& m) override { messages.push_back(m); }
   void stop_failing() { fault_.reset(); }
   std::vector<std::string> messages;
@@ -263,6 +268,7 @@ class FailingEpoch : public TrainerObserver {
   std::string dir_;
   int64_t epoch_;
   int error_;
+  file_faults::FaultyEnv env_;
   std::optional<file_faults::ScopedFault> fault_;
 };
 
@@ -292,7 +298,7 @@ TEST_CASE("checkpoint.on_error = stop: a failed save stops the run; it resumes b
   {
     FailingEpoch obs(dir, 2, ENOSPC);
     const Config t_cfg = small_config(dir, "stop", Writer::TrainingThread);
-    Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &obs);
+    Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &obs, SplitsNeeded::All, nullptr, nullptr, obs.env());
     bool write_error = false;
     const std::string msg = error_of([&] { test_util::fit_in_run_dir(t); }, &write_error);
     obs.stop_failing();
@@ -319,7 +325,7 @@ TEST_CASE("checkpoint.on_error = continue: a failed save warns, training goes on
   const std::string dir = test_util::fresh_dir("save_faults_continue");
   FailingEpoch obs(dir, 2, EIO);
   const Config t_cfg = small_config(dir, "continue", Writer::TrainingThread);
-  Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &obs);
+  Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &obs, SplitsNeeded::All, nullptr, nullptr, obs.env());
   REQUIRE(test_util::fit_in_run_dir(t).ending == FitResult::Ending::Completed);
   int warnings = 0;
   for (const std::string& m : obs.messages)
@@ -371,8 +377,9 @@ TEST_CASE("checkpoint.async: a save the disk refuses surfaces at the next step o
       if (epoch != 2) return;
       run->flush(*trainer);  // epoch 1's files are complete before the disk "fills up"
       last_before = read_bytes(dir_ + "/last.h5");
-      fault.emplace(file_faults::Fault{Step::Write, ENOSPC, 0, -1});
+      fault.emplace(env, file_faults::Fault{Step::Write, ENOSPC, 0, -1});
     }
+    file_faults::FaultyEnv env;
     std::optional<file_faults::ScopedFault> fault;
     std::vector<unsigned char> last_before;
     RunDirectory* run = nullptr;
@@ -382,7 +389,7 @@ TEST_CASE("checkpoint.async: a save the disk refuses surfaces at the next step o
     std::string dir_;
   } obs(dir);
   const Config t_cfg = small_config(dir, "stop", Writer::Async);
-  Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &obs);
+  Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &obs, SplitsNeeded::All, nullptr, nullptr, &obs.env);
   RunDirectory run(t);
   obs.run = &run;
   obs.trainer = &t;

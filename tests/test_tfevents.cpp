@@ -272,15 +272,15 @@ TEST_CASE("write_run_events keeps one file per run and rewrites it whole (resume
   const fs::path dir = test_util::scratch_root("test_tfevents") / "run";
   fs::create_directories(dir);
   const auto h = history(5);
-  const std::string p1 = tfevents::write_run_events(dir.string(), {h.begin(), h.begin() + 2}, std::nullopt);
+  const std::string p1 = tfevents::write_run_events(Env::posix(), dir.string(), {h.begin(), h.begin() + 2}, std::nullopt);
   CHECK(fs::path(p1).parent_path() == dir / "tensorboard");
   CHECK(fs::path(p1).filename().string().rfind("events.out.tfevents.", 0) == 0);
   // Later epochs and a "resume" from an earlier checkpoint (a shorter history) rewrite
   // the same file; no temporary file is left behind.
-  const std::string p2 = tfevents::write_run_events(dir.string(), h, std::nullopt);
+  const std::string p2 = tfevents::write_run_events(Env::posix(), dir.string(), h, std::nullopt);
   CHECK(p2 == p1);
   CHECK(unframe(read_file(p2)).size() == 1 + 5);
-  const std::string p3 = tfevents::write_run_events(dir.string(), {h.begin(), h.begin() + 3}, std::nullopt);
+  const std::string p3 = tfevents::write_run_events(Env::posix(), dir.string(), {h.begin(), h.begin() + 3}, std::nullopt);
   CHECK(p3 == p1);
   const std::vector<std::string> recs = unframe(read_file(p3));
   REQUIRE(recs.size() == 1 + 3);
@@ -297,7 +297,7 @@ TEST_CASE("an unwritable run directory is a one-line error naming the path") {
   fs::create_directories(dir);
   std::ofstream(dir / "tensorboard") << "a file where the directory should be";
   try {
-    tfevents::write_run_events(dir.string(), history(1), std::nullopt);
+    tfevents::write_run_events(Env::posix(), dir.string(), history(1), std::nullopt);
     FAIL("expected an error");
   } catch (const std::runtime_error& e) {
     const std::string what = e.what();

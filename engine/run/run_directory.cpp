@@ -9,6 +9,7 @@
 #include <array>
 #include <deque>
 #include <functional>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -32,7 +33,14 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Env& env, Clock::time_point t0) {
+  return std::chrono::duration<double>(env.monotonic_now() - t0).count();
+}
+
+// What the std::filesystem call this stands for throws, worded as it words it.
+[[noreturn]] void throw_filesystem_error(const char* what, const std::string& path, int err) {
+  throw fs::filesystem_error(what, fs::path(path), std::error_code(err, std::generic_category()));
+}
 
 std::string file_for(CheckpointKind kind, int64_t epochs_done) {
   switch (kind) {
@@ -83,12 +91,12 @@ struct RunDirectory::Impl {
   };
 
   Impl(Trainer& t, std::optional<RunDirLock> given)
-      : trainer(t), cfg(t.config()), dir(cfg.checkpoint.dir), prototype(t.model().new_instance()) {
-    fs::create_directories(dir);
+      : trainer(t), env(t.env()), cfg(t.config()), dir(cfg.checkpoint.dir), prototype(t.model().new_instance()) {
+    if (env.make_dirs(dir) != 0) throw_filesystem_error("cannot create directories", dir, errno);
     // One writer per run directory, for as long as this lives (run_lock.h).
     if (given && fs::equivalent(given->dir(), dir)) lock.emplace(std::move(*given));
-    else lock.emplace(RunDirLock::acquire(dir));
-    sweep_dead_writers(dir, {std::string(run_files::kTensorBoard) + "/" + run_files::kEventsRewrite});
+    else lock.emplace(RunDirLock::acquire(dir, &env));
+    sweep_dead_writers(env, dir, {std::string(run_files::kTensorBoard) + "/" + run_files::kEventsRewrite});
     if (cfg.checkpoint.async) writer = std::thread([this] { writer_loop(); });
   }
 
@@ -120,46 +128,49 @@ struct RunDirectory::Impl {
   // (save_checkpoint), verify, rotate milestones. Metrics: metrics.jsonl, TensorBoard.
   // On the writer thread, or on the training thread without checkpoint.async.
   void run_job(const Job& j) {
-    const auto t0 = Clock::now();
+    const auto t0 = env.monotonic_now();
     std::exception_ptr error;
     try {
       if (j.state) {
         kernels::cuda::wait_for(j.copies_done);
-        save_checkpoint(j.path, *j.state);
-        if (cfg.checkpoint.verify) verify_saved_checkpoint(j.path, *j.state, *prototype);
+        save_checkpoint(j.path, *j.state, &env);
+        if (cfg.checkpoint.verify) verify_saved_checkpoint(j.path, *j.state, *prototype, env);
         if (j.kind == CheckpointKind::Milestone) rotate_milestones();
       } else {
         // Replaced like a checkpoint: a crash leaves the old or the new file, never a torn one.
-        write_file_atomically(j.path, j.text);
-        if (cfg.logging.tensorboard) tfevents::write_run_events(dir, j.history, j.test);
+        write_file_atomically(env, j.path, j.text);
+        if (cfg.logging.tensorboard) tfevents::write_run_events(env, dir, j.history, j.test);
       }
     } catch (...) {
       error = std::current_exception();
     }
     std::lock_guard<std::mutex> g(mutex);
     if (j.state) {
-      records[j.record].total_seconds = seconds_since(j.requested);
-      slowest_write = std::max(slowest_write, seconds_since(t0));
+      records[j.record].total_seconds = seconds_since(env, j.requested);
+      slowest_write = std::max(slowest_write, seconds_since(env, t0));
     }
     outcomes.push_back({j.path, j.kind, j.state != nullptr, error});
   }
 
   // Keep the newest keep_last milestones, plus those named in keep_epochs.
   void rotate_milestones() {
+    std::vector<std::string> names;
+    if (env.list_dir(dir, names) != 0) throw_filesystem_error("directory iterator cannot open directory", dir, errno);
     std::vector<std::pair<int64_t, fs::path>> milestones;
-    for (const auto& entry : fs::directory_iterator(dir)) {
-      const std::string f = entry.path().filename().string();
+    for (const std::string& f : names) {
       long long e = 0;
       char tail[8] = {0};
       if (std::sscanf(f.c_str(), "epoch_%lld.%3s", &e, tail) == 2 && std::string(tail) == "h5" && f.size() == 13)
-        milestones.emplace_back(e, entry.path());
+        milestones.emplace_back(e, fs::path(dir) / f);
     }
     std::sort(milestones.rbegin(), milestones.rend());
     int64_t kept = 0;
     for (auto& [e, p] : milestones) {
       const auto& pinned = cfg.checkpoint.keep_epochs;
       if (std::count(pinned.begin(), pinned.end(), e) > 0) continue;
-      if (kept++ >= cfg.checkpoint.keep_last) fs::remove(p);
+      if (kept++ < cfg.checkpoint.keep_last || env.remove(p.string()) == 0) continue;
+      const int err = errno;
+      if (err != ENOENT) throw_filesystem_error("cannot remove", p.string(), err);  // gone already: no error
     }
   }
 
@@ -260,6 +271,7 @@ struct RunDirectory::Impl {
   }
 
   Trainer& trainer;
+  Env& env;  // the trainer's: this directory's files and timings, the writer thread's too
   const Config cfg;
   const std::string dir;
   std::optional<RunDirLock> lock;
@@ -296,7 +308,7 @@ std::vector<SaveRecord> RunDirectory::saves() const {
 
 void RunDirectory::save(Trainer& trainer, CheckpointKind kind) {
   Impl& m = *impl_;
-  const auto t0 = Clock::now();
+  const auto t0 = m.env.monotonic_now();
   const std::string file = file_for(kind, trainer.epochs_done());
   // Saves in a row with nothing trained between them (last.h5, then best.h5 or a
   // milestone, at an epoch's end) hold the same state: they share one snapshot.
@@ -317,7 +329,7 @@ void RunDirectory::save(Trainer& trainer, CheckpointKind kind) {
   // An end-of-epoch save follows the epoch's ++epoch; a mid-epoch one is in the next.
   record.epoch = trainer.epochs_done() + (kind == CheckpointKind::MidEpoch ? 1 : 0);
   record.global_step = trainer.global_step();
-  record.stall_seconds = seconds_since(t0);
+  record.stall_seconds = seconds_since(m.env, t0);
   Impl::Job job;
   job.path = path(file);
   job.kind = kind;
@@ -334,7 +346,7 @@ void RunDirectory::save(Trainer& trainer, CheckpointKind kind) {
   m.submit(std::move(job));
   if (inline_write) {
     std::lock_guard<std::mutex> g(m.mutex);
-    m.records.back().stall_seconds = seconds_since(t0);  // checkpoint.async off: all of it
+    m.records.back().stall_seconds = seconds_since(m.env, t0);  // checkpoint.async off: all of it
   }
   if (inline_write) m.report_outcomes();
 }

@@ -2,14 +2,17 @@
 #include "engine/run_files.h"
 #include "core/utc_time.h"
 
+#include <cerrno>
 #include <cstdio>
-#include <ctime>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <stdexcept>
 #include <system_error>
 #include <vector>
+
+#include "io/read_file.h"
 
 namespace engine {
 
@@ -30,37 +33,58 @@ bool run_files::is_run_file(const std::string& n) {
   return n.size() > 1 && n[0] == '.' && n.find(".tmp.") != std::string::npos;  // .last.h5.tmp.PID
 }
 
-MovedAside move_previous_run_aside(const std::string& dir) {
+namespace {
+
+// std::filesystem::exists, through `env`: a failure other than "not there" throws as it does.
+bool exists(Env& env, const fs::path& p) {
+  FileInfo info;
+  if (env.stat(p.string(), info) == 0) return true;
+  const int err = errno;
+  if (err == ENOENT || err == ENOTDIR) return false;
+  throw fs::filesystem_error("status", p, std::error_code(err, std::generic_category()));
+}
+
+}  // namespace
+
+MovedAside move_previous_run_aside(const std::string& dir, Env* env_given) {
+  Env& env = env_or_posix(env_given);
+  std::vector<std::string> names;
+  if (env.list_dir(dir, names) != 0) {
+    const int err = errno;
+    throw std::runtime_error(dir + ": cannot list the run directory: " + std::strerror(err));
+  }
   std::vector<fs::path> old;
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
-    if (run_files::is_run_file(e.path().filename().string())) old.push_back(e.path());
-  if (ec) throw std::runtime_error(dir + ": cannot list the run directory: " + ec.message());
+  for (const std::string& name : names)
+    if (run_files::is_run_file(name)) old.push_back(fs::path(dir) / name);
   MovedAside moved;
   if (old.empty()) return moved;
   fs::path run = fs::absolute(fs::path(dir)).lexically_normal();
   if (run.filename().empty()) run = run.parent_path();  // "runs/x/"
-  const std::string stamp = utc_now(UtcFormat::Compact);
+  const std::string stamp = utc_text(env.wall_now(), UtcFormat::Compact);
   fs::path aside = run.parent_path() / (run.filename().string() + ".replaced-" + stamp);
-  for (int i = 2; fs::exists(aside); ++i)
+  for (int i = 2; exists(env, aside); ++i)
     aside = run.parent_path() / (run.filename().string() + ".replaced-" + stamp + "-" + std::to_string(i));
-  fs::create_directories(aside, ec);
-  if (ec)
+  if (env.make_dirs(aside.string()) != 0) {
+    const int err = errno;
     throw std::runtime_error(aside.string() + ": cannot create a directory for the previous run's files: " +
-                             ec.message());
+                             std::strerror(err));
+  }
   for (const fs::path& p : old) {
-    fs::rename(p, aside / p.filename(), ec);
-    if (ec)
-      throw std::runtime_error(p.string() + ": cannot move it aside to " + aside.string() + ": " + ec.message() +
-                               " (move or remove the previous run's files yourself)");
+    if (env.rename(p.string(), (aside / p.filename()).string()) != 0) {
+      const int err = errno;
+      throw std::runtime_error(p.string() + ": cannot move it aside to " + aside.string() + ": " +
+                               std::strerror(err) + " (move or remove the previous run's files yourself)");
+    }
   }
   moved.dir = aside.string();
   moved.files = old.size();
   return moved;
 }
 
-bool test_result_recorded(const std::string& run_dir) {
-  std::ifstream in(fs::path(run_dir) / run_files::kMetrics);
+bool test_result_recorded(const std::string& run_dir, Env* env) {
+  std::string text;
+  if (read_whole_file(env_or_posix(env), (fs::path(run_dir) / run_files::kMetrics).string(), text) != 0) return false;
+  std::istringstream in(text);
   std::string line, last;
   while (std::getline(in, line))
     if (!line.empty()) last = line;

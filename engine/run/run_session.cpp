@@ -2,9 +2,10 @@
 // rank or several; rank 0 alone owns the run directory.
 #include "engine/run_session.h"
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
+#include <cstring>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -34,19 +35,19 @@ std::shared_ptr<Collective> process_job() {
 
 // <dir>, created when absent, and its lock: taken before the data is loaded, so that a
 // second writer is refused at once.
-RunDirLock lock_run_dir(const std::string& dir) {
-  try {
-    std::filesystem::create_directories(dir);
-  } catch (const std::filesystem::filesystem_error& e) {
-    throw std::runtime_error(dir + ": cannot create the run directory: " + e.code().message());
+RunDirLock lock_run_dir(Env& env, const std::string& dir) {
+  if (env.make_dirs(dir) != 0) {
+    const int err = errno;
+    throw std::runtime_error(dir + ": cannot create the run directory: " + std::strerror(err));
   }
-  return RunDirLock::acquire(dir);  // RunDirBusy naming the holder
+  return RunDirLock::acquire(dir, &env);  // RunDirBusy naming the holder
 }
 
 }  // namespace
 
 struct RunSession::Impl {
   Config cfg;
+  Env* env = nullptr;  // RunSessionOptions::env
   Device device;
   std::shared_ptr<Collective> comm;  // outlives the trainer, which uses it; shared with g_job
   std::optional<RunDirLock> lock;    // rank 0, until start() hands it to the RunDirectory
@@ -57,6 +58,7 @@ struct RunSession::Impl {
 RunSession::RunSession(Config cfg, const RunSessionOptions& options) : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.cfg = std::move(cfg);
+  s.env = &env_or_posix(options.env);
   s.device = resolve_device(s.cfg.device);
   s.comm = std::shared_ptr<Collective>(make_run_collective(s.cfg.dist.backend, s.device, detect_launch(),
                                                            CollectiveOptions{s.cfg.dist.timeout_s}));
@@ -66,7 +68,7 @@ RunSession::RunSession(Config cfg, const RunSessionOptions& options) : impl_(std
   }
   if (options.quiet_other_ranks && !writes_run_dir() && !std::freopen("/dev/null", "w", stdout))
     throw std::runtime_error("cannot silence stdout");
-  if (writes_run_dir()) s.lock.emplace(lock_run_dir(s.cfg.checkpoint.dir));
+  if (writes_run_dir()) s.lock.emplace(lock_run_dir(*s.env, s.cfg.checkpoint.dir));
 }
 
 RunSession::~RunSession() = default;
@@ -82,7 +84,7 @@ Trainer& RunSession::start(std::unique_ptr<Model> model, TrainerObserver* observ
   if (s.trainer) throw std::logic_error("RunSession::start: the session has started already");
   apply_process_settings(s.cfg);  // cuda.deterministic is process-wide
   s.trainer = std::make_unique<Trainer>(s.cfg, s.device, std::move(model), observer, SplitsNeeded::All,
-                                        std::move(data), s.comm.get());
+                                        std::move(data), s.comm.get(), s.env);
   if (writes_run_dir()) {
     s.run_dir = std::make_unique<RunDirectory>(*s.trainer, std::move(s.lock));
     s.lock.reset();
@@ -100,7 +102,7 @@ RunDirectory* RunSession::run_directory() { return impl_->run_dir.get(); }
 StartAgreement RunSession::agree_on_start(const std::string& checkpoint_path) {
   Trainer& t = trainer();
   if (size() == 1) return {};
-  return engine::agree_on_start(*impl_->comm, impl_->cfg, t.dataset(), checkpoint_path);
+  return engine::agree_on_start(*impl_->comm, impl_->cfg, t.dataset(), checkpoint_path, impl_->env);
 }
 
 FitResult RunSession::fit(const StopPlan& stop) {

@@ -1,6 +1,5 @@
 #include "run/tfevents.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -67,40 +66,33 @@ std::string host_name() {
   throw CheckpointWriteError(path + ": cannot write TensorBoard events (" + what + ")");
 }
 
-void write_file_synced(const std::string& path, const std::string& bytes) {
+void write_file_synced(Env& env, const std::string& path, const std::string& bytes) {
   const ScopedSigxfszBlock no_sigxfsz;  // EFBIG, not death, past `ulimit -f`
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = env.create(path, 0644);
   if (fd < 0) fail(path, std::strerror(errno));
   std::size_t done = 0;
   while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    const ssize_t n = env.pwrite(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const std::string err = std::strerror(n < 0 ? errno : EIO);
-      ::close(fd);
-      ::unlink(path.c_str());
+      env.close(fd);
+      env.remove(path);
       fail(path, err);
     }
     done += static_cast<std::size_t>(n);
   }
-  if (::fsync(fd) != 0) {
+  if (env.fsync(fd) != 0) {
     const std::string err = std::strerror(errno);
-    ::close(fd);
-    ::unlink(path.c_str());
+    env.close(fd);
+    env.remove(path);
     fail(path, err);
   }
-  if (::close(fd) != 0) {
+  if (env.close(fd) != 0) {
     const std::string err = std::strerror(errno);
-    ::unlink(path.c_str());
+    env.remove(path);
     fail(path, err);
   }
-}
-
-void fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;  // best effort: the rename itself is atomic
-  ::fsync(fd);
-  ::close(fd);
 }
 
 }  // namespace
@@ -154,25 +146,30 @@ std::string run_events(double start_time, const std::vector<EpochMetrics>& histo
   return out;
 }
 
-std::string write_run_events(const std::string& run_dir, const std::vector<EpochMetrics>& history,
+std::string write_run_events(Env& env, const std::string& run_dir, const std::vector<EpochMetrics>& history,
                              const std::optional<EvalResult>& test) {
   const fs::path dir = fs::path(run_dir) / run_files::kTensorBoard;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) fail(dir.string(), ec.message());
+  if (env.make_dirs(dir.string()) != 0) {
+    const int err = errno;
+    fail(dir.string(), std::strerror(err));
+  }
   // Keep the name of the file an earlier session of this run wrote (the first, should
-  // there be several); its <start> field is the start_time of every wall time.
+  // there be several); its <start> field is the start_time of every wall time. A
+  // directory that cannot be listed starts a new file.
   std::string name;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string f = entry.path().filename().string();
-    if (f.rfind(kFilePrefix, 0) == 0 && entry.is_regular_file() && (name.empty() || f < name))
+  std::vector<std::string> names;
+  if (env.list_dir(dir.string(), names) != 0) names.clear();
+  for (const std::string& f : names) {
+    FileInfo info;
+    if (f.rfind(kFilePrefix, 0) == 0 && env.stat((dir / f).string(), info) == 0 && info.kind == FileKind::Regular &&
+        (name.empty() || f < name))
       name = f;
   }
   double start_time = 0;
   if (!name.empty()) {
     start_time = std::strtod(name.c_str() + std::strlen(kFilePrefix), nullptr);
   } else {
-    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    const auto now = env.wall_now().time_since_epoch();
     const long long secs = std::chrono::duration_cast<std::chrono::seconds>(now).count();
     name = kFilePrefix + std::to_string(secs) + "." + host_name();
     start_time = static_cast<double>(secs);
@@ -180,10 +177,12 @@ std::string write_run_events(const std::string& run_dir, const std::vector<Epoch
   const fs::path path = dir / name;
   // The temporary name lacks "tfevents", so TensorBoard never reads a half-written file.
   const fs::path tmp = dir / run_files::kEventsRewrite;
-  write_file_synced(tmp.string(), run_events(start_time, history, test));
-  fs::rename(tmp, path, ec);
-  if (ec) fail(path.string(), ec.message());
-  fsync_dir(dir);
+  write_file_synced(env, tmp.string(), run_events(start_time, history, test));
+  if (env.rename(tmp.string(), path.string()) != 0) {
+    const int err = errno;
+    fail(path.string(), std::strerror(err));
+  }
+  (void)env.fsync_dir(dir.string());  // best effort: the rename itself is atomic
   return path.string();
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/env.h"
 #include "engine/epoch_metrics.h"
 
 namespace engine::tfevents {
@@ -38,8 +39,8 @@ std::string run_events(double start_time, const std::vector<EpochMetrics>& histo
 // and with it start_time, is kept from an existing event file in that directory, so a
 // resumed run extends its file instead of adding a second one; a resumed run therefore
 // neither duplicates nor loses epochs. Returns the path; throws CheckpointWriteError
-// naming the file on failure.
-std::string write_run_events(const std::string& run_dir, const std::vector<EpochMetrics>& history,
+// naming the file on failure. Every call, and the clock a new file's name takes, through `env`.
+std::string write_run_events(Env& env, const std::string& run_dir, const std::vector<EpochMetrics>& history,
                              const std::optional<EvalResult>& test);
 
 }  // namespace engine::tfevents

@@ -59,7 +59,7 @@ FitResult Trainer::fit(const StopPlan& stop, RunSink* sink) {
 FitResult Trainer::fit_loop(const StopPlan& stop) {
   FitResult result;
   if (stop.time_limit_seconds)
-    time_budget_ = std::make_unique<TimeBudget>(stop.time_limit_from.value_or(Clock::now()),
+    time_budget_ = std::make_unique<TimeBudget>(env_, stop.time_limit_from.value_or(env_.monotonic_now()),
                                                 *stop.time_limit_seconds);
   stop_cause_ = FitResult::StopCause::None;
   auto stopped = [&](FitResult::StopCause cause) {
@@ -84,11 +84,11 @@ FitResult Trainer::fit_loop(const StopPlan& stop) {
       observer_->on_message(time_limit_message());
       return stopped(FitResult::StopCause::TimeLimit);
     }
-    const auto t0 = Clock::now();
+    const auto t0 = env_.monotonic_now();
     bool interrupted = false;
     train_epoch(interrupted);
     if (interrupted) return stopped(stop_cause_);
-    end_epoch(seconds_since(t0), stop_early, interrupted);
+    end_epoch(seconds_since(env_, t0), stop_early, interrupted);
     if (interrupted) return stopped(stop_cause_);
   }
   result.epochs_done = epoch_;
@@ -144,7 +144,7 @@ void Trainer::train_epoch(bool& interrupted) {
   const int batch = cfg_.data.batch_size;
   const int64_t steps = steps_per_epoch();
   observer_->on_epoch_begin(epoch_ + 1, cfg_.train.epochs, steps);
-  const auto t0 = Clock::now();
+  const auto t0 = env_.monotonic_now();
   auto last_report = t0;
   const int64_t first_step = step_in_epoch_;
   while (step_in_epoch_ < steps) {
@@ -159,9 +159,9 @@ void Trainer::train_epoch(bool& interrupted) {
       interrupted = true;
       return;
     }
-    const auto step_t0 = Clock::now();
+    const auto step_t0 = env_.monotonic_now();
     run_step();
-    if (time_budget_) time_budget_->record_step(seconds_since(step_t0));
+    if (time_budget_) time_budget_->record_step(seconds_since(env_, step_t0));
     call_sink([&] { sink_->after_step(*this); });
 
     const bool epoch_done = step_in_epoch_ == steps;
@@ -194,10 +194,10 @@ void Trainer::train_epoch(bool& interrupted) {
       interrupted = true;
       return;
     }
-    const auto now = Clock::now();
+    const auto now = env_.monotonic_now();
     if (epoch_done || now - last_report > std::chrono::milliseconds(200)) {
       last_report = now;
-      const double secs = seconds_since(t0);
+      const double secs = seconds_since(env_, t0);
       const int64_t done_samples = std::min(n, step_in_epoch_ * batch);
       const int64_t this_run = done_samples - std::min(n, first_step * batch);
       Progress p;

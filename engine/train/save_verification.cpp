@@ -58,8 +58,8 @@ void compare_group(const std::string& path, const std::string& group, const Stat
 
 }  // namespace
 
-void verify_saved_checkpoint(const std::string& path, const Checkpoint& written, const Model& prototype) {
-  const Checkpoint reloaded = load_checkpoint(path);
+void verify_saved_checkpoint(const std::string& path, const Checkpoint& written, const Model& prototype, Env& env) {
+  const Checkpoint reloaded = load_checkpoint(path, &env);
   for (const auto& [name, group] : written.groups) {
     auto it = reloaded.groups.find(name);
     if (it == reloaded.groups.end()) fail(path, "group " + name + " is missing from the file");

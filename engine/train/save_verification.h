@@ -18,7 +18,8 @@ namespace engine {
 // images: the forward is a deterministic function of that state (the rest is the model's
 // code, which a reload does not change), so it caught nothing this does not, and this also
 // covers the optimizer, counters, RNG and metrics, which the forward never looked at.
-// `written` may hold tensors on any device. Safe to call on any thread.
-void verify_saved_checkpoint(const std::string& path, const Checkpoint& written, const Model& prototype);
+// `written` may hold tensors on any device. Safe to call on any thread. Reads through
+// `env`, the Env the file was saved through.
+void verify_saved_checkpoint(const std::string& path, const Checkpoint& written, const Model& prototype, Env& env);
 
 }  // namespace engine

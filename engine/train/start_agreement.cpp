@@ -3,10 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <vector>
+
+#include "io/read_file.h"
 
 namespace engine {
 namespace {
@@ -113,16 +114,11 @@ void hash_split(Hash64& h, const SplitData& s) {
 }
 
 // The bytes of the file, 0 for "" (no checkpoint: starting fresh).
-uint64_t file_hash(const std::string& path) {
+uint64_t file_hash(Env& env, const std::string& path) {
   if (path.empty()) return 0;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(path + ": cannot read the checkpoint to resume from");
   Hash64 h;
-  std::vector<char> buf(1 << 20);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    h.add(buf.data(), static_cast<std::size_t>(in.gcount()));
-  }
+  if (read_file_in_pieces(env, path, std::size_t(1) << 20, [&](const char* data, std::size_t n) { h.add(data, n); }) != 0)
+    throw std::runtime_error(path + ": cannot read the checkpoint to resume from");
   return h.value() | 1;  // never 0, which means "none"
 }
 
@@ -132,18 +128,19 @@ std::string rank_list(const std::vector<int>& ranks) {
   return s;
 }
 
-double ms_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+double ms_since(Env& env, std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(env.monotonic_now() - t).count();
 }
 
 }  // namespace
 
 StartAgreement agree_on_start(Collective& comm, const Config& cfg, Dataset& data,
-                              const std::string& checkpoint_path) {
+                              const std::string& checkpoint_path, Env* env_given) {
   StartAgreement out;
   const int w = comm.size();
   if (w == 1) return out;
-  const auto t0 = std::chrono::steady_clock::now();
+  Env& env = env_or_posix(env_given);
+  const auto t0 = env.monotonic_now();
 
   const nlohmann::json config = comparable_config(cfg);
   const std::string config_text = config.dump();
@@ -157,9 +154,9 @@ StartAgreement agree_on_start(Collective& comm, const Config& cfg, Dataset& data
   mine[kBuild] = build_hash();
   {
     // The test split is read now instead of after training (it is kept: read once).
-    const auto load = std::chrono::steady_clock::now();
+    const auto load = env.monotonic_now();
     data.get(Split::Test);
-    out.test_load_ms = ms_since(load);
+    out.test_load_ms = ms_since(env, load);
     Hash64 h;
     for (const Split s : {Split::Train, Split::Val, Split::Test}) {
       const SplitData& d = data.get(s);
@@ -170,10 +167,10 @@ StartAgreement agree_on_start(Collective& comm, const Config& cfg, Dataset& data
     }
     mine[kData] = h.value();
   }
-  mine[kCheckpoint] = file_hash(checkpoint_path);
-  out.hash_ms = ms_since(t0) - out.test_load_ms;
+  mine[kCheckpoint] = file_hash(env, checkpoint_path);
+  out.hash_ms = ms_since(env, t0) - out.test_load_ms;
 
-  const auto t1 = std::chrono::steady_clock::now();
+  const auto t1 = env.monotonic_now();
   std::vector<uint64_t> all(static_cast<std::size_t>(kItems * w));
   comm.allgather(mine.data(), kItems * sizeof(uint64_t), all.data());
   std::vector<int> differ[kItems];
@@ -181,7 +178,7 @@ StartAgreement agree_on_start(Collective& comm, const Config& cfg, Dataset& data
     for (int i = 0; i < kItems; ++i)
       if (all[static_cast<std::size_t>(r * kItems + i)] != all[static_cast<std::size_t>(i)]) differ[i].push_back(r);
   if (std::all_of(std::begin(differ), std::end(differ), [](const std::vector<int>& v) { return v.empty(); })) {
-    out.exchange_ms = ms_since(t1);
+    out.exchange_ms = ms_since(env, t1);
     return out;
   }
 

@@ -4,11 +4,11 @@
 
 namespace engine {
 
-TimeBudget::TimeBudget(Clock::time_point start, double limit_seconds)
-    : start_(start), limit_(limit_seconds) {}
+TimeBudget::TimeBudget(Env& env, Clock::time_point start, double limit_seconds)
+    : env_(env), start_(start), limit_(limit_seconds) {}
 
 double TimeBudget::remaining() const {
-  return limit_ - std::chrono::duration<double>(Clock::now() - start_).count();
+  return limit_ - std::chrono::duration<double>(env_.monotonic_now() - start_).count();
 }
 
 double TimeBudget::margin() const { return std::max(0.25, 0.02 * limit_); }

@@ -6,12 +6,15 @@
 #include <chrono>
 #include <cstdint>
 
+#include "engine/env.h"
+
 namespace engine {
 
 class TimeBudget {
  public:
   using Clock = std::chrono::steady_clock;
-  TimeBudget(Clock::time_point start, double limit_seconds);
+  // `start` is a time of env's monotonic clock, which measures the limit from then.
+  TimeBudget(Env& env, Clock::time_point start, double limit_seconds);
 
   double limit() const { return limit_; }
   double remaining() const;
@@ -32,6 +35,7 @@ class TimeBudget {
   bool fits(double seconds, double save_seconds) const;
 
  private:
+  Env& env_;
   Clock::time_point start_;
   double limit_;
   double step_ = -1;        // slowest of the recent steps (decays slowly); -1: none yet

@@ -152,8 +152,9 @@ class Trainer::MetricsState : public Stateful {
 // ---- construction ------------------------------------------------------------------
 
 Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, TrainerObserver* observer,
-                 SplitsNeeded splits, std::unique_ptr<Dataset> data, Collective* collective)
-    : cfg_(std::move(cfg)), config_json_(config_to_json(cfg_).dump()), device_(device), observer_(observer ? observer : &silent_),
+                 SplitsNeeded splits, std::unique_ptr<Dataset> data, Collective* collective, Env* env)
+    : cfg_(std::move(cfg)), config_json_(config_to_json(cfg_).dump()), device_(device), env_(env_or_posix(env)),
+      observer_(observer ? observer : &silent_),
       data_(std::move(data)), rng_(cfg_.seed), model_(std::move(model)) {
   // cfg.cuda.deterministic is process-wide: the host applies
   // it (apply_process_settings, engine/process_settings.h), not each Trainer.
@@ -344,7 +345,7 @@ StateReport Trainer::restore(const Checkpoint& ckpt, LoadMode mode, RestoreObser
 }
 
 StateReport Trainer::resume_from(const std::string& path, LoadMode mode) {
-  Checkpoint ckpt = load_checkpoint(path);
+  Checkpoint ckpt = load_checkpoint(path, &env_);
   try {
     return restore(ckpt, mode);
   } catch (const CheckpointError&) {
@@ -370,8 +371,8 @@ int64_t Trainer::state_bytes() const {
 
 void Trainer::save_checkpoint(const std::string& path) {
   const Checkpoint state = snapshot();
-  engine::save_checkpoint(path, state);
-  if (cfg_.checkpoint.verify) verify_saved_checkpoint(path, state, *model_);
+  engine::save_checkpoint(path, state, &env_);
+  if (cfg_.checkpoint.verify) verify_saved_checkpoint(path, state, *model_, env_);
 }
 
 }  // namespace engine

@@ -4,13 +4,15 @@
 #include <chrono>
 
 #include "engine/config.h"
+#include "engine/env.h"
 
 namespace engine {
 
 using Clock = std::chrono::steady_clock;
 
-inline double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+// Seconds on `env`'s monotonic clock since `t0`, a time of that clock.
+inline double seconds_since(Env& env, Clock::time_point t0) {
+  return std::chrono::duration<double>(env.monotonic_now() - t0).count();
 }
 
 inline bool lower_is_better(MonitorMetric monitor) { return monitor == MonitorMetric::ValLoss; }

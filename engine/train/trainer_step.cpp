@@ -40,7 +40,7 @@ void Trainer::prepare_epoch() {
   std::copy(perm.begin(), perm.end(), perm_host.i32());
   permutation_ = device_.is_cpu() ? perm_host : perm_host.to(device_);
   permutation_offset_ = epoch_shuffle_offset_;
-  epoch_clock_ = Clock::now();
+  epoch_clock_ = env_.monotonic_now();
 }
 
 void Trainer::run_step() {
@@ -100,7 +100,7 @@ double Trainer::epoch_elapsed_seconds() const {
   // The clock runs from the epoch's first step in this session (prepare_epoch); before
   // that step, only the earlier sessions' part counts.
   const bool running = step_in_epoch_ > 0 && permutation_offset_.has_value();
-  return epoch_elapsed_before_ + (running ? seconds_since(epoch_clock_) : 0.0);
+  return epoch_elapsed_before_ + (running ? seconds_since(env_, epoch_clock_) : 0.0);
 }
 
 
@@ -123,7 +123,7 @@ StepResult Trainer::train_step() {
   r.loss = tt::reduce_sum(epoch_sample_loss_, start, b) / static_cast<double>(b);
   if (step_in_epoch_ == steps) {
     EpochMetrics m;
-    finish_epoch(seconds_since(epoch_clock_), m, Interruptible::No);
+    finish_epoch(seconds_since(env_, epoch_clock_), m, Interruptible::No);
     observer_->on_epoch_end(m);
     r.epoch_end = m;
   }
@@ -153,9 +153,9 @@ void Trainer::gather_optimizer_shards() {
 EvalResult Trainer::evaluate(Split split) { return *evaluate_impl(split, nullptr); }
 
 std::optional<EvalResult> Trainer::evaluate_unless_stopped(Split split) {
-  const auto t0 = Clock::now();
+  const auto t0 = env_.monotonic_now();
   std::optional<EvalResult> r = evaluate_impl(split, &control_);
-  if (r && time_budget_) time_budget_->record_eval(seconds_since(t0), r->count);
+  if (r && time_budget_) time_budget_->record_eval(seconds_since(env_, t0), r->count);
   return r;
 }
 

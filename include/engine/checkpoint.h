@@ -4,7 +4,8 @@
 // whole file, and refuses anything damaged, foreign or too new with one line naming
 // the file, so a resumed run either continues bit for bit or does not start.
 // Not thread-safe (the HDF5 library is built without thread safety): call these from
-// one thread at a time.
+// one thread at a time. Each function that touches a file takes the Env to do it through
+// (engine/env.h; null: Env::posix()).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/env.h"
 #include "engine/state.h"
 
 namespace engine {
@@ -63,16 +65,16 @@ const std::vector<std::string>& checkpoint_required_groups();
 // same directory, fsynced, renamed over `path`, and the directory fsynced. On failure
 // the previous file at `path` is untouched (a failure of the disk is a
 // CheckpointWriteError). `path` must not name a directory, FIFO or device. Tensors may
-// live on any device.
-void save_checkpoint(const std::string& path, const Checkpoint& ckpt);
+// live on any device. created_utc is env's wall_now().
+void save_checkpoint(const std::string& path, const Checkpoint& ckpt, Env* env = nullptr);
 
 // Verifies header, length and checksum, then structure, then reads. Tensors come back
 // on the CPU. Model and optimizer keys come back without wrapper prefixes.
-Checkpoint load_checkpoint(const std::string& path);
+Checkpoint load_checkpoint(const std::string& path, Env* env = nullptr);
 
 // load_checkpoint, then every tensor copied to `device` (a checkpoint saved on a GPU
 // read onto the CPU, or the reverse).
-Checkpoint load_checkpoint(const std::string& path, Device device);
+Checkpoint load_checkpoint(const std::string& path, Device device, Env* env = nullptr);
 // Starts the process in which load_checkpoint has libhdf5 parse files
 // (docs/security.md); the first load starts it otherwise. It is a fork of the calling
 // process and shares its memory as it is at that moment, so a program that loads
@@ -81,11 +83,11 @@ Checkpoint load_checkpoint(const std::string& path, Device device);
 void start_checkpoint_parser();
 
 // Everything load_checkpoint checks, without keeping the result.
-void verify_checkpoint_file(const std::string& path);
+void verify_checkpoint_file(const std::string& path, Env* env = nullptr);
 
 // Human-readable summary: metadata, then per group its scalars and its tensors with
 // dtype, shape and L2 norm.
-std::string inspect_checkpoint(const std::string& path);
+std::string inspect_checkpoint(const std::string& path, Env* env = nullptr);
 
 struct CheckpointDiff {
   bool identical = false;  // same keys, every tensor bit-identical, every scalar equal
@@ -95,7 +97,7 @@ struct CheckpointDiff {
 // format_version), the config and wall-clock timings (metrics series named *_seconds)
 // are reported when they differ but do not count against `identical`: two runs in
 // different directories, timed differently, can hold bit-identical state.
-CheckpointDiff diff_checkpoints(const std::string& a, const std::string& b);
+CheckpointDiff diff_checkpoints(const std::string& a, const std::string& b, Env* env = nullptr);
 
 // Strips the wrapper prefixes "_orig_mod." and "module." (torch.compile,
 // DataParallel) from a parameter name, repeatedly.

@@ -48,6 +48,9 @@ class RunDirectory final : public RunSink {
   // directory, else with a lock taken here (throws RunDirBusy). Taking the directory
   // removes what a writer that died there left behind (temporary files, hidden old
   // versions): the lock proves no other writer is at work. `trainer` must outlive this.
+  // Every file, listing, removal and timing here, the writer thread's included, goes
+  // through trainer.env(): one Env for the run, so that the time limit and the save
+  // estimates it reads from here run on one clock.
   explicit RunDirectory(Trainer& trainer, std::optional<RunDirLock> lock = std::nullopt);
   // Waits for the saves in flight (their errors, if any, are lost: call flush() or fit()).
   ~RunDirectory() override;

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/env.h"
+
 namespace engine {
 
 namespace run_files {
@@ -34,9 +36,10 @@ struct MovedAside {
 // "<run_dir>.replaced-<UTC time>[-N]", so the run directory holds only the next run's
 // files and nothing of the old run is destroyed. Throws std::runtime_error naming the
 // path that could not be listed, created or moved. The caller holds the directory's lock.
-MovedAside move_previous_run_aside(const std::string& run_dir);
+// Through `env` (null: Env::posix()): the listing, the moves and the time in the name.
+MovedAside move_previous_run_aside(const std::string& run_dir, Env* env = nullptr);
 
 // Whether metrics.jsonl of `run_dir` ends with the test evaluation of a completed run.
-bool test_result_recorded(const std::string& run_dir);
+bool test_result_recorded(const std::string& run_dir, Env* env = nullptr);
 
 }  // namespace engine

@@ -3,10 +3,13 @@
 // second writer is refused at once with a line naming the holder. The kernel drops the
 // lock when its holder dies, however it dies, so a lock left by a dead process never
 // blocks; the file's text (pid, host, since when) is rewritten by every new holder and
-// emptied on a clean release. Readers (eval, inspect, verify, diff) take no lock.
+// emptied on a clean release. Readers (eval, inspect, verify, diff) take no lock. The
+// file, the flock and the time in the text go through an Env (engine/env.h).
 #pragma once
 #include <stdexcept>
 #include <string>
+
+#include "engine/env.h"
 
 namespace engine {
 
@@ -20,7 +23,8 @@ class RunDirLock {
  public:
   // Takes the lock on `run_dir` (which must exist) without waiting; throws RunDirBusy
   // naming the holder, or std::runtime_error naming the file when it cannot be opened.
-  static RunDirLock acquire(const std::string& run_dir);
+  // Through `env` (null: Env::posix()), which must outlive the lock.
+  static RunDirLock acquire(const std::string& run_dir, Env* env = nullptr);
 
   RunDirLock(RunDirLock&& other) noexcept;
   RunDirLock& operator=(RunDirLock&& other) noexcept;
@@ -32,8 +36,9 @@ class RunDirLock {
   static std::string lock_path(const std::string& run_dir);
 
  private:
-  RunDirLock(int fd, std::string dir) : fd_(fd), dir_(std::move(dir)) {}
+  RunDirLock(Env& env, int fd, std::string dir) : env_(&env), fd_(fd), dir_(std::move(dir)) {}
   void release() noexcept;
+  Env* env_ = nullptr;
   int fd_ = -1;
   std::string dir_;
 };

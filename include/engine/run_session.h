@@ -30,6 +30,7 @@
 #include "engine/config.h"
 #include "engine/dataset.h"
 #include "engine/device.h"
+#include "engine/env.h"
 #include "engine/model.h"
 #include "engine/start_agreement.h"
 #include "engine/trainer.h"
@@ -43,6 +44,10 @@ struct RunSessionOptions {
   // prints). stderr is always kept, so errors and warnings reach the launcher from every
   // rank; prefix them with rank_tag().
   bool quiet_other_ranks = false;
+  // The run's file system and clocks (engine/env.h; null: Env::posix()): the run
+  // directory, its lock, its checkpoints and metrics, the time limit. Given to the
+  // Trainer; it must outlive the session.
+  Env* env = nullptr;
 };
 
 class RunSession {

@@ -10,6 +10,7 @@
 #include "engine/collective.h"
 #include "engine/config.h"
 #include "engine/dataset.h"
+#include "engine/env.h"
 
 namespace engine {
 
@@ -35,8 +36,9 @@ struct StartAgreement {
 //  - the checkpoint to resume from: the bytes of `checkpoint_path` ("" when starting fresh).
 // On a difference every rank throws StartMismatchError naming what differs, and for the
 // config the keys with both values, and which ranks differ from rank 0. With one rank it
-// returns at once, hashing nothing.
+// returns at once, hashing nothing. The checkpoint is read, and the times taken, through
+// `env` (null: Env::posix()).
 StartAgreement agree_on_start(Collective& comm, const Config& cfg, Dataset& data,
-                              const std::string& checkpoint_path);
+                              const std::string& checkpoint_path, Env* env = nullptr);
 
 }  // namespace engine

@@ -25,6 +25,7 @@
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/model.h"
+#include "engine/env.h"
 #include "engine/epoch_metrics.h"
 #include "engine/run_control.h"
 
@@ -81,7 +82,8 @@ struct StopPlan {
   std::optional<int64_t> after_epochs;  // stop cleanly after this many epochs in total
   // Stop cleanly, last.h5 saved, before this much wall-clock time has passed since
   // time_limit_from (default: when fit() starts); the next step, evaluation and save
-  // are estimated from those measured so far, and a margin is kept.
+  // are estimated from those measured so far, and a margin is kept. Measured with the
+  // trainer's Env (Env::monotonic_now), which time_limit_from is a time of.
   std::optional<double> time_limit_seconds;
   std::optional<std::chrono::steady_clock::time_point> time_limit_from;
 };
@@ -135,13 +137,19 @@ class Trainer {
   // null: one process), data.batch_size is the global batch; each rank computes its
   // chunks of every batch and the ranks complete the sums in a fixed order, so every
   // rank holds the state of the one-process run, bit for bit. It must outlive the trainer.
+  //
+  // `env` (engine/env.h; null: Env::posix()) is the run's file system and clocks: the
+  // checkpoints resume_from() and save_checkpoint() read and write, the clock of the time
+  // limit and of the epoch timings, and everything a RunDirectory over this trainer does.
+  // It must outlive the trainer. (The dataset reads its own files.)
   Trainer(Config cfg, Device device, std::unique_ptr<Model> model, TrainerObserver* observer = nullptr,
           SplitsNeeded splits = SplitsNeeded::All, std::unique_ptr<Dataset> data = nullptr,
-          Collective* collective = nullptr);
+          Collective* collective = nullptr, Env* env = nullptr);
   ~Trainer();
 
   const Config& config() const { return cfg_; }
   Device device() const { return device_; }
+  Env& env() const { return env_; }
   Model& model() { return *model_; }
   Dataset& dataset() { return *data_; }
   TrainerObserver& observer() { return *observer_; }
@@ -255,6 +263,7 @@ class Trainer {
   const Config cfg_;
   const std::string config_json_;  // cfg_ resolved, as every checkpoint stores it (made once)
   Device device_;
+  Env& env_;
   TrainerObserver* observer_;
   TrainerObserver silent_;
   std::unique_ptr<Dataset> data_;

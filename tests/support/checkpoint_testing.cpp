@@ -131,7 +131,8 @@ void reseal(const std::string& path, int64_t format_version) {
   Bytes bytes(content.size());
   std::memcpy(bytes.data(), content.data(), content.size());
   seal(bytes, format_version);
-  atomic_write(path, [&](int fd) { return write_fully_at(fd, bytes.data(), bytes.size(), 0); });
+  Env& env = Env::posix();
+  atomic_write(env, path, [&](int fd) { return write_fully_at(env, fd, bytes.data(), bytes.size(), 0); });
 }
 
 }  // namespace engine::checkpoint_testing

@@ -1,90 +1,144 @@
 #include "support/file_faults.h"
 
-#include <unistd.h>
-
-#include <atomic>
 #include <cerrno>
-#include <mutex>
 #include <stdexcept>
+
+#include "io/deferred_remove.h"
 
 namespace engine::file_faults {
 
-namespace {
-
-// Installed on the first ScopedFault and never removed nor destroyed, so that a call in
-// flight on another thread when a fault ends still finds it; disarmed, it forwards to the
-// POSIX calls after one relaxed atomic load.
-class FaultyFileOps final : public file_ops::FileOps {
- public:
-  void arm(const Fault& fault) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (armed_.load()) throw std::logic_error("file_faults::ScopedFault: a fault is already armed");
-    active_ = fault;
-    seen_ = failed_ = 0;
-    armed_.store(true);
+const char* step_name(Step step) {
+  switch (step) {
+    case Step::Create: return "create";
+    case Step::Write: return "write";
+    case Step::Fsync: return "fsync";
+    case Step::Close: return "close";
+    case Step::Rename: return "rename";
+    case Step::DirFsync: return "directory fsync";
+    case Step::OpenForReading: return "open for reading";
+    case Step::Fstat: return "fstat";
+    case Step::Read: return "read";
+    case Step::Stat: return "stat";
+    case Step::Link: return "link";
+    case Step::Remove: return "remove";
+    case Step::ListDir: return "list directory";
+    case Step::MakeDirs: return "make directories";
+    case Step::OpenLockFile: return "open lock file";
+    case Step::Lock: return "lock";
+    case Step::Truncate: return "truncate";
   }
-  void disarm() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    armed_.store(false);
-  }
-  int failed() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return failed_;
-  }
-
-  int create(const std::string& path) override { return fails(Step::Create) ? -1 : real().create(path); }
-  ssize_t pwrite(int fd, const void* data, std::size_t n, off_t offset) override {
-    return fails(Step::Write) ? -1 : real().pwrite(fd, data, n, offset);
-  }
-  int fsync(int fd) override { return fails(Step::Fsync) ? -1 : real().fsync(fd); }
-  int close(int fd) override {
-    if (fails(Step::Close)) {
-      const int err = errno;
-      real().close(fd);  // a failed close still closes the descriptor
-      errno = err;
-      return -1;
-    }
-    return real().close(fd);
-  }
-  int rename(const std::string& from, const std::string& to) override {
-    return fails(Step::Rename) ? -1 : real().rename(from, to);
-  }
-  int fsync_dir(const std::string& dir) override { return fails(Step::DirFsync) ? -1 : real().fsync_dir(dir); }
-
- private:
-  static file_ops::FileOps& real() { return file_ops::posix(); }
-  // Whether this call of `step` is to fail; sets errno when it is.
-  bool fails(Step step) {
-    if (!armed_.load(std::memory_order_relaxed)) return false;
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!armed_.load(std::memory_order_relaxed) || active_.step != step) return false;
-    const int call = seen_++;
-    if (call < active_.skip || (active_.times >= 0 && call >= active_.skip + active_.times)) return false;
-    ++failed_;
-    errno = active_.error;
-    return true;
-  }
-
-  std::atomic<bool> armed_{false};
-  mutable std::mutex mutex_;
-  Fault active_;    // guarded by mutex_
-  int seen_ = 0;    // calls of active_.step so far
-  int failed_ = 0;  // of which failed
-};
-
-FaultyFileOps& faulty() {
-  static FaultyFileOps* ops = [] {
-    auto* made = new FaultyFileOps;  // never freed: see FaultyFileOps
-    file_ops::install(made);
-    return made;
-  }();
-  return *ops;
+  return "unknown";
 }
 
-}  // namespace
+FaultyEnv::~FaultyEnv() { finish_pending_removals(*this); }
 
-ScopedFault::ScopedFault(const Fault& fault) { faulty().arm(fault); }
-ScopedFault::~ScopedFault() { faulty().disarm(); }
-int ScopedFault::injected() const { return faulty().failed(); }
+void FaultyEnv::arm(const Fault& fault) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (armed_.load()) throw std::logic_error("file_faults::ScopedFault: a fault is already armed");
+  active_ = fault;
+  seen_ = failed_ = 0;
+  armed_.store(true);
+}
+
+void FaultyEnv::disarm() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  armed_.store(false);
+}
+
+int FaultyEnv::failed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failed_;
+}
+
+bool FaultyEnv::fails(Step step, const std::string& path, const std::string& other_path) {
+  if (!armed_.load(std::memory_order_relaxed)) return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!armed_.load(std::memory_order_relaxed) || active_.step != step) return false;
+  const std::string& part = active_.path_part;
+  if (!part.empty() && path.find(part) == std::string::npos &&
+      (other_path.empty() || other_path.find(part) == std::string::npos))
+    return false;
+  const int call = seen_++;
+  if (call < active_.skip || (active_.times >= 0 && call >= active_.skip + active_.times)) return false;
+  ++failed_;
+  errno = active_.error;
+  return true;
+}
+
+bool FaultyEnv::fails_on(Step step, int fd) {
+  if (!armed_.load(std::memory_order_relaxed)) return false;
+  std::string path;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = fd_paths_.find(fd);
+    if (it != fd_paths_.end()) path = it->second;
+  }
+  return fails(step, path);
+}
+
+int FaultyEnv::opened(int fd, const std::string& path) {
+  if (fd >= 0) {
+    const int err = errno;
+    std::lock_guard<std::mutex> lock(mutex_);
+    fd_paths_[fd] = path;
+    errno = err;
+  }
+  return fd;
+}
+
+int FaultyEnv::create(const std::string& path, mode_t mode) {
+  return fails(Step::Create, path) ? -1 : opened(EnvWrapper::create(path, mode), path);
+}
+ssize_t FaultyEnv::pwrite(int fd, const void* data, std::size_t n, off_t offset) {
+  return fails_on(Step::Write, fd) ? -1 : EnvWrapper::pwrite(fd, data, n, offset);
+}
+int FaultyEnv::fsync(int fd) { return fails_on(Step::Fsync, fd) ? -1 : EnvWrapper::fsync(fd); }
+int FaultyEnv::close(int fd) {
+  const bool fail = fails_on(Step::Close, fd);
+  const int err = errno;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fd_paths_.erase(fd);
+  }
+  const int rc = EnvWrapper::close(fd);  // a failed close still closes the descriptor
+  if (!fail) return rc;
+  errno = err;
+  return -1;
+}
+int FaultyEnv::rename(const std::string& from, const std::string& to) {
+  return fails(Step::Rename, from, to) ? -1 : EnvWrapper::rename(from, to);
+}
+int FaultyEnv::fsync_dir(const std::string& dir) {
+  return fails(Step::DirFsync, dir) ? -1 : EnvWrapper::fsync_dir(dir);
+}
+int FaultyEnv::open_for_reading(const std::string& path) {
+  return fails(Step::OpenForReading, path) ? -1 : opened(EnvWrapper::open_for_reading(path), path);
+}
+int FaultyEnv::fstat(int fd, FileInfo& info) { return fails_on(Step::Fstat, fd) ? -1 : EnvWrapper::fstat(fd, info); }
+ssize_t FaultyEnv::pread(int fd, void* data, std::size_t n, off_t offset) {
+  return fails_on(Step::Read, fd) ? -1 : EnvWrapper::pread(fd, data, n, offset);
+}
+int FaultyEnv::stat(const std::string& path, FileInfo& info) {
+  return fails(Step::Stat, path) ? -1 : EnvWrapper::stat(path, info);
+}
+int FaultyEnv::link(const std::string& from, const std::string& to) {
+  return fails(Step::Link, from, to) ? -1 : EnvWrapper::link(from, to);
+}
+int FaultyEnv::remove(const std::string& path) { return fails(Step::Remove, path) ? -1 : EnvWrapper::remove(path); }
+int FaultyEnv::list_dir(const std::string& dir, std::vector<std::string>& names) {
+  return fails(Step::ListDir, dir) ? -1 : EnvWrapper::list_dir(dir, names);
+}
+int FaultyEnv::make_dirs(const std::string& dir) {
+  return fails(Step::MakeDirs, dir) ? -1 : EnvWrapper::make_dirs(dir);
+}
+int FaultyEnv::open_lock_file(const std::string& path) {
+  return fails(Step::OpenLockFile, path) ? -1 : opened(EnvWrapper::open_lock_file(path), path);
+}
+int FaultyEnv::try_lock(int fd) { return fails_on(Step::Lock, fd) ? -1 : EnvWrapper::try_lock(fd); }
+int FaultyEnv::truncate(int fd, off_t size) { return fails_on(Step::Truncate, fd) ? -1 : EnvWrapper::truncate(fd, size); }
+
+ScopedFault::ScopedFault(FaultyEnv& env, const Fault& fault) : env_(env) { env_.arm(fault); }
+ScopedFault::~ScopedFault() { env_.disarm(); }
+int ScopedFault::injected() const { return env_.failed(); }
 
 }  // namespace engine::file_faults

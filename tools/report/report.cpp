@@ -550,7 +550,7 @@ ReportSummary write_run_report(const std::string& run_dir, const ReportOptions& 
 
   // Atomically and durably, like every file of a run: a crash leaves the old page or the
   // new one, never half of one. The error names the path.
-  write_file_atomically(summary.path, o.str());
+  write_file_atomically(Env::posix(), summary.path, o.str());
   return summary;
 }
 
