@@ -5,21 +5,21 @@
 #
 # Each layer is an OBJECT library compiled against its own include VIEW,
 # <build>/layers/<layer>/, which CMake generates from the table below:
-#   - engine/<header>  a link to include/engine/<header> for the public headers of this
-#                      layer and the layers below it, and no other;
+#   - engine/<layer>/  a link to include/engine/<layer>/, the public headers of that
+#                      layer, for this layer and the layers below it, and no other;
 #   - <prefix>/        a link to the folder of each private prefix of this layer and the
 #                      layers below (kernels/, io/, nn/ ...).
 # The source root and include/ are on no layer's include path, so a header of a higher
-# layer is simply not there: "fatal error: engine/trainer.h: No such file or directory".
+# layer is simply not there: "fatal error: engine/train/trainer.h: No such file or directory".
 # Every prefix is served from exactly one root. libengine.a is all the layers' objects.
 #
-# Sources are globbed per layer folder: a new .cpp lands in the layer of its folder with
-# no CMake edit. A new public header needs one line in the table (configure stops and
-# says which); a stray source file directly under engine/ or in an unknown engine/
-# subfolder stops the configure too.
+# Sources and public headers are globbed per layer folder: a new .cpp lands in the layer
+# of its folder, a new public header in the layer of its include/engine/<layer>/ folder,
+# with no CMake edit. A stray file directly under engine/ or include/engine/, or an
+# unknown subfolder there, stops the configure.
 
 set(ENGINE_LAYER_VIEWS ${PROJECT_BINARY_DIR}/layers)
-set(_engine_view_headers "")   # public headers of the layers declared so far
+set(_engine_view_layers "")    # the layers declared so far (their include/engine/<layer>/)
 set(_engine_view_prefixes "")  # prefix=folder of the layers declared so far
 set(ENGINE_LAYERS "")           # layer names, bottom first (those with sources)
 set(_engine_all_layers "")      # and with those still empty
@@ -30,17 +30,13 @@ set(_engine_prev_layer "")
 #   SOURCES  glob patterns, relative to the source root
 #   EXCLUDE  regular expressions of globbed files to leave out
 #   PREFIXES prefix=folder ... (private headers: #include "prefix/x.h" is folder/x.h)
-#   HEADERS  public headers of this layer, relative to include/engine/)
+# Its public headers are include/engine/NAME/ (#include "engine/NAME/x.h").
 macro(engine_layer name)
-  cmake_parse_arguments(_L "" "" "SOURCES;EXCLUDE;PREFIXES;HEADERS" ${ARGN})
-  list(APPEND _engine_view_headers ${_L_HEADERS})
+  cmake_parse_arguments(_L "" "" "SOURCES;EXCLUDE;PREFIXES" ${ARGN})
+  list(APPEND _engine_view_layers ${name})
   list(APPEND _engine_view_prefixes ${_L_PREFIXES})
-  foreach(_h IN LISTS _L_HEADERS)
-    if(NOT EXISTS ${PROJECT_SOURCE_DIR}/include/engine/${_h})
-      message(FATAL_ERROR "cmake/engine_layers.cmake: layer ${name} lists include/engine/${_h}, which does not exist")
-    endif()
-    set(ENGINE_HEADER_LAYER_${_h} ${name})
-  endforeach()
+  file(GLOB_RECURSE _L_HEADERS RELATIVE ${PROJECT_SOURCE_DIR}/include/engine CONFIGURE_DEPENDS
+    ${PROJECT_SOURCE_DIR}/include/engine/${name}/*.h)
   string(REPLACE ";" " " _hs "${_L_HEADERS}")
   string(APPEND _engine_table "set(ENGINE_WALL_HEADERS_${name} ${_hs})\n")
   list(APPEND _engine_all_layers ${name})
@@ -71,10 +67,10 @@ function(_engine_make_view name)
   set(view ${ENGINE_LAYER_VIEWS}/${name})
   file(REMOVE_RECURSE ${view})  # removes the links, never what they point to
   file(MAKE_DIRECTORY ${view}/engine)
-  foreach(h IN LISTS _engine_view_headers)
-    get_filename_component(dir ${view}/engine/${h} DIRECTORY)
-    file(MAKE_DIRECTORY ${dir})
-    file(CREATE_LINK ${PROJECT_SOURCE_DIR}/include/engine/${h} ${view}/engine/${h} SYMBOLIC)
+  foreach(layer IN LISTS _engine_view_layers)
+    if(IS_DIRECTORY ${PROJECT_SOURCE_DIR}/include/engine/${layer})
+      file(CREATE_LINK ${PROJECT_SOURCE_DIR}/include/engine/${layer} ${view}/engine/${layer} SYMBOLIC)
+    endif()
   endforeach()
   _engine_link_prefixes(${view} "${_engine_view_prefixes}")
 endfunction()
@@ -106,8 +102,7 @@ else()
 endif()
 engine_layer(kernels
   SOURCES ${_kernel_sources}
-  PREFIXES kernels=kernels
-  HEADERS hd.h philox.h tree_chunks.h)
+  PREFIXES kernels=kernels)
 if(NOT ENGINE_WITH_CUDA)
   target_include_directories(engine_kernels PRIVATE ${PROJECT_BINARY_DIR}/generated)
   # The generated stubs keep the parameter names of the declarations they come from.
@@ -119,47 +114,40 @@ endif()
 # (which implementation depends on whether MPI is found), so they are not globbed.
 engine_layer(core
   SOURCES engine/core/*.cpp
-  PREFIXES core=engine/core
-  HEADERS batch_chunks.h build_info.h collective.h device.h errors.h image_shape.h parameter_shards.h rng.h
-          state.h tensor.h)
+  PREFIXES core=engine/core)
 
 # Data and checkpoint I/O: the config, IDX files and datasets, the checkpoint format,
 # atomic files, and the Env every file call and clock of a run goes through. Knows
 # states, not models.
 engine_layer(io
   SOURCES io/*.cpp
-  PREFIXES io=io
-  HEADERS checkpoint.h config.h dataset.h env.h idx.h)
+  PREFIXES io=io)
 
 # Model and nn pieces: modules, layers, models and their registry, optimizer, scheduler,
 # loss scaler.
 engine_layer(nn
   SOURCES engine/nn/*.cpp models/*.cpp
-  PREFIXES nn=engine/nn models=models
-  HEADERS layers.h model.h module.h optimizer.h scaler.h scheduler.h
-          models/fashion_cnn.h models/mlp.h models/registry.h)
+  PREFIXES nn=engine/nn models=models)
 
 # The trainer: the loop, evaluation, inference, run control; until the run directory
 # leaves the Trainer (issue 13), also the run lock, the time budget and TensorBoard.
 engine_layer(train
   SOURCES engine/train/*.cpp
-  PREFIXES train=engine/train
-  HEADERS dist_backend.h epoch_metrics.h inference.h process_settings.h run_control.h start_agreement.h trainer.h)
+  PREFIXES train=engine/train)
 
 # The run directory (engine/run/): what owns <run-dir>, above the trainer. Created once
 # the folder holds sources.
 engine_layer(run
   SOURCES engine/run/*.cpp
-  PREFIXES run=engine/run
-  HEADERS run_directory.h run_files.h run_lock.h run_session.h)
+  PREFIXES run=engine/run)
 
 # ---- Checks: every file is in exactly one layer. ----------------------------------------
-file(GLOB_RECURSE _public RELATIVE ${PROJECT_SOURCE_DIR}/include/engine CONFIGURE_DEPENDS
-  ${PROJECT_SOURCE_DIR}/include/engine/*.h)
-foreach(h IN LISTS _public)
-  if(NOT DEFINED ENGINE_HEADER_LAYER_${h})
-    message(FATAL_ERROR "include/engine/${h} belongs to no layer: add it to the HEADERS of "
-      "its layer in cmake/engine_layers.cmake (docs/architecture.md says which)")
+file(GLOB _public RELATIVE ${PROJECT_SOURCE_DIR}/include/engine LIST_DIRECTORIES true CONFIGURE_DEPENDS
+  ${PROJECT_SOURCE_DIR}/include/engine/*)
+foreach(entry IN LISTS _public)
+  if(NOT IS_DIRECTORY ${PROJECT_SOURCE_DIR}/include/engine/${entry} OR NOT entry IN_LIST _engine_all_layers)
+    message(FATAL_ERROR "include/engine/${entry}: in no layer; a public header goes in "
+      "include/engine/<layer>/ (${_engine_all_layers}; docs/architecture.md)")
   endif()
 endforeach()
 file(GLOB _stray CONFIGURE_DEPENDS LIST_DIRECTORIES false

@@ -1,6 +1,6 @@
 // Replacing a file atomically and durably: a temporary file in the same directory,
 // written, fsynced, renamed over the target, and the directory fsynced. Every system call
-// goes through the caller's Env (engine/env.h), so that tests can make any step fail.
+// goes through the caller's Env (engine/io/env.h), so that tests can make any step fail.
 #include "io/atomic_file.h"
 
 #include <pthread.h>
@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 #include "io/deferred_remove.h"
 
 namespace engine {

@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-#include "engine/env.h"
+#include "engine/io/env.h"
 
 namespace engine {
 

@@ -1,5 +1,5 @@
 // Reading a loaded checkpoint without a Trainer: groups by name, tensors on a device.
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 
 namespace engine {
 

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 #include "io/checkpoint_manifest.h"
 
 namespace engine {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 
 #ifndef ENGINE_VERSION
 #define ENGINE_VERSION "0.0.0-dev"  // standalone builds; CMake defines the real one

@@ -10,7 +10,7 @@
 #include <variant>
 #include <vector>
 
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 #include "io/hdf5_plumbing.h"
 
 namespace engine {

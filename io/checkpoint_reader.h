@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <string>
 
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 
 namespace engine {
 namespace checkpoint_internal {

@@ -1,4 +1,4 @@
-#include "engine/config.h"
+#include "engine/io/config.h"
 
 #include <algorithm>
 #include <climits>

@@ -1,8 +1,8 @@
-#include "engine/dataset.h"
+#include "engine/io/dataset.h"
 
 #include <algorithm>
 
-#include "engine/idx.h"
+#include "engine/io/idx.h"
 
 namespace engine {
 

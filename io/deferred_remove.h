@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/env.h"
+#include "engine/io/env.h"
 
 namespace engine {
 
@@ -35,7 +35,7 @@ std::string replaced_version_name(const std::string& dir_prefix, const std::stri
 // process.
 void sweep_leftovers_once(Env& env, const std::string& dir);
 
-// For the holder of the run directory's lock (engine/run_lock.h), which proves that no
+// For the holder of the run directory's lock (engine/run/run_lock.h), which proves that no
 // other writer is at work there: removes now, whatever their age or pid, the temporary
 // files and hidden old versions that writers which died left in `dir` (SIGKILL, SIGXFSZ,
 // a power cut), and the files `also` names (relative to dir: the layer above knows its

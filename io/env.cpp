@@ -1,5 +1,5 @@
-// Env::posix(): the system calls and clocks behind include/engine/env.h.
-#include "engine/env.h"
+// Env::posix(): the system calls and clocks behind include/engine/io/env.h.
+#include "engine/io/env.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "engine/idx.h"
+#include "engine/io/idx.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,11 +1,11 @@
-// Private to the engine: reading a file through an Env (engine/env.h), for the readers
+// Private to the engine: reading a file through an Env (engine/io/env.h), for the readers
 // that want its bytes as they are (metrics.jsonl, a checkpoint's hash).
 #pragma once
 #include <cstddef>
 #include <functional>
 #include <string>
 
-#include "engine/env.h"
+#include "engine/io/env.h"
 
 namespace engine {
 

@@ -5,7 +5,7 @@
 #pragma once
 #include <cmath>
 
-#include "engine/hd.h"
+#include "engine/kernels/hd.h"
 
 namespace engine::kernels {
 

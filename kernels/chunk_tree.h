@@ -10,12 +10,12 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/hd.h"
-#include "engine/tree_chunks.h"
+#include "engine/kernels/hd.h"
+#include "engine/kernels/tree_chunks.h"
 
 namespace engine::kernels {
 
-// kTreeChunks and kMaxTreeChunks: engine/tree_chunks.h.
+// kTreeChunks and kMaxTreeChunks: engine/kernels/tree_chunks.h.
 
 // First sample of chunk `chunk` of an n-sample batch cut into `chunks` chunks (chunk
 // `chunks` gives n).

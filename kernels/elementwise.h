@@ -3,8 +3,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "engine/hd.h"
-#include "engine/philox.h"
+#include "engine/kernels/hd.h"
+#include "engine/kernels/philox.h"
 
 namespace engine::kernels {
 

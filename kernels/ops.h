@@ -5,7 +5,7 @@
 #pragma once
 #include <cstdint>
 
-#include "engine/philox.h"
+#include "engine/kernels/philox.h"
 #include "kernels/elementwise.h"
 
 namespace engine::kernels {

@@ -1,4 +1,4 @@
-#include "engine/models/fashion_cnn.h"
+#include "engine/nn/models/fashion_cnn.h"
 
 namespace engine {
 

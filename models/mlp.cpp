@@ -1,4 +1,4 @@
-#include "engine/models/mlp.h"
+#include "engine/nn/models/mlp.h"
 
 #include <stdexcept>
 

@@ -1,10 +1,10 @@
-#include "engine/models/registry.h"
+#include "engine/nn/models/registry.h"
 
 #include <stdexcept>
 
-#include "engine/dataset.h"
-#include "engine/models/fashion_cnn.h"
-#include "engine/models/mlp.h"
+#include "engine/io/dataset.h"
+#include "engine/nn/models/fashion_cnn.h"
+#include "engine/nn/models/mlp.h"
 
 namespace engine {
 

@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "cli_util.h"
-#include "engine/checkpoint.h"
-#include "engine/config.h"
-#include "engine/models/registry.h"
-#include "engine/run_directory.h"
-#include "engine/trainer.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/config.h"
+#include "engine/nn/models/registry.h"
+#include "engine/run/run_directory.h"
+#include "engine/train/trainer.h"
 
 namespace test_util {
 

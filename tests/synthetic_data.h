@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <optional>
 
-#include "engine/config.h"
-#include "engine/dataset.h"
+#include "engine/io/config.h"
+#include "engine/io/dataset.h"
 
 namespace test_util {
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "cli_util.h"
-#include "engine/build_info.h"
+#include "engine/core/build_info.h"
 
 using namespace test_util;
 

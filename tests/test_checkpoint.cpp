@@ -21,7 +21,7 @@
 
 #include <zlib.h>
 
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 #include "io/checkpoint_reader.h"
 #include "io/deferred_remove.h"
 #include "support/checkpoint_testing.h"

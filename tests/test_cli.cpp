@@ -16,12 +16,12 @@
 
 #include "cli_util.h"
 #include "run_dir_util.h"
-#include "engine/build_info.h"
-#include "engine/checkpoint.h"
-#include "engine/device.h"
-#include "engine/models/registry.h"
-#include "engine/tensor.h"
-#include "engine/trainer.h"
+#include "engine/core/build_info.h"
+#include "engine/io/checkpoint.h"
+#include "engine/core/device.h"
+#include "engine/nn/models/registry.h"
+#include "engine/core/tensor.h"
+#include "engine/train/trainer.h"
 
 using namespace test_util;
 namespace fs = std::filesystem;
@@ -407,13 +407,13 @@ TEST_CASE("output to a file reaches it line by line: a second Ctrl-C loses no li
   CHECK(log_has("interrupted again, exiting now"));
 }
 
-TEST_CASE("engine::DataError comes with the documented headers (engine/trainer.h) and names data.dir") {
+TEST_CASE("engine::DataError comes with the documented headers (engine/train/trainer.h) and names data.dir") {
   engine::Config cfg;
   cfg.data.dir = fresh_dir("cli_data_error") + "/none";
   std::string msg;
   try {
     engine::Trainer t(cfg, engine::Device::cpu(), engine::make_model(cfg));
-  } catch (const engine::DataError& e) {  // declared in engine/errors.h, which trainer.h brings
+  } catch (const engine::DataError& e) {  // declared in engine/core/errors.h, which trainer.h brings
     msg = e.what();
   }
   CHECK(msg.find("data.dir") != std::string::npos);

@@ -16,8 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
-#include "engine/config.h"
-#include "engine/models/registry.h"
+#include "engine/io/config.h"
+#include "engine/nn/models/registry.h"
 #include "scratch_dir.h"
 
 using engine::Config;

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 #include "io/hdf5_sandbox.h"
 #include "support/sandbox_faults.h"
 #include "scratch_dir.h"

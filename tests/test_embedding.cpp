@@ -12,11 +12,11 @@
 
 #include "run_dir_util.h"
 #include "cli_util.h"
-#include "engine/checkpoint.h"
-#include "engine/idx.h"
-#include "engine/inference.h"
-#include "engine/models/registry.h"
-#include "engine/trainer.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/idx.h"
+#include "engine/train/inference.h"
+#include "engine/nn/models/registry.h"
+#include "engine/train/trainer.h"
 #include "kernels/ops.h"
 #include "synthetic_data.h"
 

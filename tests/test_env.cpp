@@ -1,4 +1,4 @@
-// The run's I/O goes through the Env it is given (engine/env.h): reads, removals,
+// The run's I/O goes through the Env it is given (engine/io/env.h): reads, removals,
 // listings, directories and the lock fail as the Env says, with the library's own
 // messages (tests/support/file_faults.h), and the run's timestamps and time limit take
 // the Env's clocks (tests/support/fake_clock.h). test_save_faults covers the six steps of
@@ -21,14 +21,14 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
-#include "engine/checkpoint.h"
-#include "engine/env.h"
-#include "engine/models/registry.h"
-#include "engine/run_directory.h"
-#include "engine/run_files.h"
-#include "engine/run_lock.h"
-#include "engine/run_session.h"
-#include "engine/trainer.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/env.h"
+#include "engine/nn/models/registry.h"
+#include "engine/run/run_directory.h"
+#include "engine/run/run_files.h"
+#include "engine/run/run_lock.h"
+#include "engine/run/run_session.h"
+#include "engine/train/trainer.h"
 #include "io/deferred_remove.h"
 #include "scratch_dir.h"
 #include "support/fake_clock.h"

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "cli_util.h"
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 
 using namespace test_util;
 

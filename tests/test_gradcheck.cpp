@@ -37,11 +37,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/layers.h"
-#include "engine/rng.h"
+#include "engine/nn/layers.h"
+#include "engine/core/rng.h"
 #include "gradcheck.h"
 #include "kernels/ops.h"
-#include "engine/models/fashion_cnn.h"
+#include "engine/nn/models/fashion_cnn.h"
 #include "support/random_data.h"
 
 namespace {

@@ -11,7 +11,7 @@
 
 #include <unistd.h>
 
-#include "engine/idx.h"
+#include "engine/io/idx.h"
 #include "scratch_dir.h"
 
 using engine::DataError;

@@ -46,7 +46,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/philox.h"
+#include "engine/kernels/philox.h"
 #include "kernels/chunk_tree.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/bulk_copy.h"
@@ -164,7 +164,7 @@ const LinearShape kLinearShapes[] = {
 }  // namespace
 
 // ---------------------------------------------------------------------------------
-// Philox4x32-10 (engine/philox.h)
+// Philox4x32-10 (engine/kernels/philox.h)
 // ---------------------------------------------------------------------------------
 TEST_CASE("philox4x32_10 matches the Random123 known-answer vectors") {
   // Random123 tests/kat_vectors, the three "philox4x32 10" lines: ctr[4] key[2] -> out[4].

@@ -10,11 +10,11 @@
 
 #include "run_dir_util.h"
 #include "cli_util.h"
-#include "engine/checkpoint.h"
-#include "engine/models/fashion_cnn.h"
-#include "engine/models/mlp.h"
-#include "engine/models/registry.h"
-#include "engine/trainer.h"
+#include "engine/io/checkpoint.h"
+#include "engine/nn/models/fashion_cnn.h"
+#include "engine/nn/models/mlp.h"
+#include "engine/nn/models/registry.h"
+#include "engine/train/trainer.h"
 #include "synthetic_data.h"
 
 using namespace engine;

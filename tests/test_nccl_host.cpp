@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "core/collective/nccl_bootstrap.h"
-#include "engine/collective.h"
-#include "engine/dist_backend.h"
+#include "engine/core/collective.h"
+#include "engine/train/dist_backend.h"
 
 using engine::Device;
 using engine::DistBackend;

@@ -10,8 +10,8 @@
 #include <string>
 
 #include "cli_util.h"
-#include "engine/checkpoint.h"
-#include "engine/idx.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/idx.h"
 #include "io/atomic_file.h"
 
 using namespace engine;

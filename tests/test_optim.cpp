@@ -5,9 +5,9 @@
 #include <limits>
 #include <stdexcept>
 
-#include "engine/optimizer.h"
-#include "engine/scaler.h"
-#include "engine/scheduler.h"
+#include "engine/nn/optimizer.h"
+#include "engine/nn/scaler.h"
+#include "engine/nn/scheduler.h"
 
 using namespace engine;
 

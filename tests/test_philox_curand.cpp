@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/philox.h"
+#include "engine/kernels/philox.h"
 
 #if __has_include(<curand_philox4x32_x.h>) && __has_include(<vector_types.h>)
 #define ENGINE_TEST_HAVE_CURAND_PHILOX 1

@@ -9,7 +9,7 @@
 #include <chrono>
 
 #include "cli_util.h"
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 #include "run_compare.h"
 #include "run_dir_util.h"
 

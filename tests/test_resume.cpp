@@ -6,7 +6,7 @@
 #include <signal.h>
 
 #include "cli_util.h"
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 #include "run_compare.h"
 
 using namespace test_util;

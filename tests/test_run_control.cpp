@@ -15,13 +15,13 @@
 
 #include "run_dir_util.h"
 #include "cli_util.h"
-#include "engine/checkpoint.h"
-#include "engine/run_control.h"
-#include "engine/run_files.h"
-#include "engine/run_lock.h"
-#include "engine/scaler.h"
-#include "engine/models/registry.h"
-#include "engine/trainer.h"
+#include "engine/io/checkpoint.h"
+#include "engine/train/run_control.h"
+#include "engine/run/run_files.h"
+#include "engine/run/run_lock.h"
+#include "engine/nn/scaler.h"
+#include "engine/nn/models/registry.h"
+#include "engine/train/trainer.h"
 #include "support/restore_faults.h"
 
 using namespace engine;

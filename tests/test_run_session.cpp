@@ -1,4 +1,4 @@
-// engine::RunSession (engine/run_session.h) in one process: the job of one, the run
+// engine::RunSession (engine/run/run_session.h) in one process: the job of one, the run
 // directory's lock taken at construction, start/fit through the RunDirectory, the
 // rank tag, abort_job. With several ranks: tests/embed (mpirun -np 2) and, through the
 // CLI, tests/mpi/*.sh.
@@ -13,11 +13,11 @@
 #include <stdexcept>
 #include <string>
 
-#include "engine/models/registry.h"
-#include "engine/run_directory.h"
-#include "engine/run_files.h"
-#include "engine/run_lock.h"
-#include "engine/run_session.h"
+#include "engine/nn/models/registry.h"
+#include "engine/run/run_directory.h"
+#include "engine/run/run_files.h"
+#include "engine/run/run_lock.h"
+#include "engine/run/run_session.h"
 #include "scratch_dir.h"
 #include "synthetic_data.h"
 

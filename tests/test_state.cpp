@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/rng.h"
-#include "engine/state.h"
-#include "engine/models/fashion_cnn.h"
+#include "engine/core/rng.h"
+#include "engine/core/state.h"
+#include "engine/nn/models/fashion_cnn.h"
 
 using namespace engine;
 

@@ -1,5 +1,5 @@
 // The `engine` command line (tools/engine_cli.h): a thin layer over the library
-// (engine/trainer.h, engine/checkpoint.h, engine/inference.h). Arguments are parsed by CLI11, one
+// (engine/train/trainer.h, engine/io/checkpoint.h, engine/train/inference.h). Arguments are parsed by CLI11, one
 // subcommand at a time: a command takes only its own options and refuses any other with
 // a one-line usage error (exit 2). Every other error is one line on stderr, exit 1.
 #include <malloc.h>
@@ -24,19 +24,19 @@
 #include <string>
 #include <vector>
 
-#include "engine/build_info.h"
-#include "engine/checkpoint.h"
-#include "engine/collective.h"
-#include "engine/config.h"
-#include "engine/dataset.h"
-#include "engine/inference.h"
-#include "engine/models/registry.h"
+#include "engine/core/build_info.h"
+#include "engine/io/checkpoint.h"
+#include "engine/core/collective.h"
+#include "engine/io/config.h"
+#include "engine/io/dataset.h"
+#include "engine/train/inference.h"
+#include "engine/nn/models/registry.h"
 #include "report/report.h"
-#include "engine/run_control.h"
-#include "engine/run_files.h"
-#include "engine/run_session.h"
-#include "engine/start_agreement.h"
-#include "engine/trainer.h"
+#include "engine/train/run_control.h"
+#include "engine/run/run_files.h"
+#include "engine/run/run_session.h"
+#include "engine/train/start_agreement.h"
+#include "engine/train/trainer.h"
 #include "engine_cli.h"
 
 namespace fs = std::filesystem;
@@ -451,7 +451,7 @@ Config resolve_config(const nlohmann::json& base, const std::string& origin, con
 
 // Everything `train` and `resume` share once each has its config: the console, the
 // signal handlers, restoring, "already complete", and the run's end. The job is the
-// library's RunSession (engine/run_session.h): under mpirun/srun every rank builds one;
+// library's RunSession (engine/run/run_session.h): under mpirun/srun every rank builds one;
 // rank 0 alone prints and owns the run directory (its lock, checkpoints, metrics), the
 // other ranks train silently and write nothing (docs/distributed.md).
 class TrainingSession {

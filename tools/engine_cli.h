@@ -2,7 +2,7 @@
 // listener of its own (the test harness tests/tools/engine_paused.cpp pauses a run at a
 // chosen step this way). tools/engine_main.cpp is `main` over it.
 #pragma once
-#include "engine/trainer.h"
+#include "engine/train/trainer.h"
 
 namespace engine::cli {
 

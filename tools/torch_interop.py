@@ -108,7 +108,7 @@ def default_engine():
 # The model.
 
 def make_model(dropout=0.25):
-    """The PyTorch module equivalent to include/engine/models/fashion_cnn.h (same state_dict keys); the
+    """The PyTorch module equivalent to include/engine/nn/models/fashion_cnn.h (same state_dict keys); the
     benchmarks in tools/bench/ use it too. Leaves torch's thread count alone."""
     import torch
     nn = torch.nn

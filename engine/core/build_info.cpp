@@ -1,5 +1,5 @@
 // engine --version: the versions this build was made with and finds at run time.
-#include "engine/build_info.h"
+#include "engine/core/build_info.h"
 
 #include <H5public.h>
 

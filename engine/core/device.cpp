@@ -1,4 +1,4 @@
-#include "engine/device.h"
+#include "engine/core/device.h"
 
 #include <cstdlib>
 #include <cstring>

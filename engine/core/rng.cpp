@@ -1,4 +1,4 @@
-#include "engine/rng.h"
+#include "engine/core/rng.h"
 
 #include <stdexcept>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "engine/state.h"
+#include "engine/core/state.h"
 
 #include <sstream>
 #include <stdexcept>

@@ -1,4 +1,4 @@
-#include "engine/tensor.h"
+#include "engine/core/tensor.h"
 
 #include <cstdint>
 #include <sstream>

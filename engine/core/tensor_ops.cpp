@@ -6,7 +6,7 @@
 
 #include "core/batch_plan.h"
 #include "core/dispatch.h"
-#include "engine/parameter_shards.h"
+#include "engine/core/parameter_shards.h"
 
 namespace engine::tt {
 

@@ -1,7 +1,7 @@
 // The op facade, as dlib's tt:: over cpu:: and cuda::: one entry point per op, taking
 // tensors. It picks the backend from the tensors' device (kernels/ops.h: cpu or cuda;
 // the reference is the tests'), and for the ops that reduce over the batch the way the
-// batch is computed: by the fixed chunks of a batch plan (engine/batch_chunks.h), or
+// batch is computed: by the fixed chunks of a batch plan (engine/core/batch_chunks.h), or
 // whole on CUDA with cuda.batch_chunks off (one process only). Layers, the optimizer,
 // the scaler and the trainer call only this; none of them allocates device memory or
 // reads a backend switch. Every op's contract is that of kernels/op_signatures.inc.
@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/batch_chunks.h"
-#include "engine/rng.h"
-#include "engine/tensor.h"
+#include "engine/core/batch_chunks.h"
+#include "engine/core/rng.h"
+#include "engine/core/tensor.h"
 #include "kernels/ops.h"
 
 namespace engine::tt {

@@ -1,4 +1,4 @@
-#include "engine/layers.h"
+#include "engine/nn/layers.h"
 
 #include <cmath>
 #include <stdexcept>

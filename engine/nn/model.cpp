@@ -1,4 +1,4 @@
-#include "engine/model.h"
+#include "engine/nn/model.h"
 
 #include <stdexcept>
 

@@ -1,4 +1,4 @@
-#include "engine/module.h"
+#include "engine/nn/module.h"
 
 #include <vector>
 

@@ -1,4 +1,4 @@
-#include "engine/optimizer.h"
+#include "engine/nn/optimizer.h"
 
 #include "kernels/elementwise.h"
 

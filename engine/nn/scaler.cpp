@@ -1,4 +1,4 @@
-#include "engine/scaler.h"
+#include "engine/nn/scaler.h"
 
 #include <cmath>
 

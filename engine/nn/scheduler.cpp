@@ -1,4 +1,4 @@
-#include "engine/scheduler.h"
+#include "engine/nn/scheduler.h"
 #include "kernels/det_math.h"
 
 #include <cmath>

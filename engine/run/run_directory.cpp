@@ -1,6 +1,6 @@
-#include "engine/run_directory.h"
+#include "engine/run/run_directory.h"
 
-#include "engine/run_files.h"
+#include "engine/run/run_files.h"
 
 #include <pthread.h>
 #include <signal.h>

@@ -1,5 +1,5 @@
-// The run directory's file names and housekeeping (engine/run_files.h).
-#include "engine/run_files.h"
+// The run directory's file names and housekeeping (engine/run/run_files.h).
+#include "engine/run/run_files.h"
 #include "core/utc_time.h"
 
 #include <cerrno>

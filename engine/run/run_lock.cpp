@@ -1,4 +1,4 @@
-#include "engine/run_lock.h"
+#include "engine/run/run_lock.h"
 #include "core/utc_time.h"
 
 #include <unistd.h>

@@ -1,6 +1,6 @@
-// RunSession (include/engine/run_session.h): one process of a training job, with one
+// RunSession (include/engine/run/run_session.h): one process of a training job, with one
 // rank or several; rank 0 alone owns the run directory.
-#include "engine/run_session.h"
+#include "engine/run/run_session.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -12,10 +12,10 @@
 #include <stdexcept>
 #include <utility>
 
-#include "engine/dist_backend.h"
-#include "engine/process_settings.h"
-#include "engine/run_directory.h"
-#include "engine/run_lock.h"
+#include "engine/train/dist_backend.h"
+#include "engine/train/process_settings.h"
+#include "engine/run/run_directory.h"
+#include "engine/run/run_lock.h"
 
 namespace engine {
 

@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <stdexcept>
 
-#include "engine/checkpoint.h"
-#include "engine/run_files.h"
+#include "engine/io/checkpoint.h"
+#include "engine/run/run_files.h"
 #include "io/atomic_file.h"
 #include "io/crc32c.h"
 

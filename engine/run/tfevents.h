@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/env.h"
-#include "engine/epoch_metrics.h"
+#include "engine/io/env.h"
+#include "engine/train/epoch_metrics.h"
 
 namespace engine::tfevents {
 

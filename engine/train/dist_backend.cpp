@@ -1,4 +1,4 @@
-#include "engine/dist_backend.h"
+#include "engine/train/dist_backend.h"
 
 #include <stdexcept>
 #include <string>

@@ -1,4 +1,4 @@
-#include "engine/epoch_metrics.h"
+#include "engine/train/epoch_metrics.h"
 
 namespace engine {
 

@@ -1,4 +1,4 @@
-#include "engine/inference.h"
+#include "engine/train/inference.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <type_traits>
 
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 #include "core/tensor_ops.h"
 
 namespace engine {

@@ -1,4 +1,4 @@
-#include "engine/process_settings.h"
+#include "engine/train/process_settings.h"
 
 #include "kernels/cuda/settings.h"
 

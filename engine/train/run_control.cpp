@@ -1,4 +1,4 @@
-#include "engine/run_control.h"
+#include "engine/train/run_control.h"
 
 #include <cctype>
 #include <cstdlib>

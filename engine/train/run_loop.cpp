@@ -1,4 +1,4 @@
-#include "engine/trainer.h"
+#include "engine/train/trainer.h"
 
 #include <algorithm>
 #include <chrono>

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 
 namespace engine {
 namespace {

@@ -9,7 +9,7 @@
 #include <functional>
 #include <memory>
 
-#include "engine/collective.h"
+#include "engine/core/collective.h"
 
 namespace engine {
 

@@ -3,8 +3,8 @@
 #pragma once
 #include <string>
 
-#include "engine/checkpoint.h"
-#include "engine/model.h"
+#include "engine/io/checkpoint.h"
+#include "engine/nn/model.h"
 
 namespace engine {
 

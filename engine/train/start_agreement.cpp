@@ -1,4 +1,4 @@
-#include "engine/start_agreement.h"
+#include "engine/train/start_agreement.h"
 
 #include <algorithm>
 #include <chrono>

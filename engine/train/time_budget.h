@@ -6,7 +6,7 @@
 #include <chrono>
 #include <cstdint>
 
-#include "engine/env.h"
+#include "engine/io/env.h"
 
 namespace engine {
 

@@ -1,4 +1,4 @@
-#include "engine/trainer.h"
+#include "engine/train/trainer.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -9,8 +9,8 @@
 #include <optional>
 #include <stdexcept>
 
-#include "engine/batch_chunks.h"
-#include "engine/build_info.h"
+#include "engine/core/batch_chunks.h"
+#include "engine/core/build_info.h"
 #include "train/run_protocol.h"
 #include "train/save_verification.h"
 #include "train/time_budget.h"
@@ -157,7 +157,7 @@ Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, Traine
       observer_(observer ? observer : &silent_),
       data_(std::move(data)), rng_(cfg_.seed), model_(std::move(model)) {
   // cfg.cuda.deterministic is process-wide: the host applies
-  // it (apply_process_settings, engine/process_settings.h), not each Trainer.
+  // it (apply_process_settings, engine/train/process_settings.h), not each Trainer.
   if (!model_) throw std::invalid_argument("Trainer: no model given");
   (void)cpu_kernels_in_use();  // ENGINE_CPU_KERNELS that this CPU cannot run: refused here, not mid-step
   if (collective) collective_ = collective;

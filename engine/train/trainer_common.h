@@ -3,8 +3,8 @@
 #pragma once
 #include <chrono>
 
-#include "engine/config.h"
-#include "engine/env.h"
+#include "engine/io/config.h"
+#include "engine/io/env.h"
 
 namespace engine {
 

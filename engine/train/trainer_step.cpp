@@ -1,11 +1,11 @@
-#include "engine/trainer.h"
+#include "engine/train/trainer.h"
 
 #include <algorithm>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
 
-#include "engine/batch_chunks.h"
+#include "engine/core/batch_chunks.h"
 #include "core/tensor_ops.h"
 #include "train/run_protocol.h"
 #include "train/time_budget.h"

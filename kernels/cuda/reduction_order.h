@@ -16,7 +16,7 @@
 #pragma once
 #include <cstdint>
 
-#include "engine/hd.h"
+#include "engine/kernels/hd.h"
 
 namespace engine::kernels::cuda {
 

@@ -6,13 +6,13 @@
 //   embed RUN_DIR [--device cpu|cuda|auto] [--data DIR]
 //
 // Exit status 0 when every check passes, 1 otherwise (each failure is printed).
-#include <engine/checkpoint.h>
-#include <engine/config.h>
-#include <engine/device.h>
-#include <engine/models/registry.h>
-#include <engine/state.h>
-#include <engine/run_directory.h>
-#include <engine/trainer.h>
+#include <engine/io/checkpoint.h>
+#include <engine/io/config.h>
+#include <engine/core/device.h>
+#include <engine/nn/models/registry.h>
+#include <engine/core/state.h>
+#include <engine/run/run_directory.h>
+#include <engine/train/trainer.h>
 #include <nlohmann/json.hpp>  // config_to_json returns a json by value
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// A host program that trains through engine::RunSession (engine/run_session.h), as one
+// A host program that trains through engine::RunSession (engine/run/run_session.h), as one
 // process or as every rank of `mpirun -np N ./embed_ranks ...`: rank 0 alone prints and
 // writes RUN_DIR (its lock, last.h5, metrics.jsonl), the other ranks train silently and
 // write nothing; a rank that fails alone ends the whole job; ranks that would start
@@ -11,13 +11,13 @@
 //
 // Exit status 0 when every check passes, 1 on a failure or error (every rank, through
 // RunSession::abort_job), 2 when the ranks do not agree on the start.
-#include <engine/collective.h>
-#include <engine/config.h>
-#include <engine/models/registry.h>
-#include <engine/run_directory.h>
-#include <engine/run_files.h>
-#include <engine/run_session.h>
-#include <engine/trainer.h>
+#include <engine/core/collective.h>
+#include <engine/io/config.h>
+#include <engine/nn/models/registry.h>
+#include <engine/run/run_directory.h>
+#include <engine/run/run_files.h>
+#include <engine/run/run_session.h>
+#include <engine/train/trainer.h>
 #include <nlohmann/json.hpp>  // config_to_json returns a json by value
 
 #include <cstdio>

@@ -150,9 +150,9 @@ pc_check() {  # PREFIX CUDA(ON|OFF)
     || fail "pkg-config --cflags --libs engine"
   echo "pkg-config --cflags --libs engine: $flags"
   cat > "$tmp/pc.cpp" <<'EOF'
-#include <engine/config.h>
-#include <engine/device.h>
-#include <engine/tensor.h>
+#include <engine/io/config.h>
+#include <engine/core/device.h>
+#include <engine/core/tensor.h>
 #include <cstdio>
 int main() {
   const engine::Config cfg;

@@ -12,7 +12,7 @@
 #include <iostream>
 #include <vector>
 
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 #include "fuzz_util.h"
 
 extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 #include "fuzz_util.h"
 #include "io/checkpoint_header.h"
 

@@ -1,4 +1,4 @@
-// libFuzzer harness: the IDX reader (include/engine/idx.h), plain or gzip-compressed.
+// libFuzzer harness: the IDX reader (include/engine/io/idx.h), plain or gzip-compressed.
 // The input is one file, read both as an image file and as a label file. Expected: a
 // result consistent with its header, or a DataError whose message is one line starting
 // with the path.
@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "engine/idx.h"
+#include "engine/io/idx.h"
 #include "fuzz_util.h"
 
 namespace {

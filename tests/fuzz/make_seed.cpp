@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 
 using namespace engine;
 

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "engine/philox.h"
+#include "engine/kernels/philox.h"
 #include "gpu/philox_check.h"
 #include "kernels/cuda/context.h"
 

@@ -27,10 +27,10 @@
 #include <thread>
 #include <vector>
 
-#include "engine/batch_chunks.h"
-#include "engine/collective.h"
-#include "engine/layers.h"
-#include "engine/rng.h"
+#include "engine/core/batch_chunks.h"
+#include "engine/core/collective.h"
+#include "engine/nn/layers.h"
+#include "engine/core/rng.h"
 #include "kernels/chunk_tree.h"
 #include "kernels/cuda/settings.h"
 #include "gpu/device_test_util.h"

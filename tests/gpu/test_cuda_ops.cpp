@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/philox.h"
+#include "engine/kernels/philox.h"
 #include "gpu/reduction_bounds.h"
 #include "gpu/device_test_util.h"
 #include "kernels/cuda_runtime.h"

@@ -23,11 +23,11 @@
 
 #include "cli_util.h"
 #include "run_dir_util.h"
-#include "engine/config.h"
-#include "engine/device.h"
-#include "engine/inference.h"
-#include "engine/models/registry.h"
-#include "engine/trainer.h"
+#include "engine/io/config.h"
+#include "engine/core/device.h"
+#include "engine/train/inference.h"
+#include "engine/nn/models/registry.h"
+#include "engine/train/trainer.h"
 #if defined(ENGINE_WITH_CUDA)
 #include "kernels/cuda/context.h"
 #endif

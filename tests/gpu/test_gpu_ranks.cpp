@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "cli_util.h"
-#include "engine/device.h"
-#include "engine/models/registry.h"
-#include "engine/process_settings.h"
-#include "engine/trainer.h"
+#include "engine/core/device.h"
+#include "engine/nn/models/registry.h"
+#include "engine/train/process_settings.h"
+#include "engine/train/trainer.h"
 #include "support/thread_collective.h"
 #include "synthetic_data.h"
 

@@ -9,11 +9,11 @@
 
 #include "cli_util.h"
 #include "run_dir_util.h"
-#include "engine/config.h"
-#include "engine/device.h"
-#include "engine/process_settings.h"
-#include "engine/scaler.h"
-#include "engine/checkpoint.h"
+#include "engine/io/config.h"
+#include "engine/core/device.h"
+#include "engine/train/process_settings.h"
+#include "engine/nn/scaler.h"
+#include "engine/io/checkpoint.h"
 
 using namespace test_util;
 

@@ -33,12 +33,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/device.h"
-#include "engine/rng.h"
-#include "engine/tensor.h"
+#include "engine/core/device.h"
+#include "engine/core/rng.h"
+#include "engine/core/tensor.h"
 #include "kernels/cuda_runtime.h"
 #include "kernels/ops.h"
-#include "engine/models/fashion_cnn.h"
+#include "engine/nn/models/fashion_cnn.h"
 #include "support/random_data.h"
 
 #if defined(ENGINE_WITH_CUDA)

@@ -2,8 +2,8 @@
 #   1. For every layer L and every public header H: `#include "engine/H"` preprocesses
 #      through L's include view exactly when H belongs to L or a layer below it. So a
 #      header that includes one above its own layer fails here too.
-#   2. A real build of a core-layer file that includes engine/trainer.h fails with
-#      "engine/trainer.h: No such file or directory", and its control (the same target
+#   2. A real build of a core-layer file that includes engine/train/trainer.h fails with
+#      "engine/train/trainer.h: No such file or directory", and its control (the same target
 #      settings, lower headers only) builds.
 # Arguments: -DTABLE=<views>/table.cmake -DCXX=<compiler> -DBUILD_DIR=<build> -DCMAKE_COMMAND_BIN=<cmake>
 foreach(v TABLE CXX BUILD_DIR CMAKE_COMMAND_BIN)
@@ -52,13 +52,13 @@ endif()
 execute_process(COMMAND ${CMAKE_COMMAND_BIN} --build ${BUILD_DIR} --target engine_wall_probe_up
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
 if(rc EQUAL 0)
-  message(SEND_ERROR "a core-layer file including engine/trainer.h built: the wall is gone")
+  message(SEND_ERROR "a core-layer file including engine/train/trainer.h built: the wall is gone")
   math(EXPR failures "${failures} + 1")
-elseif(NOT out MATCHES "core_includes_trainer.cpp:[0-9]+:[0-9]+: fatal error: engine/trainer.h: No such file or directory")
+elseif(NOT out MATCHES "core_includes_trainer.cpp:[0-9]+:[0-9]+: fatal error: engine/train/trainer.h: No such file or directory")
   message(SEND_ERROR "the up-include probe failed, but not at the wall:\n${out}")
   math(EXPR failures "${failures} + 1")
 else()
-  string(REGEX MATCH "[^\n]*fatal error: engine/trainer.h[^\n]*" line "${out}")
+  string(REGEX MATCH "[^\n]*fatal error: engine/train/trainer.h[^\n]*" line "${out}")
   message(STATUS "up-include refused as expected: ${line}")
 endif()
 if(failures GREATER 0)

@@ -1,6 +1,6 @@
 // Must NOT compile (test layer_walls): a file of the core layer that includes the
 // trainer, three layers up. Built with exactly the core layer's include view.
-#include "engine/tensor.h"
-#include "engine/trainer.h"
+#include "engine/core/tensor.h"
+#include "engine/train/trainer.h"
 
 int core_probe() { return 0; }

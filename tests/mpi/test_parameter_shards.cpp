@@ -1,5 +1,5 @@
 // The sharded gradient exchange and optimizer of CPU ranks (ZeRO stage 1,
-// include/engine/parameter_shards.h), with ranks simulated by threads: the reduce-scatter
+// include/engine/core/parameter_shards.h), with ranks simulated by threads: the reduce-scatter
 // gives each rank exactly the tree sums that BatchChunks::complete gives (so the bits of
 // one process), the allgathers return every shard, and a rank holds about 1/W of the
 // optimizer's moments while it trains, the whole moments after.
@@ -9,11 +9,11 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/batch_chunks.h"
-#include "engine/collective.h"
-#include "engine/models/registry.h"
-#include "engine/parameter_shards.h"
-#include "engine/trainer.h"
+#include "engine/core/batch_chunks.h"
+#include "engine/core/collective.h"
+#include "engine/nn/models/registry.h"
+#include "engine/core/parameter_shards.h"
+#include "engine/train/trainer.h"
 #include "support/thread_collective.h"
 #include "synthetic_data.h"
 

@@ -15,10 +15,10 @@
 #include <thread>
 #include <vector>
 
-#include "engine/batch_chunks.h"
-#include "engine/collective.h"
-#include "engine/models/registry.h"
-#include "engine/trainer.h"
+#include "engine/core/batch_chunks.h"
+#include "engine/core/collective.h"
+#include "engine/nn/models/registry.h"
+#include "engine/train/trainer.h"
 #include "support/thread_collective.h"
 #include "synthetic_data.h"
 

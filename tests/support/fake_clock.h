@@ -1,4 +1,4 @@
-// Test-only: an Env (engine/env.h) whose clocks the test sets, over the real file calls
+// Test-only: an Env (engine/io/env.h) whose clocks the test sets, over the real file calls
 // of `target`: the wall clock stands still at a chosen time, and the monotonic clock
 // moves on by a chosen step at every reading, so a run sees exactly the time the test
 // gives it however fast the machine is.
@@ -7,7 +7,7 @@
 #include <chrono>
 #include <cstdint>
 
-#include "engine/env.h"
+#include "engine/io/env.h"
 
 namespace engine::fake_clock {
 

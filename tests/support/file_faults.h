@@ -1,4 +1,4 @@
-// Test-only (engine_testing, never in libengine.a): an Env (engine/env.h) that makes a
+// Test-only (engine_testing, never in libengine.a): an Env (engine/io/env.h) that makes a
 // chosen call fail with a chosen errno (disk full, I/O error, quota, file size limit, a
 // lock or a listing refused) without reaching the system. It is passed to the code under
 // test like any Env: the Trainer, RunSessionOptions::env, RunDirLock::acquire, the
@@ -9,7 +9,7 @@
 #include <mutex>
 #include <string>
 
-#include "engine/env.h"
+#include "engine/io/env.h"
 
 namespace engine::file_faults {
 

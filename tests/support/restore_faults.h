@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "engine/trainer.h"
+#include "engine/train/trainer.h"
 
 namespace engine::restore_faults {
 

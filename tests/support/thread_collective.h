@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/collective.h"
+#include "engine/core/collective.h"
 
 namespace test_support {
 

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
-#include "engine/models/registry.h"
-#include "engine/run_directory.h"
-#include "engine/trainer.h"
+#include "engine/io/config.h"
+#include "engine/nn/models/registry.h"
+#include "engine/run/run_directory.h"
+#include "engine/train/trainer.h"
 
 namespace {
 

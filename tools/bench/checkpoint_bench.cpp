@@ -26,11 +26,11 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
-#include "engine/models/registry.h"
-#include "engine/run_directory.h"
-#include "engine/trainer.h"
-#include "engine/checkpoint.h"
-#include "engine/config.h"
+#include "engine/nn/models/registry.h"
+#include "engine/run/run_directory.h"
+#include "engine/train/trainer.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/config.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;

@@ -1,7 +1,7 @@
 #include "report/report.h"
 #include "core/utc_time.h"
 
-#include "engine/run_files.h"
+#include "engine/run/run_files.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,11 +15,11 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "engine/checkpoint.h"
-#include "engine/config.h"
-#include "engine/dataset.h"
-#include "engine/device.h"
-#include "engine/inference.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/config.h"
+#include "engine/io/dataset.h"
+#include "engine/core/device.h"
+#include "engine/train/inference.h"
 #include "io/atomic_file.h"
 
 namespace engine {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/trainer.h"
+#include "engine/train/trainer.h"
 
 namespace engine {
 
@@ -19,7 +19,7 @@ struct ReportOptions {
   std::string device = "auto";   // where best.h5 is evaluated
   std::string data_dir;          // empty: the data.dir stored in best.h5
   // Builds the model a checkpoint's config names (the CLI passes engine::make_model from
-  // engine/models/registry.h; the library's engine/ layer knows no concrete model).
+  // engine/nn/models/registry.h; the library's engine/ layer knows no concrete model).
   // Without it the confusion matrix is left out with a note.
   std::function<std::unique_ptr<Model>(const Config&)> make_model;
 };

@@ -1,4 +1,4 @@
-#include "engine/batch_chunks.h"
+#include "engine/core/batch_chunks.h"
 
 #include <algorithm>
 #include <cstring>

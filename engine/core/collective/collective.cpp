@@ -1,4 +1,4 @@
-#include "engine/collective.h"
+#include "engine/core/collective.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -3,7 +3,7 @@
 #pragma once
 #include <memory>
 
-#include "engine/collective.h"
+#include "engine/core/collective.h"
 
 namespace engine::dist {
 

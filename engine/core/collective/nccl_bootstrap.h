@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <functional>
 
-#include "engine/collective.h"
+#include "engine/core/collective.h"
 
 namespace engine::dist {
 

@@ -17,7 +17,7 @@
 #include <type_traits>
 
 #include "core/collective/nccl_bootstrap.h"
-#include "engine/collective.h"
+#include "engine/core/collective.h"
 #include "kernels/cuda_runtime.h"
 #include "kernels/shared_library.h"
 

@@ -1,7 +1,7 @@
 // Builds without NCCL (no CUDA, or no nccl.h at configure time; cmake/engine_nccl.cmake).
 #include <stdexcept>
 
-#include "engine/collective.h"
+#include "engine/core/collective.h"
 
 namespace engine {
 

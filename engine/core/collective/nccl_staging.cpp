@@ -1,10 +1,10 @@
-// The default device exchanges of Collective (include/engine/collective.h): through host
+// The default device exchanges of Collective (include/engine/core/collective.h): through host
 // memory and the host exchanges, so any collective (MPI, single, a test's) serves CUDA
 // ranks. The NCCL collective overrides both.
 #include <cstddef>
 #include <vector>
 
-#include "engine/collective.h"
+#include "engine/core/collective.h"
 #include "kernels/cuda_runtime.h"
 
 namespace engine {

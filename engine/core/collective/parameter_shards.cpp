@@ -1,4 +1,4 @@
-#include "engine/parameter_shards.h"
+#include "engine/core/parameter_shards.h"
 
 #include <algorithm>
 #include <cstring>

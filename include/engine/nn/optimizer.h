@@ -1,0 +1,58 @@
+// Adam and AdamW (PyTorch semantics; see kernels/elementwise.h adam_element). State is
+// keyed by parameter name, never by position: exp_avg/<name>, exp_avg_sq/<name>, step/<name>.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "engine/nn/module.h"
+#include "engine/core/parameter_shards.h"
+
+namespace engine {
+
+class AdamOptimizer : public Stateful {
+ public:
+  // name: "adamw" (decoupled weight decay) or "adam" (L2 added to the gradient).
+  AdamOptimizer(const std::string& name, std::vector<Parameter*> params, double lr, double beta1,
+                double beta2, double eps, double weight_decay);
+
+  const std::string& name() const { return name_; }
+  void set_lr(double lr) { lr_ = lr; }
+  double lr() const { return lr_; }
+  // One update of every parameter from its .grad (sharded: of this rank's shard only,
+  // from the shard of .grad that ParameterShards::reduce_scatter completed).
+  void step();
+  // Re-creates the moments on the parameters' current device (after a model move).
+  void to(Device device);
+
+  // ZeRO stage 1 (docs/distributed.md): keeps only this rank's shard of the moments
+  // (`shards` over the same parameters, in the same order; CPU), and from then on updates
+  // only that shard. Local: nothing is exchanged.
+  void shard(const ParameterShards& shards);
+  // Gathers every rank's shard: the whole moments on every rank again, unsharded (a
+  // collective: every rank calls it at the same point).
+  void unshard(const ParameterShards& shards);
+  bool sharded() const { return sharded_; }
+  // The bytes of the moments this rank holds, and of the whole moments state() gives.
+  int64_t moment_bytes() const;
+  int64_t state_bytes() const;
+
+  // The whole moments: unsharded only (a sharded optimizer throws std::logic_error; the
+  // Trainer gathers the shards before a save and when fit() returns).
+  StateDict state() const override;
+  void load_state(const StateDict& in) override;
+
+ private:
+  struct Slot {
+    Parameter* param;
+    Tensor exp_avg, exp_avg_sq;  // sharded: the `count` moments of elements [offset, offset + count)
+    int64_t step = 0;
+    int64_t offset = 0, count = -1;  // -1: the whole parameter
+  };
+  void require_whole(const char* what) const;
+  std::string name_;
+  double lr_, beta1_, beta2_, eps_, weight_decay_;
+  std::vector<Slot> slots_;
+  bool sharded_ = false;
+};
+
+}  // namespace engine

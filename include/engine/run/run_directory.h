@@ -1,0 +1,80 @@
+// A training run's directory, <run-dir> (cfg.checkpoint.dir): everything fit() leaves on
+// disk. It holds the directory's lock (engine/run/run_lock.h) for as long as it lives, names
+// and rotates the checkpoints (last.h5, best.h5, epoch_NNNN.h5), verifies each save,
+// writes metrics.jsonl and the TensorBoard events, and tells the time limit what a save
+// costs. With checkpoint.async (the default) a writer thread serialises, writes, fsyncs,
+// renames and verifies each checkpoint while training goes on; the training thread only
+// copies the state into a reusable snapshot buffer, and waits only while the previous
+// checkpoint still holds that buffer.
+//
+//   Trainer trainer(cfg, device, make_model(cfg), &observer);
+//   RunDirectory run(trainer);      // takes <run-dir>/.lock; RunDirBusy when taken
+//   FitResult r = run.fit(stop);    // trainer.fit(stop, &run)
+//
+// Each epoch's line of metrics.jsonl carries, after the fields of epoch_metric_fields(),
+// "saves": [{"file", "global_step", "stall_seconds"}...] for the saves this process made
+// in that epoch (absent for epochs trained by an earlier process).
+//
+// A Trainer without a RunDirectory writes nothing (a data-parallel rank other than 0).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/run/run_lock.h"
+#include "engine/train/trainer.h"
+
+namespace engine {
+
+// What one checkpoint save cost.
+struct SaveRecord {
+  std::string file;           // "last.h5", "best.h5", "epoch_0005.h5"
+  int64_t epoch = 0;          // the epoch (1-based) the save belongs to: its line in metrics.jsonl
+  int64_t global_step = 0;
+  // The training thread's part: waiting for the save before it (at most one is in
+  // flight) and copying the state into the snapshot buffer. With checkpoint.async off,
+  // the whole save.
+  double stall_seconds = 0;
+  // From the request until the file was written, renamed and verified (0 until then).
+  double total_seconds = 0;
+};
+
+class RunDirectory final : public RunSink {
+ public:
+  // The run directory of `trainer` (trainer.config().checkpoint.dir, created when
+  // absent), locked for this object's lifetime with `lock` when it is one for that
+  // directory, else with a lock taken here (throws RunDirBusy). Taking the directory
+  // removes what a writer that died there left behind (temporary files, hidden old
+  // versions): the lock proves no other writer is at work. `trainer` must outlive this.
+  // Every file, listing, removal and timing here, the writer thread's included, goes
+  // through trainer.env(): one Env for the run, so that the time limit and the save
+  // estimates it reads from here run on one clock.
+  explicit RunDirectory(Trainer& trainer, std::optional<RunDirLock> lock = std::nullopt);
+  // Waits for the saves in flight (their errors, if any, are lost: call flush() or fit()).
+  ~RunDirectory() override;
+  RunDirectory(const RunDirectory&) = delete;
+  RunDirectory& operator=(const RunDirectory&) = delete;
+
+  // trainer.fit(stop, this): checkpoints and metrics here, every save complete on return.
+  FitResult fit(const StopPlan& stop = {});
+
+  const std::string& dir() const;
+  std::string path(const std::string& file) const;  // dir()/file
+  // The saves this object made, oldest first.
+  std::vector<SaveRecord> saves() const;
+
+  // RunSink.
+  void save(Trainer& trainer, CheckpointKind kind) override;
+  void record_metrics(Trainer& trainer, const std::optional<EvalResult>& test) override;
+  void after_step(Trainer& trainer) override;
+  double save_estimate(const Trainer& trainer) const override;
+  void flush(Trainer& trainer) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace engine

@@ -1,0 +1,321 @@
+// The public training API: everything the `engine` CLI does is a call here, so the
+// library can be embedded (docs/embedding.md). A Trainer owns the model it is given,
+// the dataset, optimizer, scheduler, loss scaler, RNG, counters and metrics history,
+// all exposed through the uniform state interface, and snapshots/restores all of it
+// plus any state groups the host registers. It writes no file of its own: fit() hands
+// its checkpoints and metrics to a RunSink (engine/run/run_directory.h keeps a run
+// directory), and save_checkpoint() writes one file when a host asks.
+#pragma once
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/core/collective.h"
+#include "engine/io/dataset.h"
+#include "engine/nn/optimizer.h"
+#include "engine/core/parameter_shards.h"
+#include "engine/core/rng.h"
+#include "engine/nn/scaler.h"
+#include "engine/nn/scheduler.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/config.h"
+#include "engine/nn/model.h"
+#include "engine/io/env.h"
+#include "engine/train/epoch_metrics.h"
+#include "engine/train/run_control.h"
+
+namespace engine {
+
+// What one train_step() did.
+struct StepResult {
+  int64_t epoch = 0;          // 1-based epoch the step belonged to
+  int64_t step_in_epoch = 0;  // steps done in that epoch, this one included
+  int64_t global_step = 0;
+  double loss = 0;            // mean train loss of the step's batch
+  // Set when the step completed its epoch: validation ran, the scheduler stepped, and
+  // the epoch is in history() (what fit() does at an epoch end, without checkpoints).
+  std::optional<EpochMetrics> epoch_end;
+};
+
+struct Progress {
+  int64_t epoch = 0, epochs = 0;  // 1-based current epoch, total
+  int64_t step = 0, steps = 0;    // batches done in this epoch, batches per epoch
+  double running_loss = 0;        // mean train loss over this epoch so far
+  double samples_per_second = 0;
+  double eta_seconds = 0;
+};
+
+enum class CheckpointKind { Last, Best, Milestone, MidEpoch };
+const char* checkpoint_kind_name(CheckpointKind k);
+
+// Receives what the trainer has to say; the CLI prints it. All methods optional.
+class TrainerObserver {
+ public:
+  virtual ~TrainerObserver() = default;
+  virtual void on_message(const std::string&) {}
+  virtual void on_epoch_begin(int64_t /*epoch*/, int64_t /*epochs*/, int64_t /*steps*/) {}
+  virtual void on_progress(const Progress&) {}  // throttled to a few per second
+  // After every optimizer step (and after the mid-epoch checkpoint fit() writes at it).
+  virtual void on_step_end(int64_t /*global_step*/) {}
+  virtual void on_epoch_end(const EpochMetrics&) {}
+  virtual void on_checkpoint(const std::string& /*path*/, CheckpointKind) {}
+};
+
+enum class LoadMode { Strict, NonStrict };
+
+// Told by Trainer::restore of each group it has loaded, in order. An observer that
+// throws acts as a component failing after it changed its state: restore rolls every
+// component it touched back and rethrows.
+class RestoreObserver {
+ public:
+  virtual ~RestoreObserver() = default;
+  virtual void after_group(const std::string& group) = 0;
+};
+
+// Deliberate interruptions, for time-limited jobs.
+struct StopPlan {
+  std::optional<int64_t> after_epochs;  // stop cleanly after this many epochs in total
+  // Stop cleanly, last.h5 saved, before this much wall-clock time has passed since
+  // time_limit_from (default: when fit() starts); the next step, evaluation and save
+  // are estimated from those measured so far, and a margin is kept. Measured with the
+  // trainer's Env (Env::monotonic_now), which time_limit_from is a time of.
+  std::optional<double> time_limit_seconds;
+  std::optional<std::chrono::steady_clock::time_point> time_limit_from;
+};
+
+struct FitResult {
+  enum class Ending { Completed, EarlyStopped, Stopped } ending = Ending::Completed;
+  // Why a Stopped run stopped: a stop request (RunControl), StopPlan::after_epochs, or
+  // StopPlan::time_limit_seconds.
+  enum class StopCause { None, Requested, EpochLimit, TimeLimit } stop_cause = StopCause::None;
+  int64_t epochs_done = 0;
+  std::optional<EvalResult> test;  // evaluated on the test set when training completed
+};
+
+class TimeBudget;
+class RunProtocol;
+class BatchChunks;
+class Trainer;
+
+// Where fit() keeps its run: the checkpoints at the points the loop chooses and the
+// metrics after each epoch. engine/run/run_directory.h implements it for <run-dir>; without
+// one, fit() writes nothing (a data-parallel rank other than 0, a host that saves itself).
+// Every method is called on the thread that runs fit().
+class RunSink {
+ public:
+  virtual ~RunSink() = default;
+  // A checkpoint of the trainer's state as it is now. May return once the state is
+  // copied and write it later; throws CheckpointWriteError when the run must stop
+  // (checkpoint.on_error = stop), for this save's failure or an earlier one's.
+  virtual void save(Trainer& trainer, CheckpointKind kind) = 0;
+  // The history has a new epoch, or (with `test`) training is complete.
+  virtual void record_metrics(Trainer& trainer, const std::optional<EvalResult>& test) = 0;
+  // After every optimizer step: surfaces (throws, or warns) a failure of a save written
+  // in the background meanwhile.
+  virtual void after_step(Trainer&) {}
+  // Seconds from requesting a save until it is complete, as the time limit must assume.
+  virtual double save_estimate(const Trainer& trainer) const = 0;
+  // Every save requested is complete when this returns (fit() calls it before it returns
+  // or throws, and after a checkpoint request); throws like save().
+  virtual void flush(Trainer& trainer) = 0;
+};
+
+class Trainer {
+ public:
+  // Trains `model` (e.g. make_model(cfg) from engine/nn/models/registry.h, or a host's
+  // own) on `data`, or on make_dataset(cfg.data, device) when `data` is null. The
+  // trainer moves the model to `device` and initialises its parameters from the seed;
+  // the model's input shape and classes must match the dataset's. Loads the data (all
+  // splits, or only the test set) onto `device` at once, so missing files fail here.
+  //
+  // Data-parallel (docs/distributed.md): with a `collective` of W ranks (W <= dist.chunks;
+  // null: one process), data.batch_size is the global batch; each rank computes its
+  // chunks of every batch and the ranks complete the sums in a fixed order, so every
+  // rank holds the state of the one-process run, bit for bit. It must outlive the trainer.
+  //
+  // `env` (engine/io/env.h; null: Env::posix()) is the run's file system and clocks: the
+  // checkpoints resume_from() and save_checkpoint() read and write, the clock of the time
+  // limit and of the epoch timings, and everything a RunDirectory over this trainer does.
+  // It must outlive the trainer. (The dataset reads its own files.)
+  Trainer(Config cfg, Device device, std::unique_ptr<Model> model, TrainerObserver* observer = nullptr,
+          SplitsNeeded splits = SplitsNeeded::All, std::unique_ptr<Dataset> data = nullptr,
+          Collective* collective = nullptr, Env* env = nullptr);
+  ~Trainer();
+
+  const Config& config() const { return cfg_; }
+  Device device() const { return device_; }
+  Env& env() const { return env_; }
+  Model& model() { return *model_; }
+  Dataset& dataset() { return *data_; }
+  TrainerObserver& observer() { return *observer_; }
+  // Stop and checkpoint requests for this trainer's runs (async-signal-safe; the CLI's
+  // SIGINT/SIGTERM/SIGUSR1 handlers reach it through an atomic pointer).
+  RunControl& control() { return control_; }
+
+  // Runs the remaining epochs from the current state, handing checkpoints and metrics
+  // to `sink` (RunDirectory::fit passes itself; null: nothing is written). Before it
+  // returns, or throws, sink->flush() has completed every save requested.
+  FitResult fit(const StopPlan& stop = {}, RunSink* sink = nullptr);
+
+  // A host's own loop. train_step() runs one optimizer step of the current epoch
+  // (shuffling when the epoch begins; at its last step, the end-of-epoch work of
+  // fit(): validation, scheduler step, metrics history, early-stopping bookkeeping).
+  // train_epoch() runs the steps left in the current epoch the same way. Both give the
+  // same bits as fit() and can be mixed with it, but write no file: no checkpoint, no
+  // metrics.jsonl (call save_checkpoint). Both throw std::logic_error once train.epochs
+  // epochs are done.
+  StepResult train_step();
+  EpochMetrics train_epoch();
+  // True when early stopping's patience has run out (fit() would stop here).
+  bool early_stop_reached() const;
+
+  // The whole state (snapshot()) written atomically to `path`, and reloaded and
+  // compared when checkpoint.verify is on (verify_saved_checkpoint).
+  void save_checkpoint(const std::string& path);
+
+  // Registers a host component's state as the checkpoint group `name` (letters, digits,
+  // '_', '-', '.'; not a built-in group's name). From then on every checkpoint holds it
+  // and restore() checks and loads it like the built-in groups: in a checkpoint without
+  // it, its keys are reported missing (Strict refuses, NonStrict leaves it unchanged).
+  // `component` must outlive the trainer. Throws std::invalid_argument.
+  void add_state_group(const std::string& name, Stateful* component);
+  EvalResult evaluate(Split split);
+  // Logits of the first `n` images of a split in eval mode (for interop and verification).
+  Tensor logits(Split split, int64_t n);
+
+  // The whole training state as a checkpoint, and back. restore() checks every group
+  // first and changes nothing unless it can apply all of it (Strict) or everything
+  // that matches (NonStrict); the report lists what was missing/unexpected/mismatched.
+  // Should a component still fail while loading, every component touched, the failing
+  // one included, is rolled back. The config decides whether loss scaling is on (the
+  // saved scale continues when the checkpoint was scaling too). The data set may change
+  // size at an epoch boundary, not mid-epoch (the position in the shuffled epoch
+  // depends on it).
+  Checkpoint snapshot() const;
+  // The bytes of the tensors snapshot() holds (with several ranks, of the whole state a
+  // save writes, while each rank holds only its shard of the optimizer's moments).
+  int64_t state_bytes() const;
+  // The bytes of optimizer moments this rank holds now: about 1/W of them while a fit()
+  // or a step runs on W CPU ranks (ZeRO-1), all of them otherwise.
+  int64_t optimizer_moment_bytes() const { return optimizer_->moment_bytes(); }
+  StateReport restore(const Checkpoint& ckpt, LoadMode mode, RestoreObserver* observer = nullptr);
+  // load_checkpoint + restore; throws CheckpointError naming the file on failure.
+  StateReport resume_from(const std::string& path, LoadMode mode);
+
+  int64_t epochs_done() const { return epoch_; }
+  int64_t global_step() const { return global_step_; }
+  int64_t step_in_epoch() const { return step_in_epoch_; }
+  double current_lr() const { return scheduler_->lr(); }
+  const std::vector<EpochMetrics>& history() const { return history_; }
+  // The one precision rule: fp16 conv/GEMM math on CUDA when precision.mode is fp16,
+  // fp32 otherwise (the CPU backend is fp32). Every model instance that must compute
+  // the same bits as the trained one (verification, evaluation) is set to this.
+  Precision compute_precision() const;
+
+ private:
+  class CounterState;
+  class MetricsState;
+  enum class Interruptible { No, Yes };  // may a stop request cut validation short?
+  void train_epoch(bool& interrupted);
+  // Shuffles when the epoch begins and derives its permutation (once per epoch).
+  void prepare_epoch();
+  int64_t steps_per_epoch();
+  // One optimizer step on batch step_in_epoch_ of the current epoch.
+  void run_step();
+  // Validation, scheduler, history, early stopping: whether the metric improved, or
+  // nothing (and no change) when a stop request cut the validation short.
+  std::optional<bool> finish_epoch(double seconds, EpochMetrics& m, Interruptible when);
+  void require_epochs_left() const;
+  void end_epoch(double seconds, bool& stop_early, bool& interrupted);
+  // evaluate(), but gives up (nothing) between batches once a stop is requested.
+  std::optional<EvalResult> evaluate_unless_stopped(Split split);
+  std::optional<EvalResult> evaluate_impl(Split split, const RunControl* stop);
+  // Time-limit check (run_control): true when the work ahead would overrun.
+  bool out_of_time(bool last_step_of_epoch);
+  // Calls the sink through the run protocol: with several ranks, rank 0 holds a failure
+  // until the next agreement instead of throwing alone while the others wait.
+  template <class SinkCall>
+  void call_sink(SinkCall&& call);
+  std::string time_limit_message() const;
+  // Hands the state to the run's sink (nothing without one).
+  void save(CheckpointKind kind);
+  void record_metrics(const std::optional<EvalResult>& test);
+  double save_estimate() const;
+  FitResult fit_loop(const StopPlan& stop);
+  // Several CPU ranks: the optimizer's moments whole again (a collective; every rank at
+  // the same point: a save, the end of fit() or of train_step()).
+  void gather_optimizer_shards();
+  // Every rank's per-sample values of a batch (this rank filled its own), on the
+  // training device.
+  void gather_samples(const BatchChunks& plan, float* values) const;
+  // The first n images of a split, normalised, on the training device: [n, C, H, W].
+  Tensor first_images(Split split, int64_t n);
+  Shape batch_shape(int64_t n) const;
+  // The groups of every checkpoint: the built-in ones, then the host's.
+  std::vector<std::pair<std::string, Stateful*>> builtin_components();
+  std::vector<std::pair<std::string, Stateful*>> components();
+
+  const Config cfg_;
+  const std::string config_json_;  // cfg_ resolved, as every checkpoint stores it (made once)
+  Device device_;
+  Env& env_;
+  TrainerObserver* observer_;
+  TrainerObserver silent_;
+  std::unique_ptr<Dataset> data_;
+  Rng rng_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<AdamOptimizer> optimizer_;
+  std::unique_ptr<LrScheduler> scheduler_;
+  std::unique_ptr<LossScaler> scaler_;
+  std::unique_ptr<CounterState> counter_state_;
+  std::unique_ptr<MetricsState> metrics_state_;
+  std::vector<std::pair<std::string, Stateful*>> host_groups_;
+
+  // Run control: requests from outside, where the run goes, the deadline.
+  RunControl control_;
+  RunSink* sink_ = nullptr;                  // set while a fit() runs
+  std::unique_ptr<TimeBudget> time_budget_;  // set while a fit() with a time limit runs
+  FitResult::StopCause stop_cause_ = FitResult::StopCause::None;
+  // The agreements between the ranks, rank 0's clock, held sink failures: one process
+  // or several (engine/train/run_protocol.h).
+  std::unique_ptr<RunProtocol> protocol_;
+
+  // Counters and early-stopping state (saved in the "trainer" group).
+  int64_t epoch_ = 0, global_step_ = 0, step_in_epoch_ = 0;
+  uint64_t epoch_shuffle_offset_ = 0;
+  double best_metric_;
+  int64_t best_epoch_ = 0, epochs_without_improvement_ = 0;
+  Tensor epoch_sample_loss_;  // per-sample train losses of the current epoch
+  std::vector<EpochMetrics> history_;
+
+  // The epoch whose permutation_ is derived (its shuffle offset), and when it began.
+  std::optional<uint64_t> permutation_offset_;
+  std::chrono::steady_clock::time_point epoch_clock_;
+  // Seconds the current epoch trained in earlier sessions (before a mid-epoch resume),
+  // saved as trainer/epoch_elapsed_seconds so that epoch_seconds counts the whole epoch.
+  double epoch_elapsed_before_ = 0;
+  // This epoch's training seconds so far, all sessions (0 at an epoch boundary).
+  double epoch_elapsed_seconds() const;
+
+  // The ranks of a data-parallel run (collective_ points at single_process_ in one process).
+  SingleProcessCollective single_process_;
+  Collective* collective_ = &single_process_;
+
+  // Several CPU ranks: each owns a shard of the flat parameters and of the optimizer's
+  // moments (docs/distributed.md "Sharded optimizer"); the layers leave their weight and
+  // bias block sums in grad_parts_ for one pass after backward.
+  std::unique_ptr<ParameterShards> shards_;
+  GradientParts grad_parts_;
+  std::vector<Tensor*> param_values_, param_grads_;
+
+  // Workspaces.
+  Tensor batch_x_, batch_labels_, permutation_, sample_correct_, eval_loss_, eval_correct_;
+  Tensor dlogits_;
+};
+
+}  // namespace engine
