@@ -1,7 +1,7 @@
 # The engine's layers (docs/architecture.md), each its own CMake target, linked only
 # downward, so an #include that runs back up fails to build:
 #
-#   kernels -> core -> io -> nn -> train [-> run] ; apps (tools/) on top, outside libengine.a
+#   kernels -> core -> io -> nn -> train [-> run] ; apps (apps/) on top, outside libengine.a
 #
 # Each layer is an OBJECT library compiled against its own include VIEW,
 # <build>/layers/<layer>/, which CMake generates from the table below:
@@ -171,7 +171,7 @@ endforeach()
 set(ENGINE_INTERNAL_VIEW ${ENGINE_LAYER_VIEWS}/internal)
 file(REMOVE_RECURSE ${ENGINE_INTERNAL_VIEW})
 file(MAKE_DIRECTORY ${ENGINE_INTERNAL_VIEW})
-_engine_link_prefixes(${ENGINE_INTERNAL_VIEW} "${_engine_view_prefixes};report=tools/report")
+_engine_link_prefixes(${ENGINE_INTERNAL_VIEW} "${_engine_view_prefixes};report=apps/report")
 
 # The table for the test layer_walls (tests/layers/check_walls.cmake).
 string(REPLACE ";" " " _ls "${_engine_all_layers}")

@@ -32,7 +32,7 @@ SOURCE = os.environ.get("ENGINE_SOURCE_DIR") or os.path.dirname(os.path.dirname(
 ENGINE = os.environ.get("ENGINE_BIN") or os.path.join(SOURCE, "build", "engine")
 EPOCHS = 15
 TEST_COUNT = 600
-# The curves' colours in tools/report/report.cpp, one per chart.
+# The curves' colours in apps/report/report.cpp, one per chart.
 CHART_COLOURS = {
     "chart-loss": [(31, 119, 180), (255, 127, 14)],   # train_loss, val_loss
     "chart-accuracy": [(44, 160, 44)],                # val_acc

@@ -1,6 +1,6 @@
 // The `engine` program as a function, so that another program can be the CLI with a
 // listener of its own (the test harness tests/tools/engine_paused.cpp pauses a run at a
-// chosen step this way). tools/engine_main.cpp is `main` over it.
+// chosen step this way). apps/engine_main.cpp is `main` over it.
 #pragma once
 #include "engine/train/trainer.h"
 

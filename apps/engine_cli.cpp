@@ -1,4 +1,4 @@
-// The `engine` command line (tools/engine_cli.h): a thin layer over the library
+// The `engine` command line (apps/engine_cli.h): a thin layer over the library
 // (engine/train/trainer.h, engine/io/checkpoint.h, engine/train/inference.h). Arguments are parsed by CLI11, one
 // subcommand at a time: a command takes only its own options and refuses any other with
 // a one-line usage error (exit 2). Every other error is one line on stderr, exit 1.
