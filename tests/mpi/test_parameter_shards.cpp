@@ -14,6 +14,8 @@
 #include "engine/nn/models/registry.h"
 #include "engine/core/parameter_shards.h"
 #include "engine/train/trainer.h"
+#include "engine/core/rng.h"
+#include "engine/nn/model.h"
 #include "support/thread_collective.h"
 #include "synthetic_data.h"
 
@@ -145,6 +147,63 @@ std::unique_ptr<Trainer> mlp_trainer(Collective* comm, TrainerObserver* observer
   auto model = make_model_for(c.model, test_util::SyntheticDataset::kShape, test_util::SyntheticDataset::kClasses);
   return std::make_unique<Trainer>(c, Device::cpu(), std::move(model), observer, SplitsNeeded::All,
                                    std::make_unique<test_util::SyntheticDataset>(64, 16, 16), comm);
+}
+
+// The two ways the op facade completes a conv or linear gradient (core/tensor_ops.cpp):
+// in the op (BatchChunks::complete, what CUDA and a model used outside the trainer get),
+// or deferred to the trainer's one pass (GradientParts, ParameterShards::reduce_scatter).
+// Both add the same block sums by the same tree, so every gradient has the same bits.
+TEST_CASE("gradients completed in the op equal those deferred to reduce_scatter, bit for bit") {
+  const int n = 40;
+  ModelConfig mc;
+  mc.name = "fashion_cnn";
+  const ImageShape shape{1, 28, 28};
+  Tensor x = Tensor::empty({n, 1, 28, 28}), dlogits = Tensor::empty({n, 10});
+  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = value_at(1, 0, static_cast<uint32_t>(i)) * 1e-7f;
+  for (int64_t i = 0; i < dlogits.numel(); ++i) dlogits.f32()[i] = value_at(2, 0, static_cast<uint32_t>(i)) * 1e-9f;
+  for (int world : {1, 2, 3}) {
+    CAPTURE(world);
+    run_ranks(world, [&](int, Collective& comm) {
+      BatchChunks plan(n, &comm, 16);  // more than one block: the grads need completing
+      const Tensor local_x = x.reshape({n, 784});
+      Tensor mine = Tensor::empty({plan.local_count(), 1, 28, 28}), dmine = Tensor::empty({plan.local_count(), 10});
+      std::memcpy(mine.f32(), local_x.f32() + plan.local_begin() * 784, mine.nbytes());
+      std::memcpy(dmine.f32(), dlogits.f32() + plan.local_begin() * 10, dmine.nbytes());
+      std::vector<Tensor> grads[2];
+      for (int deferred = 0; deferred < 2; ++deferred) {
+        auto model = make_model_for(mc, shape, 10);
+        Rng rng(7);
+        model->reset_parameters(rng);
+        GradientParts parts;
+        if (deferred) plan.defer_gradients(&parts);
+        REQUIRE(model->set_batch_chunks(&plan));
+        model->forward(mine, Mode::Train, rng);
+        model->backward(dmine);
+        model->set_batch_chunks(nullptr);
+        plan.defer_gradients(nullptr);
+        std::vector<Tensor*> g;
+        std::vector<int64_t> sizes;
+        for (Parameter* p : model->parameters()) {
+          g.push_back(&p->grad);
+          sizes.push_back(p->grad.numel());
+        }
+        if (deferred) {
+          REQUIRE(parts.find(*g.front()) != nullptr);  // the conv1 weight's block sums waited
+          ParameterShards shards(sizes, &comm);
+          shards.reduce_scatter(plan, parts, g);
+          std::vector<Tensor*> values;
+          for (Parameter* p : model->parameters()) values.push_back(&p->grad);
+          shards.allgather(values);  // every rank's shard of the gradients, to compare whole
+        }
+        for (Tensor* t : g) grads[deferred].push_back(t->clone());
+      }
+      REQUIRE(grads[0].size() == grads[1].size());
+      for (std::size_t i = 0; i < grads[0].size(); ++i) {
+        CAPTURE(i);
+        CHECK(std::memcmp(grads[0][i].raw(), grads[1][i].raw(), grads[0][i].nbytes()) == 0);
+      }
+    });
+  }
 }
 
 TEST_CASE("a rank holds its shard of the optimizer's moments while it trains, the whole moments after") {
