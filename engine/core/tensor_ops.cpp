@@ -75,9 +75,10 @@ class GradientBlocks {
     }
     Tensor sums = on_host(db_parts_);
     if (plan_.needs_completion()) plan_.complete(sums.f64(), db_.numel(), sums.f64());
-    Tensor rounded = Tensor::empty({db_.numel()}, DType::F32);
+    // On the CPU the gradient itself, else a host buffer copied up once.
+    Tensor rounded = db_.device().is_cpu() ? db_ : Tensor::empty(db_.shape());
     for (int64_t i = 0; i < db_.numel(); ++i) rounded.f32()[i] = static_cast<float>(sums.f64()[i]);
-    db_.copy_from(rounded.reshape(db_.shape()));
+    detail::store(db_, rounded);
   }
 
  private:
@@ -111,94 +112,92 @@ float* data_or_null(Tensor* t) { return t ? t->f32() : nullptr; }
 
 // ---- Convolution and linear --------------------------------------------------------------
 // Each picks one of four paths: the CPU by chunks (fp16 is fp32 there), CUDA by chunks
-// in fp32 or fp16, CUDA whole-batch in fp32 or fp16.
+// in fp32 or fp16, CUDA whole-batch in fp32 or fp16. The backends' ops of one layer
+// kind, by path:
+namespace {
+
+template <class Shape>
+struct LayerOps {
+  using ForwardChunks = void (*)(const Shape&, int, const int*, const float*, const float*, const float*, float*);
+  using BackwardChunks = void (*)(const Shape&, int, const int*, const float*, const float*, const float*, float*,
+                                  float*, double*);
+  using Forward = void (*)(const Shape&, const float*, const float*, const float*, float*);
+  using Backward = void (*)(const Shape&, const float*, const float*, const float*, float*, float*, float*);
+  ForwardChunks cpu_forward, cuda_forward, cuda_forward_f16;
+  BackwardChunks cpu_backward, cuda_backward, cuda_backward_f16;
+  Forward cuda_whole_forward, cuda_whole_forward_f16;
+  Backward cuda_whole_backward, cuda_whole_backward_f16;
+};
+
+namespace cpu = kernels::cpu;
+namespace cuda = kernels::cuda;
+const LayerOps<ConvShape> kConv{
+    cpu::conv2d_forward_chunks,  cuda::conv2d_forward_chunks,  cuda::conv2d_forward_chunks_f16,
+    cpu::conv2d_backward_chunks, cuda::conv2d_backward_chunks, cuda::conv2d_backward_chunks_f16,
+    cuda::conv2d_forward,        cuda::conv2d_forward_f16,     cuda::conv2d_backward,
+    cuda::conv2d_backward_f16};
+const LayerOps<LinearShape> kLinear{
+    cpu::linear_forward_chunks,  cuda::linear_forward_chunks,  cuda::linear_forward_chunks_f16,
+    cpu::linear_backward_chunks, cuda::linear_backward_chunks, cuda::linear_backward_chunks_f16,
+    cuda::linear_forward,        cuda::linear_forward_f16,     cuda::linear_backward,
+    cuda::linear_backward_f16};
+
+template <class Shape>
+void layer_forward(const LayerOps<Shape>& ops, const BatchCompute& how, const Shape& s, const Tensor& x,
+                   const Tensor& w, const Tensor& b, Tensor& y) {
+  const Device d = w.device();
+  const bool f16 = how.precision == Precision::Fp16;
+  if (by_chunks(how, d)) {
+    const auto op = d.is_cpu() ? ops.cpu_forward : f16 ? ops.cuda_forward_f16 : ops.cuda_forward;
+    std::optional<BatchChunks> whole;
+    forward_blocks(plan_for(how, s.n, whole), s, x.f32(), y.f32(),
+                   [&](const Shape& bs, int chunks, const int* bounds, const float* bx, float* by) {
+                     op(bs, chunks, bounds, bx, w.f32(), b.f32(), by);
+                   });
+  } else {
+    (f16 ? ops.cuda_whole_forward_f16 : ops.cuda_whole_forward)(s, x.f32(), w.f32(), b.f32(), y.f32());
+  }
+}
+
+template <class Shape>
+void layer_backward(const LayerOps<Shape>& ops, const BatchCompute& how, const Shape& s, const Tensor& x,
+                    const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw, Tensor& db) {
+  const Device d = w.device();
+  const bool f16 = how.precision == Precision::Fp16;
+  if (by_chunks(how, d)) {
+    const auto op = d.is_cpu() ? ops.cpu_backward : f16 ? ops.cuda_backward_f16 : ops.cuda_backward;
+    std::optional<BatchChunks> whole;
+    backward_blocks(plan_for(how, s.n, whole), s, x.f32(), dy.f32(), data_or_null(dx), dw, db,
+                    [&](const Shape& bs, int chunks, const int* bounds, const float* bx, const float* bdy,
+                        float* bdx, float* pdw, double* pdb) {
+                      op(bs, chunks, bounds, bx, w.f32(), bdy, bdx, pdw, pdb);
+                    });
+  } else {
+    (f16 ? ops.cuda_whole_backward_f16 : ops.cuda_whole_backward)(s, x.f32(), w.f32(), dy.f32(), data_or_null(dx),
+                                                                  dw.f32(), db.f32());
+  }
+}
+
+}  // namespace
 
 void conv2d_forward(const BatchCompute& how, const ConvShape& s, const Tensor& x, const Tensor& w,
                     const Tensor& b, Tensor& y) {
-  const Device d = w.device();
-  const float *pw = w.f32(), *pb = b.f32();
-  const bool f16 = how.precision == Precision::Fp16;
-  if (by_chunks(how, d)) {
-    std::optional<BatchChunks> whole;
-    forward_blocks(plan_for(how, s.n, whole), s, x.f32(), y.f32(),
-                   [&](const ConvShape& bs, int chunks, const int* bounds, const float* bx, float* by) {
-                     if (d.is_cpu()) kernels::cpu::conv2d_forward_chunks(bs, chunks, bounds, bx, pw, pb, by);
-                     else if (f16) kernels::cuda::conv2d_forward_chunks_f16(bs, chunks, bounds, bx, pw, pb, by);
-                     else kernels::cuda::conv2d_forward_chunks(bs, chunks, bounds, bx, pw, pb, by);
-                   });
-  } else if (f16) {
-    kernels::cuda::conv2d_forward_f16(s, x.f32(), pw, pb, y.f32());
-  } else {
-    kernels::cuda::conv2d_forward(s, x.f32(), pw, pb, y.f32());
-  }
+  layer_forward(kConv, how, s, x, w, b, y);
 }
 
 void conv2d_backward(const BatchCompute& how, const ConvShape& s, const Tensor& x, const Tensor& w,
                      const Tensor& dy, Tensor* dx, Tensor& dw, Tensor& db) {
-  const Device d = w.device();
-  const float* pw = w.f32();
-  const bool f16 = how.precision == Precision::Fp16;
-  if (by_chunks(how, d)) {
-    std::optional<BatchChunks> whole;
-    backward_blocks(plan_for(how, s.n, whole), s, x.f32(), dy.f32(), data_or_null(dx), dw, db,
-                    [&](const ConvShape& bs, int chunks, const int* bounds, const float* bx, const float* bdy,
-                        float* bdx, float* pdw, double* pdb) {
-                      if (d.is_cpu())
-                        kernels::cpu::conv2d_backward_chunks(bs, chunks, bounds, bx, pw, bdy, bdx, pdw, pdb);
-                      else if (f16)
-                        kernels::cuda::conv2d_backward_chunks_f16(bs, chunks, bounds, bx, pw, bdy, bdx, pdw, pdb);
-                      else
-                        kernels::cuda::conv2d_backward_chunks(bs, chunks, bounds, bx, pw, bdy, bdx, pdw, pdb);
-                    });
-  } else if (f16) {
-    kernels::cuda::conv2d_backward_f16(s, x.f32(), pw, dy.f32(), data_or_null(dx), dw.f32(), db.f32());
-  } else {
-    kernels::cuda::conv2d_backward(s, x.f32(), pw, dy.f32(), data_or_null(dx), dw.f32(), db.f32());
-  }
+  layer_backward(kConv, how, s, x, w, dy, dx, dw, db);
 }
 
 void linear_forward(const BatchCompute& how, const LinearShape& s, const Tensor& x, const Tensor& w,
                     const Tensor& b, Tensor& y) {
-  const Device d = w.device();
-  const float *pw = w.f32(), *pb = b.f32();
-  const bool f16 = how.precision == Precision::Fp16;
-  if (by_chunks(how, d)) {
-    std::optional<BatchChunks> whole;
-    forward_blocks(plan_for(how, s.n, whole), s, x.f32(), y.f32(),
-                   [&](const LinearShape& bs, int chunks, const int* bounds, const float* bx, float* by) {
-                     if (d.is_cpu()) kernels::cpu::linear_forward_chunks(bs, chunks, bounds, bx, pw, pb, by);
-                     else if (f16) kernels::cuda::linear_forward_chunks_f16(bs, chunks, bounds, bx, pw, pb, by);
-                     else kernels::cuda::linear_forward_chunks(bs, chunks, bounds, bx, pw, pb, by);
-                   });
-  } else if (f16) {
-    kernels::cuda::linear_forward_f16(s, x.f32(), pw, pb, y.f32());
-  } else {
-    kernels::cuda::linear_forward(s, x.f32(), pw, pb, y.f32());
-  }
+  layer_forward(kLinear, how, s, x, w, b, y);
 }
 
 void linear_backward(const BatchCompute& how, const LinearShape& s, const Tensor& x, const Tensor& w,
                      const Tensor& dy, Tensor* dx, Tensor& dw, Tensor& db) {
-  const Device d = w.device();
-  const float* pw = w.f32();
-  const bool f16 = how.precision == Precision::Fp16;
-  if (by_chunks(how, d)) {
-    std::optional<BatchChunks> whole;
-    backward_blocks(plan_for(how, s.n, whole), s, x.f32(), dy.f32(), data_or_null(dx), dw, db,
-                    [&](const LinearShape& bs, int chunks, const int* bounds, const float* bx, const float* bdy,
-                        float* bdx, float* pdw, double* pdb) {
-                      if (d.is_cpu())
-                        kernels::cpu::linear_backward_chunks(bs, chunks, bounds, bx, pw, bdy, bdx, pdw, pdb);
-                      else if (f16)
-                        kernels::cuda::linear_backward_chunks_f16(bs, chunks, bounds, bx, pw, bdy, bdx, pdw, pdb);
-                      else
-                        kernels::cuda::linear_backward_chunks(bs, chunks, bounds, bx, pw, bdy, bdx, pdw, pdb);
-                    });
-  } else if (f16) {
-    kernels::cuda::linear_backward_f16(s, x.f32(), pw, dy.f32(), data_or_null(dx), dw.f32(), db.f32());
-  } else {
-    kernels::cuda::linear_backward(s, x.f32(), pw, dy.f32(), data_or_null(dx), dw.f32(), db.f32());
-  }
+  layer_backward(kLinear, how, s, x, w, dy, dx, dw, db);
 }
 
 // ---- Element-wise, pooling, dropout --------------------------------------------------------
