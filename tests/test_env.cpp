@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/error_text.h"
 #include "cli_util.h"
 #include "engine/io/checkpoint.h"
 #include "engine/io/env.h"
@@ -68,14 +69,7 @@ std::unique_ptr<Trainer> trainer_with(const Config& c, Env& env) {
                                    nullptr, SplitsNeeded::All, std::make_unique<SyntheticDataset>(), nullptr, &env);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "NO ERROR";
-}
+using test_support::error_of;
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 
+#include "support/error_text.h"
 #include "cli_util.h"
 #include "engine/io/checkpoint.h"
 #include "engine/io/idx.h"
@@ -25,15 +26,7 @@ std::size_t open_descriptors() {
   return n;
 }
 
-// The one-line message of what `f` throws (any std::exception), or "NO ERROR".
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "NO ERROR";
-}
+using test_support::error_of;
 
 struct OddPaths {
   std::string dir, fifo, device = "/dev/zero";
