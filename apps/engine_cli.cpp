@@ -27,10 +27,11 @@
 #include "engine/core/build_info.h"
 #include "engine/io/checkpoint.h"
 #include "engine/core/collective.h"
-#include "engine/io/config.h"
+#include "engine/train/config.h"
 #include "engine/io/dataset.h"
 #include "engine/train/inference.h"
 #include "engine/nn/models/registry.h"
+#include "engine/train/model_factory.h"
 #include "report/report.h"
 #include "engine/train/run_control.h"
 #include "engine/run/run_files.h"
@@ -57,6 +58,7 @@ commands:
   diff A.h5 B.h5         compare two checkpoints tensor by tensor (exit 0 when identical)
   report RUN_DIR         one self-contained HTML page: curves, confusion matrix, config, checkpoints
   version                the engine's version, its libraries' and the GPU's (also --version)
+  keys                   every config key: type, default, valid values, meaning (docs/config.md)
 
 Run `engine <command> --help` for the options of a command.
 )";
@@ -682,6 +684,22 @@ std::string version_text() {
 
 // ---- the commands --------------------------------------------------------------------
 
+// docs/config.md's key tables, one per top-level section, in the table's order.
+int cmd_keys() {
+  std::string section = "-";
+  for (const ConfigKeyInfo& k : config_keys()) {
+    const auto dot = k.dotted.find('.');
+    const std::string s = dot == std::string::npos ? "" : k.dotted.substr(0, dot);
+    if (s != section) {
+      std::cout << (section == "-" ? "" : "\n") << "### " << (s.empty() ? "Top level" : "`" + s + "`")
+                << "\n\n| Key | Type | Default | Valid | Meaning |\n|---|---|---|---|---|\n";
+      section = s;
+    }
+    std::cout << to_markdown_row(k) << "\n";
+  }
+  return 0;
+}
+
 // Whether a command forks the checkpoint parser (io/hdf5_sandbox.h) before it runs:
 // while the process is still small, since it will load checkpoints.
 enum class ParsesCheckpoints { No, Yes };
@@ -729,6 +747,10 @@ const Command kCommands[] = {
        std::cout << version_text();
        return 0;
      }},
+    {"keys",
+     "Every config key as docs/config.md's tables give it (markdown): key, type, default, valid values, "
+     "meaning; the tables are generated from the engine's key table.",
+     ParsesCheckpoints::No, no_options, [](const Commands&) { return cmd_keys(); }},
 };
 
 const Command* find_command(const std::string& name) {

@@ -2,7 +2,6 @@
 
 #include <stdexcept>
 
-#include "engine/io/dataset.h"
 #include "engine/nn/models/fashion_cnn.h"
 #include "engine/nn/models/mlp.h"
 
@@ -32,11 +31,6 @@ std::unique_ptr<Model> make_model_for(const ModelConfig& cfg, const ImageShape& 
   }
   if (cfg.name == "mlp") return std::make_unique<Mlp>(input, kMlpHidden, classes, dropout);
   throw std::invalid_argument("unknown model '" + cfg.name + "' (known: " + known_names() + ")");
-}
-
-std::unique_ptr<Model> make_model(const Config& cfg) {
-  const std::unique_ptr<Dataset> data = make_dataset(cfg.data, Device::cpu());  // reads nothing
-  return make_model_for(cfg.model, data->sample_shape(), data->num_classes());
 }
 
 }  // namespace engine

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "engine/io/config.h"
+#include "engine/train/config.h"
 #include "engine/io/dataset.h"
 
 namespace test_util {

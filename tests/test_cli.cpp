@@ -19,7 +19,7 @@
 #include "engine/core/build_info.h"
 #include "engine/io/checkpoint.h"
 #include "engine/core/device.h"
-#include "engine/nn/models/registry.h"
+#include "engine/train/model_factory.h"
 #include "engine/core/tensor.h"
 #include "engine/train/trainer.h"
 
@@ -305,7 +305,7 @@ TEST_CASE("--help of each command lists its own options, the same as docs/cli.md
   std::vector<std::string> doc;
   for (std::string l; std::getline(in, l);) doc.push_back(l);
   const std::set<std::string> generic = {"--help"};
-  for (const char* cmd : {"train", "resume", "eval", "inspect", "verify", "diff", "report", "version"}) {
+  for (const char* cmd : {"train", "resume", "eval", "inspect", "verify", "diff", "report", "version", "keys"}) {
     CAPTURE(cmd);
     const RunResult r = run(std::string(cmd) + " --help");
     CHECK(r.exit_code == 0);
@@ -333,6 +333,20 @@ TEST_CASE("--help of each command lists its own options, the same as docs/cli.md
   for (const char* text : {"2d", "D-HH:MM:SS", "SIGUSR1", "--reevaluate", "already complete", ">= 1"})
     CHECK(train.output.find(text) != std::string::npos);
   CHECK(run("eval --help").output.find("--fresh") == std::string::npos);
+}
+
+TEST_CASE("engine keys prints every key's row of docs/config.md, under its section's heading") {
+  const RunResult r = run("keys");
+  CHECK(r.exit_code == 0);
+  std::vector<std::string> rows;
+  std::istringstream lines(r.output);
+  for (std::string l; std::getline(lines, l);)
+    if (l.rfind("| `", 0) == 0) rows.push_back(l);
+  std::vector<std::string> want;
+  for (const engine::ConfigKeyInfo& k : engine::config_keys()) want.push_back(engine::to_markdown_row(k));
+  CHECK(rows == want);
+  for (const char* heading : {"### Top level\n", "### `data`\n", "### `precision`\n", "### `dist`\n"})
+    CHECK(r.output.find(heading) != std::string::npos);
 }
 
 TEST_CASE("a bad --set value is blamed on --set, not on the config file") {

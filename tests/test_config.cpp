@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -16,8 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
-#include "engine/io/config.h"
+#include "engine/train/config.h"
 #include "engine/nn/models/registry.h"
+#include "io/config_keys.h"
 #include "scratch_dir.h"
 
 using engine::Config;
@@ -577,43 +579,65 @@ TEST_CASE("overrides") {
   }
 }
 
-// docs/config.md's key tables against the config's own table (config_keys()): every key
-// documented once, with the type, default and range the reader applies; no row for a
-// key that does not exist.
-TEST_CASE("docs/config.md documents every key with its type, default and range, and no other") {
+// docs/config.md's key tables are generated from the config's own table (`engine keys`
+// prints them): every key documented once, in table order, each row exactly as
+// to_markdown_row gives it (type, default, valid range, meaning); no row for a key that
+// does not exist.
+TEST_CASE("docs/config.md's key rows are the key table's rows, in its order") {
   std::ifstream in(source_dir() / "docs" / "config.md");
   REQUIRE(in);
-  struct Row {
-    std::string type, default_text, range;
-  };
-  std::map<std::string, Row> rows;
+  std::vector<std::string> documented;
   std::string line;
-  auto trim = [](std::string t) {
-    const auto b = t.find_first_not_of(' '), e = t.find_last_not_of(' ');
-    return b == std::string::npos ? std::string() : t.substr(b, e - b + 1);
-  };
   while (std::getline(in, line)) {
+    // Key rows: "| `key` | type | ..." with a dotted key of lower-case words; not the
+    // --set examples or the table of sections.
     if (line.rfind("| `", 0) != 0) continue;
-    std::vector<std::string> cells;
-    for (std::string::size_type at = 1, bar; (bar = line.find('|', at)) != std::string::npos; at = bar + 1)
-      cells.push_back(trim(line.substr(at, bar - at)));
-    if (cells.size() < 5 || cells[0].rfind("`--set", 0) == 0) continue;  // the --set examples
-    const std::string key = cells[0].substr(1, cells[0].size() - 2);
-    CAPTURE(key);
-    CHECK_MESSAGE(rows.count(key) == 0, "documented twice");
-    rows[key] = Row{cells[1], cells[2], cells[3]};
+    const auto close = line.find('`', 3);
+    const std::string key = line.substr(3, close - 3);
+    if (key.rfind("--set", 0) == 0 || line.compare(close, 4, "` | ") != 0) continue;
+    if (std::count(line.begin(), line.end(), '|') < 6) continue;
+    documented.push_back(line);
   }
-  const std::vector<engine::ConfigKeyInfo> keys = engine::config_keys();
-  REQUIRE(keys.size() == rows.size());
-  for (const engine::ConfigKeyInfo& k : keys) {
-    CAPTURE(k.dotted);
-    const auto it = rows.find(k.dotted);
-    REQUIRE_MESSAGE(it != rows.end(), "not documented in docs/config.md");
-    CHECK(it->second.type == k.type);
-    CHECK(it->second.range == k.range);
-    // The default as the docs write it (`1e-3`, `"auto"`), read as JSON.
-    const std::string d = it->second.default_text;
-    REQUIRE(d.size() >= 2);
-    CHECK(nlohmann::json::parse(d.substr(1, d.size() - 2)) == nlohmann::json::parse(k.default_json));
+  std::vector<std::string> generated;
+  for (const engine::ConfigKeyInfo& k : engine::config_keys()) generated.push_back(engine::to_markdown_row(k));
+  CHECK(documented.size() == generated.size());
+  for (size_t i = 0; i < std::min(documented.size(), generated.size()); ++i) {
+    CAPTURE(i);
+    CHECK_MESSAGE(documented[i] == generated[i], "row of `engine keys` (update docs/config.md from it)");
+  }
+}
+
+// Each layer declares the sections it reads (engine/io/config_table.h); the root is those
+// sections nested under their names, after seed and device, and nothing else.
+TEST_CASE("the config table is each layer's sections nested under their names") {
+  std::vector<std::string> expected = {"seed", "device"};
+  auto add = [&](const std::string& prefix, const auto& section) {
+    for (const auto& k : section) expected.push_back(prefix + "." + k.name);
+  };
+  add("data", engine::data_config_keys());
+  add("model", engine::model_config_keys());
+  add("optimizer", engine::optimizer_config_keys());
+  add("scheduler", engine::scheduler_config_keys());
+  add("precision", engine::precision_config_keys());
+  add("train", engine::train_config_keys());
+  add("checkpoint", engine::checkpoint_config_keys());
+  add("logging", engine::logging_config_keys());
+  add("cuda", engine::cuda_config_keys());
+  add("dist", engine::dist_config_keys());
+  std::vector<std::string> got;
+  for (const engine::ConfigKeyInfo& k : engine::config_keys()) got.push_back(k.dotted);
+  CHECK(got == expected);
+
+  SUBCASE("a section reads and writes on its own, with the same checks and messages") {
+    const engine::DataConfig d =
+        engine::read_config(engine::data_config_keys(), json::parse(R"({"batch_size": 7, "train_limit": null})"), "x");
+    CHECK(d.batch_size == 7);
+    CHECK_FALSE(d.train_limit.has_value());
+    CHECK(engine::write_config(engine::data_config_keys(), d)["batch_size"] == 7);
+    CHECK(config_error([] { engine::read_config(engine::data_config_keys(), json::parse(R"({"batchsize": 7})"), "x"); }) ==
+          "x: unknown key 'batchsize' (did you mean 'batch_size'?)");
+    CHECK(config_error([] { engine::read_config(engine::precision_config_keys(),
+                                                json::parse(R"({"loss_scale": {"init": 0}})"), "x"); }) ==
+          "x: key 'loss_scale.init' must be > 0, got 0");
   }
 }

@@ -16,6 +16,7 @@
 #include "engine/io/idx.h"
 #include "engine/train/inference.h"
 #include "engine/nn/models/registry.h"
+#include "engine/train/model_factory.h"
 #include "engine/train/trainer.h"
 #include "kernels/ops.h"
 #include "synthetic_data.h"

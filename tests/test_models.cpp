@@ -14,6 +14,7 @@
 #include "engine/nn/models/fashion_cnn.h"
 #include "engine/nn/models/mlp.h"
 #include "engine/nn/models/registry.h"
+#include "engine/train/model_factory.h"
 #include "engine/train/trainer.h"
 #include "synthetic_data.h"
 

@@ -20,7 +20,7 @@
 #include "engine/run/run_files.h"
 #include "engine/run/run_lock.h"
 #include "engine/nn/scaler.h"
-#include "engine/nn/models/registry.h"
+#include "engine/train/model_factory.h"
 #include "engine/train/trainer.h"
 #include "support/restore_faults.h"
 

@@ -16,7 +16,7 @@
 #include <stdexcept>
 
 #include "engine/io/checkpoint.h"
-#include "engine/io/config.h"
+#include "engine/train/config.h"
 #include "engine/io/dataset.h"
 #include "engine/core/device.h"
 #include "engine/train/inference.h"

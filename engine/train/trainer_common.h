@@ -3,7 +3,7 @@
 #pragma once
 #include <chrono>
 
-#include "engine/io/config.h"
+#include "engine/train/config.h"
 #include "engine/io/env.h"
 
 namespace engine {

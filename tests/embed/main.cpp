@@ -7,9 +7,9 @@
 //
 // Exit status 0 when every check passes, 1 otherwise (each failure is printed).
 #include <engine/io/checkpoint.h>
-#include <engine/io/config.h>
+#include <engine/train/config.h>
 #include <engine/core/device.h>
-#include <engine/nn/models/registry.h>
+#include <engine/train/model_factory.h>
 #include <engine/core/state.h>
 #include <engine/run/run_directory.h>
 #include <engine/train/trainer.h>

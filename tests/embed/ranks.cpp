@@ -12,8 +12,8 @@
 // Exit status 0 when every check passes, 1 on a failure or error (every rank, through
 // RunSession::abort_job), 2 when the ranks do not agree on the start.
 #include <engine/core/collective.h>
-#include <engine/io/config.h>
-#include <engine/nn/models/registry.h>
+#include <engine/train/config.h>
+#include <engine/train/model_factory.h>
 #include <engine/run/run_directory.h>
 #include <engine/run/run_files.h>
 #include <engine/run/run_session.h>

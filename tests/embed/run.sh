@@ -150,7 +150,7 @@ pc_check() {  # PREFIX CUDA(ON|OFF)
     || fail "pkg-config --cflags --libs engine"
   echo "pkg-config --cflags --libs engine: $flags"
   cat > "$tmp/pc.cpp" <<'EOF'
-#include <engine/io/config.h>
+#include <engine/train/config.h>
 #include <engine/core/device.h>
 #include <engine/core/tensor.h>
 #include <cstdio>

@@ -1,4 +1,4 @@
-// libFuzzer harness: the config parser with `--set` overrides (include/engine/io/config.h),
+// libFuzzer harness: the config parser with `--set` overrides (include/engine/train/config.h),
 // along the path `engine train CONFIG --set K=V ...` takes.
 // The input is split at NUL bytes: the first piece is the JSON text of the config file,
 // each further piece one --set assignment. Expected: a valid Config, or a ConfigError
@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/io/config.h"
+#include "engine/train/config.h"
 #include "fuzz_util.h"
 
 namespace {

@@ -23,10 +23,10 @@
 
 #include "cli_util.h"
 #include "run_dir_util.h"
-#include "engine/io/config.h"
+#include "engine/train/config.h"
 #include "engine/core/device.h"
 #include "engine/train/inference.h"
-#include "engine/nn/models/registry.h"
+#include "engine/train/model_factory.h"
 #include "engine/train/trainer.h"
 #if defined(ENGINE_WITH_CUDA)
 #include "kernels/cuda/context.h"

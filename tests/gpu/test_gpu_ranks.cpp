@@ -15,6 +15,7 @@
 #include "cli_util.h"
 #include "engine/core/device.h"
 #include "engine/nn/models/registry.h"
+#include "engine/train/model_factory.h"
 #include "engine/train/process_settings.h"
 #include "engine/train/trainer.h"
 #include "support/thread_collective.h"

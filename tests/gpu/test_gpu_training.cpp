@@ -9,7 +9,7 @@
 
 #include "cli_util.h"
 #include "run_dir_util.h"
-#include "engine/io/config.h"
+#include "engine/train/config.h"
 #include "engine/core/device.h"
 #include "engine/train/process_settings.h"
 #include "engine/nn/scaler.h"

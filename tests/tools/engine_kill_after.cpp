@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/io/config.h"
-#include "engine/nn/models/registry.h"
+#include "engine/train/config.h"
+#include "engine/train/model_factory.h"
 #include "engine/run/run_directory.h"
 #include "engine/train/trainer.h"
 

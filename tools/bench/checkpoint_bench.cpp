@@ -26,11 +26,11 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
-#include "engine/nn/models/registry.h"
+#include "engine/train/model_factory.h"
 #include "engine/run/run_directory.h"
 #include "engine/train/trainer.h"
 #include "engine/io/checkpoint.h"
-#include "engine/io/config.h"
+#include "engine/train/config.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;

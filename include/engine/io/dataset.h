@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/io/config.h"
+#include "engine/io/config_sections.h"
 #include "engine/core/errors.h"  // DataError, which get() throws
 #include "engine/core/image_shape.h"
 #include "engine/core/tensor.h"

@@ -5,12 +5,10 @@
 // the trainer through the caller (see engine/nn/models/registry.h).
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "engine/io/config.h"
 #include "engine/core/image_shape.h"
 #include "engine/nn/layers.h"
 #include "engine/nn/module.h"
@@ -60,10 +58,6 @@ class Model : public Stateful {
   // checkpoint's model state is loaded into to check or serve it.
   virtual std::unique_ptr<Model> new_instance() const = 0;
 };
-
-// A model built from a resolved config (see make_model in engine/nn/models/registry.h):
-// what the inference API needs to rebuild the model a checkpoint's config names.
-using ModelFactory = std::function<std::unique_ptr<Model>(const Config&)>;
 
 // A model that is a chain of layers: forward runs them in order, backward in reverse,
 // state() is every layer's parameters and buffers under PyTorch's state_dict names.

@@ -1,10 +1,10 @@
-// dist.backend (include/engine/io/config.h) resolved for a run: which collective carries
+// dist.backend (include/engine/train/config.h) resolved for a run: which collective carries
 // the exchanges of data-parallel training (docs/distributed.md, "GPU ranks").
 #pragma once
 #include <memory>
 
 #include "engine/core/collective.h"
-#include "engine/io/config.h"
+#include "engine/train/config.h"
 #include "engine/core/device.h"
 
 namespace engine {

@@ -5,7 +5,7 @@
 //   std::vector<int32_t> classes = clf.classify(pixels, n);  // uint8, n x 784 bytes
 //
 // The checkpoint's stored config names the model (model.name) and the normalisation
-// (data.mean, data.std); the factory (engine::make_model of engine/nn/models/registry.h,
+// (data.mean, data.std); the factory (engine::make_model of engine/train/model_factory.h,
 // or a host's own) builds it.
 //
 // Threads: layers keep activations between forward and backward, so one model instance
@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/io/config.h"
+#include "engine/train/model_factory.h"
 #include "engine/core/device.h"
 #include "engine/train/epoch_metrics.h"
 #include "engine/core/image_shape.h"

@@ -3,7 +3,7 @@
 // A host applies them once, before it trains: the CLI does for every command. A Trainer
 // does not, so building one changes nothing outside it.
 #pragma once
-#include "engine/io/config.h"
+#include "engine/train/config.h"
 
 namespace engine {
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "engine/core/collective.h"
-#include "engine/io/config.h"
+#include "engine/train/config.h"
 #include "engine/io/dataset.h"
 #include "engine/io/env.h"
 

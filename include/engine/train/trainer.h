@@ -23,7 +23,7 @@
 #include "engine/nn/scaler.h"
 #include "engine/nn/scheduler.h"
 #include "engine/io/checkpoint.h"
-#include "engine/io/config.h"
+#include "engine/train/config.h"
 #include "engine/nn/model.h"
 #include "engine/io/env.h"
 #include "engine/train/epoch_metrics.h"
@@ -127,7 +127,7 @@ class RunSink {
 
 class Trainer {
  public:
-  // Trains `model` (e.g. make_model(cfg) from engine/nn/models/registry.h, or a host's
+  // Trains `model` (e.g. make_model(cfg) from engine/train/model_factory.h, or a host's
   // own) on `data`, or on make_dataset(cfg.data, device) when `data` is null. The
   // trainer moves the model to `device` and initialises its parameters from the seed;
   // the model's input shape and classes must match the dataset's. Loads the data (all

@@ -1,4 +1,5 @@
-// The models a config can name (model.name): what the CLI and the inference API build.
+// The models a config can name (model.name): what the CLI and the inference API build
+// (through make_model, engine/train/model_factory.h).
 // Models sit above engine/: the trainer receives its model from the caller, so a host
 // can equally pass a model of its own (any engine::Model).
 #pragma once
@@ -6,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/io/config.h"
 #include "engine/core/image_shape.h"
+#include "engine/nn/config_sections.h"
 #include "engine/nn/model.h"
 
 namespace engine {
@@ -18,9 +19,5 @@ std::vector<std::string> model_names();
 // The model cfg.name names, for samples of `input` shape and `classes` classes.
 // Throws std::invalid_argument for an unknown name or a shape the model cannot take.
 std::unique_ptr<Model> make_model_for(const ModelConfig& cfg, const ImageShape& input, int classes);
-
-// The model a resolved config names, shaped for the config's dataset (make_dataset):
-// the ModelFactory the CLI and engine::Classifier use.
-std::unique_ptr<Model> make_model(const Config& cfg);
 
 }  // namespace engine

@@ -1,0 +1,108 @@
+#include "engine/train/config_sections.h"
+
+#include "io/config_keys.h"
+
+namespace engine {
+
+const char* to_string(MonitorMetric v) { return v == MonitorMetric::ValLoss ? "val_loss" : "val_acc"; }
+const char* to_string(SaveErrorPolicy v) { return v == SaveErrorPolicy::Stop ? "stop" : "continue"; }
+const char* to_string(DistBackend v) {
+  switch (v) {
+    case DistBackend::Auto: return "auto";
+    case DistBackend::Mpi: return "mpi";
+    case DistBackend::Nccl: return "nccl";
+  }
+  return "auto";
+}
+
+const ConfigSection<TrainConfig>& train_config_keys() {
+  using S = TrainConfig;
+  using E = EarlyStoppingConfig;
+  static const ConfigSection<E> early_stopping = {
+      choice_key("monitor", &E::monitor, {MonitorMetric::ValLoss, MonitorMetric::ValAcc}, "`val_loss`, `val_acc`",
+          R"doc(The validation metric that early stopping watches and that selects `best.h5`. Lower is better for `val_loss`; higher is better for `val_acc`.)doc"),
+      integer_key("patience", &E::patience, 0, kConfigInt64Max, "≥ 0",
+          R"doc(Stop after this many epochs without improvement. `0` disables early stopping.)doc"),
+      real_key("min_delta", &E::min_delta, [](double v) { return v >= 0; }, "must be >= 0", "≥ 0",
+          R"doc(The smallest change of the monitored metric that counts as an improvement.)doc"),
+  };
+  static const ConfigSection<S> keys = [] {
+    ConfigSection<S> k = {integer_key("epochs", &S::epochs, 1, kConfigInt64Max, "≥ 1",
+          R"doc(Maximum number of epochs. Early stopping may end training sooner.)doc")};
+    nest(k, "early_stopping", &S::early_stopping, early_stopping);
+    return k;
+  }();
+  return keys;
+}
+
+const ConfigSection<CheckpointConfig>& checkpoint_config_keys() {
+  using S = CheckpointConfig;
+  static const ConfigSection<S> keys = {
+      nonempty_string_key("dir", &S::dir, "non-empty",
+          R"doc(The run directory. It is created if needed.)doc"),
+      integer_key("keep_last", &S::keep_last, 1, kConfigInt64Max, "≥ 1",
+          R"doc(How many `epoch_NNNN.h5` milestones to keep. Older ones are deleted, except those in `keep_epochs`.)doc"),
+      nullable_integer_key("every_n_epochs", &S::every_n_epochs, 1, "≥ 1",
+          R"doc(Write `epoch_NNNN.h5` after every N-th epoch. `null` writes no milestones.)doc"),
+      nullable_integer_key("every_n_steps", &S::every_n_steps, 1, "≥ 1",
+          R"doc(Also rewrite `last.h5` every N training steps within an epoch, so an interrupted epoch can resume mid-way. `null` saves only at epoch ends.)doc"),
+      {"keep_epochs", "array of integers", "each ≥ 1",
+       R"doc(Epochs that always get a milestone, which rotation never deletes, e.g. `[5, 10]`.)doc",
+       [](const ConfigReader& r, const std::string& dotted, S& s) {
+         const nlohmann::json* keep = r.find(dotted);
+         if (!keep) return;
+         if (!keep->is_array()) r.fail(dotted, "must be an array of epoch numbers, got " + describe_json(*keep));
+         s.keep_epochs.clear();
+         for (size_t i = 0; i < keep->size(); ++i)
+           s.keep_epochs.push_back(
+               r.integer_value(dotted + "[" + std::to_string(i) + "]", (*keep)[i], 1, kConfigInt64Max));
+       },
+       [](const S& s) { return nlohmann::json(s.keep_epochs); }},
+      boolean_key("verify", &S::verify,
+          R"doc(After each save, reload the file and compare it with the in-memory state. A write that is silently wrong is caught at once.)doc"),
+      boolean_key("async", &S::async,
+          R"doc(Write each checkpoint on a writer thread: training waits only while the state is copied into a snapshot buffer (and for the previous save, should it still be in flight); on CUDA it only queues those copies on the compute stream, and the writer thread waits for them. Every save is written; a failed one is reported at the next step or when training ends, under `checkpoint.on_error`. `false`: the training thread writes and verifies each save itself.)doc"),
+      choice_key("on_error", &S::on_error, {SaveErrorPolicy::Stop, SaveErrorPolicy::Continue}, "`stop`, `continue`",
+          R"doc(What training does when the disk refuses a save (full, I/O error, quota, file size limit; the previous checkpoint is left intact either way): `"stop"` ends the run at once (`engine train` exits with status 3; the same command resumes once the disk has room), `"continue"` prints a warning and goes on, and the next save tries again (docs/cli.md, "A save that fails").)doc"),
+  };
+  return keys;
+}
+
+const ConfigSection<LoggingConfig>& logging_config_keys() {
+  using S = LoggingConfig;
+  static const ConfigSection<S> keys = {boolean_key("tensorboard", &S::tensorboard,
+          R"doc(After each epoch (and once more with the test loss and accuracy at the end), rewrite the TensorBoard event file `<checkpoint.dir>/tensorboard/events.out.tfevents.<start>.<host>` with the scalars of every epoch so far: `train_loss`, `val_loss`, `val_acc`, `lr`, `loss_scale`, `epoch_seconds` (step = epoch), then `test_loss` and `test_acc`. `tensorboard --logdir runs/` shows them. The file is rewritten whole and atomically from the run's history, like `metrics.jsonl`, so a resumed run continues the same file without duplicating or losing epochs. Wall times are the file's start time plus the cumulative training seconds, so TensorBoard's "relative" axis shows training time, pauses excluded.)doc")};
+  return keys;
+}
+
+const ConfigSection<CudaConfig>& cuda_config_keys() {
+  using S = CudaConfig;
+  static const ConfigSection<S> keys = {
+      boolean_key("deterministic", &S::deterministic,
+          R"doc(Restrict cuDNN to deterministic algorithms, so the same seed gives the same bits. `false` allows faster algorithms that may be non-deterministic. It has no effect on the CPU.)doc"),
+      boolean_key("batch_chunks", &S::batch_chunks,
+          R"doc(`true`: compute every batch by its 8 fixed chunks (docs/distributed.md, "GPU ranks"), so a CUDA run gives the same bits at every world size. `false` runs each layer over the whole batch at once: faster, but one process only (a CUDA run on several ranks is refused). The default stays `false` until the chunked CUDA kernels have run on a GPU (`tools/gpu-check.sh`, stages op-tests and nccl): written and compiled, they have not run yet. It has no effect on the CPU, which always computes by chunks.)doc"),
+  };
+  return keys;
+}
+
+const ConfigSection<DistConfig>& dist_config_keys() {
+  using S = DistConfig;
+  static const ConfigSection<S> keys = {
+      choice_key("backend", &S::backend, {DistBackend::Auto, DistBackend::Mpi, DistBackend::Nccl},
+                 "`auto`, `mpi`, `nccl`",
+          R"doc(The library that moves data between ranks. `auto`: NCCL for CUDA ranks, MPI for CPU ranks. `mpi` or `nccl` forces one; `nccl` needs CUDA ranks and a build with NCCL.)doc"),
+      real_key("timeout_s", &S::timeout_s, [](double v) { return v > 0; }, "must be > 0", "> 0",
+          R"doc(A collective that has not completed after this many seconds means a rank has died or stopped responding: every rank ends with a message naming the rank that did not answer, instead of waiting forever.)doc"),
+      {"chunks", "integer", "a power of two, 1 … 1024",
+       R"doc(The fixed chunks a batch is cut into; every cross-sample sum is the tree over them, so a run has the same bits on any number of ranks up to `dist.chunks` (uneven splits included), and more ranks are refused. A property of the run: it is stored in the checkpoint's config, and resuming with another value is refused.)doc",
+       [](const ConfigReader& r, const std::string& dotted, S& s) {
+         r.integer(dotted, s.chunks, 1, kMaxTreeChunks);
+         r.require(dotted, (s.chunks & (s.chunks - 1)) == 0, "must be a power of two");
+       },
+       [](const S& s) { return nlohmann::json(s.chunks); }},
+  };
+  return keys;
+}
+
+}  // namespace engine

@@ -1,0 +1,60 @@
+// The config sections the nn layer reads: model, optimizer, scheduler and precision
+// (docs/config.md). How sections make up the config: engine/io/config_table.h.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "engine/io/config_table.h"
+
+namespace engine {
+
+// The fixed choices, as the code uses them. JSON files, --set and checkpoints spell them
+// as to_string() does; the config reader turns the strings into these, the writer back.
+enum class OptimizerName { AdamW, Adam };        // "adamw" (decoupled weight decay) | "adam" (L2)
+enum class SchedulerName { Cosine, Constant };   // "cosine" | "constant"
+enum class PrecisionMode { Fp32, Fp16 };         // "fp32" | "fp16"
+
+const char* to_string(OptimizerName v);
+const char* to_string(SchedulerName v);
+const char* to_string(PrecisionMode v);
+
+struct ModelConfig {
+  // A name the model factory knows: the CLI checks it against the registry
+  // (engine/nn/models/registry.h, model_names()) with require_choice; a host may bring more.
+  std::string name = "fashion_cnn";
+  double dropout = 0.25;
+};
+
+struct OptimizerConfig {
+  OptimizerName name = OptimizerName::AdamW;
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+struct SchedulerConfig {
+  SchedulerName name = SchedulerName::Cosine;
+  std::optional<int64_t> t_max;  // null = train.epochs
+  double eta_min = 0.0;
+};
+
+struct LossScaleConfig {
+  double init = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+};
+
+struct PrecisionConfig {
+  PrecisionMode mode = PrecisionMode::Fp32;
+  LossScaleConfig loss_scale;
+};
+
+const ConfigSection<ModelConfig>& model_config_keys();
+const ConfigSection<OptimizerConfig>& optimizer_config_keys();
+const ConfigSection<SchedulerConfig>& scheduler_config_keys();
+const ConfigSection<PrecisionConfig>& precision_config_keys();
+
+}  // namespace engine
