@@ -19,6 +19,10 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm_microkernels.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace engine::kernels::cpu {
 
 namespace {
@@ -33,6 +37,38 @@ constexpr int kNc = 2048;  // columns of op(B) per packed panel (L2/L3)
 // terms of the stored (or never stored) matrix M behind the operand, the sliver index w
 // runs along M's rows (pack_rows: X[w, kk] = M[w, kk]) or along its columns
 // (pack_cols: X[w, kk] = M[kk, w]).
+
+// Rows of floats, each contiguous along j, written across a sliver: d[j * W + w] =
+// rows[w][j] for w < n, j < len. The transposing half of packing (an operand whose
+// sliver runs along its stored rows: the activations and weights of a linear layer, the
+// taps and dy of a weight gradient); a plain copy, so any order of the copies gives the
+// same packed panel. 4 x 4 blocks go through SSE registers (every x86-64 CPU has them):
+// a scalar loop here, one store per float, took as long as the multiply-adds of the
+// narrow products.
+template <int W>
+inline void rows_to_sliver(const float* const* rows, int n, int len, float* d) {
+  int w = 0;
+#if defined(__SSE2__)
+  for (; w + 4 <= n; w += 4) {
+    const float *r0 = rows[w], *r1 = rows[w + 1], *r2 = rows[w + 2], *r3 = rows[w + 3];
+    int j = 0;
+    for (; j + 4 <= len; j += 4) {
+      __m128 a = _mm_loadu_ps(r0 + j), b = _mm_loadu_ps(r1 + j), c = _mm_loadu_ps(r2 + j), e = _mm_loadu_ps(r3 + j);
+      _MM_TRANSPOSE4_PS(a, b, c, e);
+      _mm_storeu_ps(d + static_cast<int64_t>(j) * W + w, a);
+      _mm_storeu_ps(d + static_cast<int64_t>(j + 1) * W + w, b);
+      _mm_storeu_ps(d + static_cast<int64_t>(j + 2) * W + w, c);
+      _mm_storeu_ps(d + static_cast<int64_t>(j + 3) * W + w, e);
+    }
+    for (; j < len; ++j) {
+      float* to = d + static_cast<int64_t>(j) * W + w;
+      to[0] = r0[j], to[1] = r1[j], to[2] = r2[j], to[3] = r3[j];
+    }
+  }
+#endif
+  for (; w < n; ++w)
+    for (int j = 0; j < len; ++j) d[static_cast<int64_t>(j) * W + w] = rows[w][j];
+}
 
 // A stored row-major matrix.
 template <int W>
@@ -54,10 +90,9 @@ void dense_pack(bool w_along_rows, const float* src, int ld, int first, int coun
         for (; w < W; ++w) d[w] = 0.0f;
       }
     } else {
-      for (int w = 0; w < width; ++w) {
-        const float* from = src + static_cast<int64_t>(base + w) * ld + k0;
-        for (int kk = 0; kk < kc; ++kk) dst[kk * W + w] = from[kk];
-      }
+      const float* rows[W];
+      for (int w = 0; w < width; ++w) rows[w] = src + static_cast<int64_t>(base + w) * ld + k0;
+      rows_to_sliver<W>(rows, width, kc, dst);
       for (int w = width; w < W; ++w)
         for (int kk = 0; kk < kc; ++kk) dst[kk * W + w] = 0.0f;
     }
@@ -127,11 +162,11 @@ void patches_pack(bool w_along_rows, const PaddedImages& im, PatchColumns column
       float* dst = dst_all + static_cast<int64_t>(sl) * kc * W;
       const int width = std::min(W, count - sl * W);
       tap_offsets(im, first + sl * W, width, taps);
+      const float* rows[W];
       for (int i = 0; i < n_runs; ++i) {
         const float* from = start(runs[i]);
-        float* d = dst + runs[i].offset * W;
-        for (int w = 0; w < width; ++w)
-          for (int j = 0; j < runs[i].len; ++j) d[j * W + w] = from[taps[w] + j];
+        for (int w = 0; w < width; ++w) rows[w] = from + taps[w];
+        rows_to_sliver<W>(rows, width, runs[i].len, dst + runs[i].offset * W);
       }
       for (int w = width; w < W; ++w)
         for (int kk = 0; kk < kc; ++kk) dst[kk * W + w] = 0.0f;
@@ -202,12 +237,11 @@ void image_rows_pack(bool w_along_rows, const float* src, int rows, int64_t pixe
     for (int sl = 0; sl * W < count; ++sl) {
       float* dst = dst_all + static_cast<int64_t>(sl) * kc * W;
       const int width = std::min(W, count - sl * W);
-      for (int w = 0; w < width; ++w)
-        for (int i = 0; i < n_runs; ++i) {
-          const float* from = at(first + sl * W + w, runs[i]);
-          float* d = dst + runs[i].offset * W + w;
-          for (int j = 0; j < runs[i].len; ++j) d[j * W] = from[j];
-        }
+      const float* row_ptrs[W];
+      for (int i = 0; i < n_runs; ++i) {
+        for (int w = 0; w < width; ++w) row_ptrs[w] = at(first + sl * W + w, runs[i]);
+        rows_to_sliver<W>(row_ptrs, width, runs[i].len, dst + runs[i].offset * W);
+      }
       for (int w = width; w < W; ++w)
         for (int kk = 0; kk < kc; ++kk) dst[kk * W + w] = 0.0f;
     }
