@@ -199,3 +199,63 @@ TEST_CASE("CLI: engine train/eval/inspect take the MLP by model.name with no spe
   CHECK(r.exit_code == 1);
   CHECK(r.output.find("conv1.weight") != std::string::npos);
 }
+
+namespace {
+Tensor random_tensor(const Shape& shape, uint32_t seed) {
+  std::vector<float> v(static_cast<std::size_t>(shape_numel(shape)));
+  uint32_t s = seed;
+  for (float& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = static_cast<float>(s >> 8) / 16777216.0f - 0.5f;
+  }
+  return Tensor::from_vector(shape, v);
+}
+
+Tensor first_samples(const Tensor& t, int64_t n) {
+  Shape shape = t.shape();
+  const int64_t per_sample = t.numel() / shape[0];
+  shape[0] = n;
+  std::vector<float> all = t.to_vector();
+  all.resize(static_cast<std::size_t>(n * per_sample));
+  return Tensor::from_vector(shape, all);
+}
+}  // namespace
+
+// The epoch's last batch is smaller: each layer runs it in the buffers of the full
+// batch (Layer::ensure keeps the storage), so the peak does not hold both; the bits are
+// those of a model that never saw the full batch.
+TEST_CASE("a smaller batch runs in the full batch's buffers, with the bits of a fresh model") {
+  FashionCnn reused(0.0f), fresh(0.0f);
+  Rng rng_reused(7), rng_fresh(7);
+  reused.reset_parameters(rng_reused);
+  fresh.reset_parameters(rng_fresh);
+  const Tensor x_full = random_tensor({16, 1, 28, 28}, 1), x_small = first_samples(x_full, 11);
+  const Tensor dy_full = random_tensor({16, 10}, 2), dy_small = first_samples(dy_full, 11);
+
+  const Tensor logits_full = reused.forward(x_full, Mode::Train, rng_reused);
+  const void* const full_buffer = logits_full.raw();
+  const std::size_t full_bytes = logits_full.storage_bytes();
+  const std::vector<float> full_values = logits_full.to_vector();  // the buffer is reused below
+  reused.backward(dy_full);
+  const Tensor logits_reused = reused.forward(x_small, Mode::Train, rng_reused);
+  reused.backward(dy_small);
+  CHECK(logits_reused.shape() == Shape{11, 10});
+  CHECK(logits_reused.raw() == full_buffer);
+  CHECK(logits_reused.storage_bytes() == full_bytes);
+
+  const Tensor logits_fresh = fresh.forward(x_small, Mode::Train, rng_fresh);
+  fresh.backward(dy_small);
+  CHECK(logits_reused.to_vector() == logits_fresh.to_vector());
+  const auto pr = reused.parameters(), pf = fresh.parameters();
+  REQUIRE(pr.size() == pf.size());
+  for (std::size_t i = 0; i < pr.size(); ++i) {
+    INFO(pr[i]->name);
+    CHECK(pr[i]->grad.to_vector() == pf[i]->grad.to_vector());
+  }
+
+  // Growing again allocates; a full batch after the small one fits the kept storage.
+  const Tensor logits_again = reused.forward(x_full, Mode::Train, rng_reused);
+  CHECK(logits_again.raw() == full_buffer);
+  CHECK(logits_again.to_vector() == full_values);
+  CHECK_THROWS_AS(logits_full.prefix_view({17, 10}), std::invalid_argument);
+}

@@ -119,6 +119,18 @@ Tensor Tensor::reshape(const Shape& shape) const {
   return t;
 }
 
+Tensor Tensor::prefix_view(const Shape& shape) const {
+  for (int64_t d : shape)
+    if (d < 0) throw std::invalid_argument("negative tensor dimension in " + shape_str(shape));
+  const std::size_t need = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype_);
+  if (!storage_ || need > storage_->bytes)
+    throw std::invalid_argument("prefix_view " + shape_str(shape) + ": needs " + std::to_string(need) +
+                                " bytes, the storage holds " + std::to_string(storage_bytes()));
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
 Tensor Tensor::to(Device device) const {
   Tensor t = empty(shape_, dtype_, device);
   if (nbytes()) device_copy(device, t.raw(), device_, raw(), nbytes());

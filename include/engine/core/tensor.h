@@ -61,6 +61,12 @@ class Tensor {
 
   // Same storage, new shape with the same number of elements.
   Tensor reshape(const Shape& shape) const;
+  // Same storage, its first numel(shape) elements under a new shape; throws
+  // when the storage is smaller. A layer's buffer sized for a full batch serves the
+  // epoch's last, smaller batch this way instead of a second allocation beside it.
+  Tensor prefix_view(const Shape& shape) const;
+  // Bytes of the storage under this tensor: nbytes(), or more for a prefix view.
+  std::size_t storage_bytes() const { return storage_ ? storage_->bytes : 0; }
   // Independent copy on `device` (same device when omitted).
   Tensor to(Device device) const;
   Tensor clone() const { return to(device_); }

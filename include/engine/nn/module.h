@@ -46,7 +46,8 @@ class Layer {
   void set_batch_chunks(const BatchChunks* chunks) { batch_chunks_ = chunks; }
 
  protected:
-  // (Re)allocates `t` when its shape, dtype or device differ; returns it.
+  // Makes `t` a buffer of this shape, dtype and device, and returns it: kept as it is,
+  // a prefix view of its storage when a smaller shape fits there, else a new allocation.
   static Tensor& ensure(Tensor& t, const Shape& shape, Device device, DType dtype = DType::F32);
   std::string name_;
   const BatchChunks* batch_chunks_ = nullptr;
