@@ -67,42 +67,46 @@ void BatchChunks::complete_impl(const T* parts, int64_t n, T* out) const {
     return;
   }
   // In one process this rank's blocks are already the whole tiling (most_blocks_ of them).
-  if (world_ == 1) return combine_impl(parts, n, out);
+  if (world_ == 1) {
+    std::vector<T> blocks(parts, parts + blocks_.size() * len);
+    return combine_in_place(blocks.data(), n, out);
+  }
   // Fixed-size pieces: every rank sends as many block sums as the rank with the most.
   const std::size_t piece = static_cast<std::size_t>(most_blocks_) * len;
   std::vector<T> send(piece, T{}), gathered(piece * world_);
   std::copy(parts, parts + blocks_.size() * len, send.begin());
   comm_->allgather(send.data(), piece * sizeof(T), gathered.data());
-  combine_impl(gathered.data(), n, out);
+  combine_in_place(gathered.data(), n, out);
 }
 
 template <class T>
-void BatchChunks::combine_impl(const T* gathered, int64_t n, T* out) const {
+void BatchChunks::combine_in_place(T* gathered, int64_t n, T* out) const {
   if (n == 0) return;
   const std::size_t len = static_cast<std::size_t>(n), piece = static_cast<std::size_t>(most_blocks_) * len;
-  // Every rank's blocks in global order, part i of the tiling at all + i * n.
+  // Every rank's blocks in global order, part i of the tiling at gathered + i * n: the
+  // padding is squeezed out by moving blocks down (never up, so in place), with no
+  // second buffer (this runs on the gradient's whole shard every step).
   std::vector<kernels::TreeBlock> tiling;
-  std::vector<T> all;
-  all.reserve(static_cast<std::size_t>(total_chunks_) * len);
+  std::size_t at = 0;
   for (int r = 0; r < world_; ++r) {
     const auto rank_blocks = kernels::tree_blocks(rank_first_chunk(r), rank_first_chunk(r + 1));
-    for (std::size_t i = 0; i < rank_blocks.size(); ++i) {
+    for (std::size_t i = 0; i < rank_blocks.size(); ++i, at += len) {
       tiling.push_back(rank_blocks[i]);
       const T* src = gathered + r * piece + i * len;
-      all.insert(all.end(), src, src + len);
+      if (src != gathered + at) std::memmove(gathered + at, src, sizeof(T) * len);
     }
   }
-  if (!kernels::tree_combine_blocks(all.data(), tiling, n, n))
+  if (!kernels::tree_combine_blocks(gathered, tiling, n, n))
     throw std::logic_error("BatchChunks: the ranks' blocks do not tile the tree of " +
                            std::to_string(total_chunks_) + " chunks");
-  std::memcpy(out, all.data(), sizeof(T) * len);
+  if (out != gathered) std::memcpy(out, gathered, sizeof(T) * len);
 }
 
-void BatchChunks::combine_gathered(const float* gathered, int64_t n, float* out) const {
-  combine_impl(gathered, n, out);
+void BatchChunks::combine_gathered(float* gathered, int64_t n, float* out) const {
+  combine_in_place(gathered, n, out);
 }
-void BatchChunks::combine_gathered(const double* gathered, int64_t n, double* out) const {
-  combine_impl(gathered, n, out);
+void BatchChunks::combine_gathered(double* gathered, int64_t n, double* out) const {
+  combine_in_place(gathered, n, out);
 }
 
 void BatchChunks::complete(const float* parts, int64_t n, float* out) const { complete_impl(parts, n, out); }

@@ -57,9 +57,10 @@ class BatchChunks {
   void complete_device(const float* parts, int64_t n, float* out) const;
   // The block sums of every rank as complete() exchanges them (rank r's blocks in order
   // at gathered + r * most_blocks() * n, padded with unused ones) -> out (n values):
-  // their tree sum. What ParameterShards combines after its alltoall.
-  void combine_gathered(const float* gathered, int64_t n, float* out) const;
-  void combine_gathered(const double* gathered, int64_t n, double* out) const;
+  // their tree sum. `gathered` is overwritten (the combine runs in it); `out` may be
+  // `gathered`. What ParameterShards combines after its alltoall.
+  void combine_gathered(float* gathered, int64_t n, float* out) const;
+  void combine_gathered(double* gathered, int64_t n, double* out) const;
   // The most blocks any rank holds (the exchanges' fixed piece size, in blocks).
   int most_blocks() const { return most_blocks_; }
 
@@ -79,7 +80,7 @@ class BatchChunks {
   template <class T>
   void complete_impl(const T* parts, int64_t n, T* out) const;
   template <class T>
-  void combine_impl(const T* gathered, int64_t n, T* out) const;
+  void combine_in_place(T* gathered, int64_t n, T* out) const;
   template <class T>
   void gather(T* batch_values, int per_sample) const;
   int64_t rank_begin(int rank) const;
