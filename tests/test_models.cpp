@@ -259,3 +259,67 @@ TEST_CASE("a smaller batch runs in the full batch's buffers, with the bits of a 
   CHECK(logits_again.to_vector() == full_values);
   CHECK_THROWS_AS(logits_full.prefix_view({17, 10}), std::invalid_argument);
 }
+
+namespace {
+// The CNN in PyTorch's module order (ReLU, then pooling), from the same layer classes.
+class TorchOrderCnn : public SequentialModel {
+ public:
+  explicit TorchOrderCnn(float dropout) : dropout_("dropout", dropout) {
+    set_layers({&conv1_, &bn1_, &relu1_, &pool1_, &conv2_, &bn2_, &relu2_, &pool2_, &flatten_, &fc1_, &relu3_,
+                &dropout_, &fc2_});
+  }
+  std::string name() const override { return "torch_order_cnn"; }
+  ImageShape input_shape() const override { return {1, 28, 28}; }
+  int num_classes() const override { return 10; }
+  void reset_parameters(Rng&) override {}
+  void set_precision(Precision) override {}
+  std::unique_ptr<Model> new_instance() const override { return nullptr; }
+
+ private:
+  Conv2d conv1_{"conv1", 1, 32, 3, 1};
+  BatchNorm2d bn1_{"bn1", 32};
+  ReLU relu1_{"relu1", InPlace::Yes};
+  MaxPool2x2 pool1_{"pool1"};
+  Conv2d conv2_{"conv2", 32, 64, 3, 1};
+  BatchNorm2d bn2_{"bn2", 64};
+  ReLU relu2_{"relu2", InPlace::Yes};
+  MaxPool2x2 pool2_{"pool2"};
+  Flatten flatten_{"flatten"};
+  Linear fc1_{"fc1", 64 * 7 * 7, 128};
+  ReLU relu3_{"relu3", InPlace::Yes};
+  Dropout dropout_;
+  Linear fc2_{"fc2", 128, 10};
+};
+}  // namespace
+
+// FashionCnn pools before its ReLUs (a quarter of the ReLU work); the bits must be those
+// of PyTorch's order: logits, every gradient and the BatchNorm statistics, over two steps
+// in which about half of the pooling windows after BatchNorm hold no positive value.
+TEST_CASE("fashion_cnn pools before ReLU with the bits of ReLU before pooling") {
+  FashionCnn ours(0.25f);
+  TorchOrderCnn torch_order(0.25f);
+  Rng init(11);
+  ours.reset_parameters(init);
+  torch_order.load_state(ours.state());
+  Rng rng_ours(5), rng_torch(5);
+  for (uint32_t step = 0; step < 2; ++step) {
+    const Tensor x = random_tensor({16, 1, 28, 28}, 100 + step), dy = random_tensor({16, 10}, 200 + step);
+    const Tensor a = ours.forward(x, Mode::Train, rng_ours), b = torch_order.forward(x, Mode::Train, rng_torch);
+    CHECK(a.to_vector() == b.to_vector());
+    ours.backward(dy);
+    torch_order.backward(dy);
+    const auto pa = ours.parameters(), pb = torch_order.parameters();
+    REQUIRE(pa.size() == pb.size());
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      INFO(pa[i]->name);
+      CHECK(pa[i]->grad.to_vector() == pb[i]->grad.to_vector());
+    }
+  }
+  const StateDict sa = ours.state(), sb = torch_order.state();
+  for (const char* key : {"bn1.running_mean", "bn1.running_var", "bn2.running_mean", "bn2.running_var"}) {
+    INFO(key);
+    CHECK(sa.get_tensor(key).to_vector() == sb.get_tensor(key).to_vector());
+  }
+  CHECK(ours.forward(random_tensor({4, 1, 28, 28}, 300), Mode::Eval, rng_ours).to_vector() ==
+        torch_order.forward(random_tensor({4, 1, 28, 28}, 300), Mode::Eval, rng_torch).to_vector());
+}
