@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -304,6 +305,14 @@ std::string retire(bool kill_now) {
   return "parser ended";
 }
 
+// atexit: the process that forked the parser ends it. Skipped when another thread holds
+// the lock (exit while a parse is under way): the parser then ends on the closed socket.
+void retire_at_exit() {
+  if (!g_mutex.try_lock()) return;
+  if (g_parser.pid >= 0 && g_parser.owner == ::getpid()) retire(/*kill_now=*/true);
+  g_mutex.unlock();
+}
+
 bool spawn(std::string& why) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
@@ -324,6 +333,11 @@ bool spawn(std::string& why) {
   ::close(sv[1]);
   ::fcntl(sv[0], F_SETFL, ::fcntl(sv[0], F_GETFL) | O_NONBLOCK);
   g_parser = Parser{pid, sv[0], ::getpid()};
+  // At exit the parser is ended and reaped, rather than left to notice the closed socket
+  // after the program is gone: nothing the engine started outlives it (a supervisor that
+  // watches the process group, a test, a scheduler's accounting sees it end with it).
+  static const bool registered = std::atexit(retire_at_exit) == 0;
+  (void)registered;
   return true;
 }
 

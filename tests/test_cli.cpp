@@ -1,11 +1,13 @@
 // The CLI end to end on a small subset, and its one-line errors on bad input.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cctype>
 #include <chrono>
 #include <set>
@@ -450,4 +452,33 @@ TEST_CASE("a CUDA build trains on the CPU without cuBLAS: the library is opened 
   CHECK(v.exit_code == 0);
   if (engine::build_info().cuda == engine::CudaBackend::On)
     CHECK(v.output.find("cuBLAS: /nonexistent/libcublas.so.13 not loadable") != std::string::npos);
+}
+
+// Nothing a command starts outlives it: the checkpoint parser (a process forked on the
+// first load, io/hdf5_sandbox.cpp) is ended and reaped when the program exits, not left
+// to notice the closed socket after the program is gone. The engine runs as the leader
+// of a process group of its own; once it is reaped, no member may remain (signal 0 finds
+// an unreaped zombie too).
+TEST_CASE("engine verify leaves no process of its own behind when it exits") {
+  const std::string checkpoint = source_dir() + "/tests/data/checkpoint_v2_cpu_mid_epoch.h5";
+  const std::string program = engine_bin();
+  for (int round = 0; round < 5; ++round) {
+    ChildProcess engine = ChildProcess::fork_running([&] {
+      ::setpgid(0, 0);
+      const int devnull = ::open("/dev/null", O_WRONLY);
+      ::dup2(devnull, STDOUT_FILENO);
+      ::dup2(devnull, STDERR_FILENO);
+      ::execl(program.c_str(), "engine", "verify", checkpoint.c_str(), static_cast<char*>(nullptr));
+    });
+    const pid_t group = engine.pid();
+    REQUIRE(group > 0);
+    const int status = engine.wait();
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    errno = 0;
+    const int found = ::kill(-group, 0);
+    INFO("round " << round);
+    CHECK(found == -1);
+    CHECK(errno == ESRCH);
+  }
 }
