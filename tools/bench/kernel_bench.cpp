@@ -86,8 +86,10 @@ int main(int argc, char** argv) {
 
   // Activations, as the layers hold them.
   auto x = rnd(n * 784, g);
-  auto y1 = rnd(n * 32 * 784, g), a1 = y1, r1 = y1, q1 = rnd(n * 32 * 196, g);
-  auto y2 = rnd(n * 64 * 196, g), a2 = y2, r2 = y2, q2 = rnd(n * 3136, g);
+  // Each block pools before its ReLU (models/fashion_cnn.cpp): m is the pooled map, r
+  // its ReLU (in place in the model).
+  auto y1 = rnd(n * 32 * 784, g), a1 = y1, m1 = rnd(n * 32 * 196, g), r1 = m1;
+  auto y2 = rnd(n * 64 * 196, g), a2 = y2, m2 = rnd(n * 3136, g), r2 = m2;
   auto h1 = rnd(n * 128, g), hr = h1, hd = h1, logits = rnd(n * classes, g);
   std::vector<int32_t> am1(n * 32 * 196), am2(n * 3136), labels(n);
   for (int i = 0; i < n; ++i) labels[i] = i % classes;
@@ -104,7 +106,7 @@ int main(int argc, char** argv) {
   // its own earlier runs.
   const auto g_h = rnd(n * 128, g), g_q2 = rnd(n * 3136, g), g_y2 = rnd(n * 64 * 196, g);
   const auto g_q1 = rnd(n * 32 * 196, g), g_y1 = rnd(n * 32 * 784, g);
-  auto dh = h1, dh2 = h1, dh3 = h1, dq2 = q2, dy2 = y2, dy2b = y2, dy2c = y2, dq1 = q1, dy1 = y1, dy1b = y1, dy1c = y1;
+  auto dh = h1, dh2 = h1, dh3 = h1, dq2 = m2, dq2b = m2, dy2 = y2, dy2c = y2, dq1 = m1, dq1b = m1, dy1 = y1, dy1c = y1;
   std::vector<float> dw1(w1.size()), dw2(w2.size()), dwf1(wf1.size()), dwf2(wf2.size());
   std::vector<double> db1(32), db2(64), dbf1(128), dbf2(10);
   std::vector<float> dg1(32), dbe1(32), dg2(64), dbe2(64);
@@ -113,13 +115,13 @@ int main(int argc, char** argv) {
   // ---- forward
   b.op("conv1 forward", conv_gflop(c1), [&] { cpu::conv2d_forward_chunks(c1, chunks, bounds, x.data(), w1.data(), b1.data(), y1.data()); });
   b.op("bn1 forward (train)", 0, [&] { cpu::batchnorm_forward_train_chunks(bn1, chunks, bounds, y1.data(), g1.data(), be1.data(), 1e-5f, 0.1f, rm.data(), rv.data(), sm1.data(), si1.data(), a1.data()); });
-  b.op("relu1 forward", 0, [&] { cpu::relu_forward(n * 32 * 784, a1.data(), r1.data()); });
-  b.op("pool1 forward", 0, [&] { cpu::maxpool2x2_forward(p1, r1.data(), q1.data(), am1.data()); });
-  b.op("conv2 forward", conv_gflop(c2), [&] { cpu::conv2d_forward_chunks(c2, chunks, bounds, q1.data(), w2.data(), b2.data(), y2.data()); });
+  b.op("pool1 forward", 0, [&] { cpu::maxpool2x2_forward(p1, a1.data(), m1.data(), am1.data()); });
+  b.op("relu1 forward", 0, [&] { cpu::relu_forward(n * 32 * 196, m1.data(), r1.data()); });
+  b.op("conv2 forward", conv_gflop(c2), [&] { cpu::conv2d_forward_chunks(c2, chunks, bounds, r1.data(), w2.data(), b2.data(), y2.data()); });
   b.op("bn2 forward (train)", 0, [&] { cpu::batchnorm_forward_train_chunks(bn2, chunks, bounds, y2.data(), g2.data(), be2.data(), 1e-5f, 0.1f, rm.data(), rv.data(), sm2.data(), si2.data(), a2.data()); });
-  b.op("relu2 forward", 0, [&] { cpu::relu_forward(n * 64 * 196, a2.data(), r2.data()); });
-  b.op("pool2 forward", 0, [&] { cpu::maxpool2x2_forward(p2, r2.data(), q2.data(), am2.data()); });
-  b.op("fc1 forward", 2.0 * n * 3136 * 128 * 1e-9, [&] { cpu::linear_forward_chunks(f1, chunks, bounds, q2.data(), wf1.data(), bf1.data(), h1.data()); });
+  b.op("pool2 forward", 0, [&] { cpu::maxpool2x2_forward(p2, a2.data(), m2.data(), am2.data()); });
+  b.op("relu2 forward", 0, [&] { cpu::relu_forward(n * 3136, m2.data(), r2.data()); });
+  b.op("fc1 forward", 2.0 * n * 3136 * 128 * 1e-9, [&] { cpu::linear_forward_chunks(f1, chunks, bounds, r2.data(), wf1.data(), bf1.data(), h1.data()); });
   b.op("relu3 forward", 0, [&] { cpu::relu_forward(n * 128, h1.data(), hr.data()); });
   b.op("dropout forward", 0, [&] { cpu::dropout_forward(n * 128, hr.data(), 0.25f, engine::PhiloxStream{0, 1}, 0, hd.data(), keep.data()); });
   b.op("fc2 forward", 2.0 * n * 128 * 10 * 1e-9, [&] { cpu::linear_forward_chunks(f2, chunks, bounds, hd.data(), wf2.data(), bf2.data(), logits.data()); });
@@ -128,13 +130,13 @@ int main(int argc, char** argv) {
   b.op("fc2 backward", 4.0 * n * 128 * 10 * 1e-9, [&] { cpu::linear_backward_chunks(f2, chunks, bounds, hd.data(), wf2.data(), dlogits.data(), dh.data(), dwf2.data(), dbf2.data()); });
   b.op("dropout backward", 0, [&] { cpu::dropout_backward(n * 128, g_h.data(), keep.data(), 0.25f, dh2.data()); });
   b.op("relu3 backward", 0, [&] { cpu::relu_backward(n * 128, hr.data(), g_h.data(), dh3.data()); });
-  b.op("fc1 backward", 4.0 * n * 3136 * 128 * 1e-9, [&] { cpu::linear_backward_chunks(f1, chunks, bounds, q2.data(), wf1.data(), g_h.data(), dq2.data(), dwf1.data(), dbf1.data()); });
+  b.op("fc1 backward", 4.0 * n * 3136 * 128 * 1e-9, [&] { cpu::linear_backward_chunks(f1, chunks, bounds, r2.data(), wf1.data(), g_h.data(), dq2.data(), dwf1.data(), dbf1.data()); });
+  b.op("relu2 backward", 0, [&] { cpu::relu_backward(n * 3136, r2.data(), g_q2.data(), dq2b.data()); });
   b.op("pool2 backward", 0, [&] { cpu::maxpool2x2_backward(p2, g_q2.data(), am2.data(), dy2.data()); });
-  b.op("relu2 backward", 0, [&] { cpu::relu_backward(n * 64 * 196, r2.data(), g_y2.data(), dy2b.data()); });
   b.op("bn2 backward", 0, [&] { cpu::batchnorm_backward_chunks(bn2, chunks, bounds, y2.data(), g_y2.data(), g2.data(), sm2.data(), si2.data(), dy2c.data(), dg2.data(), dbe2.data()); });
-  b.op("conv2 backward (dW, db, dx)", 2 * conv_gflop(c2), [&] { cpu::conv2d_backward_chunks(c2, chunks, bounds, q1.data(), w2.data(), g_y2.data(), dq1.data(), dw2.data(), db2.data()); });
+  b.op("conv2 backward (dW, db, dx)", 2 * conv_gflop(c2), [&] { cpu::conv2d_backward_chunks(c2, chunks, bounds, r1.data(), w2.data(), g_y2.data(), dq1.data(), dw2.data(), db2.data()); });
+  b.op("relu1 backward", 0, [&] { cpu::relu_backward(n * 32 * 196, r1.data(), g_q1.data(), dq1b.data()); });
   b.op("pool1 backward", 0, [&] { cpu::maxpool2x2_backward(p1, g_q1.data(), am1.data(), dy1.data()); });
-  b.op("relu1 backward", 0, [&] { cpu::relu_backward(n * 32 * 784, r1.data(), g_y1.data(), dy1b.data()); });
   b.op("bn1 backward", 0, [&] { cpu::batchnorm_backward_chunks(bn1, chunks, bounds, y1.data(), g_y1.data(), g1.data(), sm1.data(), si1.data(), dy1c.data(), dg1.data(), dbe1.data()); });
   b.op("conv1 backward (dW, db)", conv_gflop(c1), [&] { cpu::conv2d_backward_chunks(c1, chunks, bounds, x.data(), w1.data(), g_y1.data(), nullptr, dw1.data(), db1.data()); });
   // ---- AdamW over every parameter (10 tensors, 421,834 floats)
