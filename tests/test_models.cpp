@@ -323,3 +323,21 @@ TEST_CASE("fashion_cnn pools before ReLU with the bits of ReLU before pooling") 
   CHECK(ours.forward(random_tensor({4, 1, 28, 28}, 300), Mode::Eval, rng_ours).to_vector() ==
         torch_order.forward(random_tensor({4, 1, 28, 28}, 300), Mode::Eval, rng_torch).to_vector());
 }
+
+// In place, MaxPool2x2 writes its input gradient over its forward input: the same values
+// as into a buffer of its own, in the input's storage.
+TEST_CASE("MaxPool2x2 in place: the input gradient over the forward input, the same bits") {
+  MaxPool2x2 in_place("pool", InPlace::Yes), separate("pool");
+  Rng rng(1);
+  const Tensor x = random_tensor({3, 4, 6, 8}, 21), dy = random_tensor({3, 4, 3, 4}, 22);
+  const Tensor x_copy = x.clone();
+  CHECK(in_place.forward(x, Mode::Train, rng).to_vector() == separate.forward(x_copy, Mode::Train, rng).to_vector());
+  const Tensor dx_separate = separate.backward(dy, InputGrad::Needed);
+  const Tensor dx_in_place = in_place.backward(dy, InputGrad::Needed);
+  CHECK(dx_in_place.raw() == x.raw());
+  CHECK(dx_separate.raw() != x_copy.raw());
+  CHECK(dx_in_place.to_vector() == dx_separate.to_vector());
+  // An evaluation forward keeps nothing to overwrite.
+  in_place.forward(x, Mode::Eval, rng);
+  CHECK_THROWS_AS(in_place.backward(dy, InputGrad::Needed), std::logic_error);
+}

@@ -140,7 +140,7 @@ Tensor ReLU::backward(const Tensor& dy, InputGrad) {
 }
 
 // ---- MaxPool2x2 ---------------------------------------------------------------
-Tensor MaxPool2x2::forward(const Tensor& x, Mode, Rng&) {
+Tensor MaxPool2x2::forward(const Tensor& x, Mode mode, Rng&) {
   expect_rank(x, 4, name_);
   if (x.dim(2) % 2 || x.dim(3) % 2)
     throw std::invalid_argument(name_ + ": input height and width must be even, got " +
@@ -152,12 +152,19 @@ Tensor MaxPool2x2::forward(const Tensor& x, Mode, Rng&) {
   ensure(y_, out, x.device());
   ensure(argmax_, out, x.device(), DType::I32);
   tt::maxpool2x2_forward(s, x, y_, argmax_);
+  x_ = in_place_ == InPlace::Yes && mode == Mode::Train ? x : Tensor();
   return y_;
 }
 
 Tensor MaxPool2x2::backward(const Tensor& dy, InputGrad) {
   tt::PoolShape s{static_cast<int>(in_shape_[0]), static_cast<int>(in_shape_[1]),
               static_cast<int>(in_shape_[2]), static_cast<int>(in_shape_[3])};
+  if (in_place_ == InPlace::Yes) {
+    if (!x_.defined() || x_.shape() != in_shape_)
+      throw std::logic_error(name_ + ": backward without a training forward");
+    tt::maxpool2x2_backward(s, dy, argmax_, x_);
+    return x_;
+  }
   ensure(dx_, in_shape_, dy.device());
   tt::maxpool2x2_backward(s, dy, argmax_, dx_);
   return dx_;

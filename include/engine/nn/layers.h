@@ -50,6 +50,9 @@ class BatchNorm2d : public Layer {
 // In place, ReLU overwrites its input with the output in forward and the incoming
 // gradient with the outgoing one in backward: for inputs nobody else needs afterwards
 // (the output of BatchNorm or of a Linear layer), it saves two activation buffers.
+// In place, MaxPool2x2 writes its input gradient over its forward input (it keeps only
+// the argmax): for an input that the layer before does not need in its backward (the
+// output of BatchNorm, which keeps its own input), it saves an input-sized buffer.
 enum class InPlace { No, Yes };
 
 class ReLU : public Layer {
@@ -67,13 +70,16 @@ class ReLU : public Layer {
 
 class MaxPool2x2 : public Layer {
  public:
-  using Layer::Layer;
+  explicit MaxPool2x2(const std::string& name, InPlace in_place = InPlace::No)
+      : Layer(name), in_place_(in_place) {}
   Tensor forward(const Tensor& x, Mode mode, Rng& rng) override;
   Tensor backward(const Tensor& dy, InputGrad need) override;
-  void release_workspaces() override { y_ = argmax_ = dx_ = Tensor(); }
+  void release_workspaces() override { x_ = y_ = argmax_ = dx_ = Tensor(); }
 
  private:
+  InPlace in_place_;
   Shape in_shape_;
+  Tensor x_;  // in place: the forward input, which backward overwrites with dx
   Tensor y_, argmax_, dx_;
 };
 

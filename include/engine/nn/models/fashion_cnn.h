@@ -35,11 +35,12 @@ class FashionCnn : public SequentialModel {
   Conv2d conv1_;
   BatchNorm2d bn1_;
   ReLU relu1_{"relu1", InPlace::Yes};
-  MaxPool2x2 pool1_{"pool1"};
+  // BatchNorm keeps its input, not its output: the pools write their gradients there.
+  MaxPool2x2 pool1_{"pool1", InPlace::Yes};
   Conv2d conv2_;
   BatchNorm2d bn2_;
   ReLU relu2_{"relu2", InPlace::Yes};
-  MaxPool2x2 pool2_{"pool2"};
+  MaxPool2x2 pool2_{"pool2", InPlace::Yes};
   Flatten flatten_{"flatten"};
   Linear fc1_;
   ReLU relu3_{"relu3", InPlace::Yes};
