@@ -25,6 +25,12 @@ struct LinearShape {
 
 struct BatchNormShape {
   int n = 0, c = 0, hw = 0;
+  // The channels the separate steps (chunk_ops.inc) visit: [c_begin, c_end), -1 for all.
+  // A rank's driver walks them in groups that stay in cache between its exchanges; the
+  // other ops take every channel.
+  int c_begin = 0, c_end = -1;
+  int channel_end() const { return c_end < 0 ? c : c_end; }
+  bool all_channels() const { return c_begin == 0 && channel_end() == c; }
 };
 
 struct PoolShape {
@@ -38,6 +44,11 @@ namespace ref {
 namespace cpu {
 #include "kernels/op_signatures.inc"
 #include "kernels/chunk_ops.inc"
+// Channels per group of the batch-norm steps: a group's part of `tensors` inputs (x, or
+// x and dy) of shape s within 512 KiB, so that the passes over a group between two
+// exchanges read it from cache. A function of the shape only (not of the threads), so
+// that every rank given the same shape walks the same groups.
+int batchnorm_channel_group(const BatchNormShape& s, int tensors);
 }
 namespace cuda {
 #include "kernels/op_signatures.inc"

@@ -262,6 +262,15 @@ struct DeviceDoubles {
 
 }  // namespace
 
+// The steps on CUDA take every channel: the driver walks channel groups only on the CPU,
+// where a group stays in cache between its exchanges (kernels/ops.h).
+namespace {
+void require_all_channels(const BatchNormShape& s, const char* op) {
+  if (!s.all_channels())
+    throw std::invalid_argument(std::string("cuda::") + op + ": a channel range is a CPU-only option");
+}
+}  // namespace
+
 // ---- The ops ------------------------------------------------------------------------
 
 void conv2d_forward_chunks(const ConvShape& s, int chunks, const int* bounds, const float* x, const float* w,
@@ -308,22 +317,26 @@ void tree_sum_parts_f64(int count, int64_t len, const double* parts, double* out
 
 void batchnorm_chunk_sums(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
                           double* sum_tree) {
+  require_all_channels(s, "batchnorm_chunk_sums");
   channel_chunk_tree(ChannelTerm::Value, s.c, s.hw, chunks, bounds, x, nullptr, nullptr, sum_tree, nullptr);
 }
 void batchnorm_chunk_centered_squares(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
                                       const float* mean, double* sq_tree) {
+  require_all_channels(s, "batchnorm_chunk_centered_squares");
   channel_chunk_tree(ChannelTerm::CenteredSquare, s.c, s.hw, chunks, bounds, x, nullptr, mean, sq_tree,
                      nullptr);
 }
 void batchnorm_backward_chunk_sums(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
                                    const float* dy, const float* mean, double* sum_dy_tree,
                                    double* sum_dy_xc_tree) {
+  require_all_channels(s, "batchnorm_backward_chunk_sums");
   channel_chunk_tree(ChannelTerm::GradAndGradCentered, s.c, s.hw, chunks, bounds, x, dy, mean, sum_dy_tree,
                      sum_dy_xc_tree);
 }
 
 void batchnorm_scale_shift(const BatchNormShape& s, const float* x, const float* scale, const float* shift,
                            float* y) {
+  require_all_channels(s, "batchnorm_scale_shift");
   const int64_t total = static_cast<int64_t>(s.n) * s.c * s.hw;
   if (total <= 0) return;
   scale_shift_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(total, s.c, s.hw, x, scale, shift, y);
@@ -332,6 +345,7 @@ void batchnorm_scale_shift(const BatchNormShape& s, const float* x, const float*
 
 void batchnorm_backward_apply(const BatchNormShape& s, const float* x, const float* dy, const float* mean,
                               const float* k, const float* mean_dy, const float* proj, float* dx) {
+  require_all_channels(s, "batchnorm_backward_apply");
   const int64_t total = static_cast<int64_t>(s.n) * s.c * s.hw;
   if (total <= 0) return;
   backward_apply_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(total, s.c, s.hw, x, dy, mean, k,

@@ -369,29 +369,29 @@ void batchnorm_chunk_sums(const BatchNormShape& s, int chunks, const int* bounds
                           double* sum_tree) {
   std::vector<double> parts(static_cast<std::size_t>(chunks) * s.c, 0.0);
   for (int k = 0; k < chunks; ++k)
-    for (int c = 0; c < s.c; ++c)
+    for (int c = s.c_begin; c < s.channel_end(); ++c)
       for (int n = bounds[k]; n < bounds[k + 1]; ++n)
         for (int i = 0; i < s.hw; ++i) parts[k * s.c + c] += x[bn_index(s, n, c, i)];
-  for (int c = 0; c < s.c; ++c) sum_tree[c] = tree_sum(parts.data() + c, chunks, s.c);
+  for (int c = s.c_begin; c < s.channel_end(); ++c) sum_tree[c] = tree_sum(parts.data() + c, chunks, s.c);
 }
 
 void batchnorm_chunk_centered_squares(const BatchNormShape& s, int chunks, const int* bounds,
                                       const float* x, const float* mean, double* sq_tree) {
   std::vector<double> parts(static_cast<std::size_t>(chunks) * s.c, 0.0);
   for (int k = 0; k < chunks; ++k)
-    for (int c = 0; c < s.c; ++c)
+    for (int c = s.c_begin; c < s.channel_end(); ++c)
       for (int n = bounds[k]; n < bounds[k + 1]; ++n)
         for (int i = 0; i < s.hw; ++i) {
           const double d = static_cast<double>(x[bn_index(s, n, c, i)]) - mean[c];
           parts[k * s.c + c] += d * d;
         }
-  for (int c = 0; c < s.c; ++c) sq_tree[c] = tree_sum(parts.data() + c, chunks, s.c);
+  for (int c = s.c_begin; c < s.channel_end(); ++c) sq_tree[c] = tree_sum(parts.data() + c, chunks, s.c);
 }
 
 void batchnorm_scale_shift(const BatchNormShape& s, const float* x, const float* scale,
                            const float* shift, float* y) {
   for (int n = 0; n < s.n; ++n)
-    for (int c = 0; c < s.c; ++c)
+    for (int c = s.c_begin; c < s.channel_end(); ++c)
       for (int i = 0; i < s.hw; ++i) {
         const int64_t j = bn_index(s, n, c, i);
         y[j] = static_cast<float>(static_cast<double>(x[j]) * scale[c] + shift[c]);
@@ -403,14 +403,14 @@ void batchnorm_backward_chunk_sums(const BatchNormShape& s, int chunks, const in
                                    double* sum_dy_tree, double* sum_dy_xc_tree) {
   std::vector<double> p_dy(static_cast<std::size_t>(chunks) * s.c, 0.0), p_xc(p_dy);
   for (int k = 0; k < chunks; ++k)
-    for (int c = 0; c < s.c; ++c)
+    for (int c = s.c_begin; c < s.channel_end(); ++c)
       for (int n = bounds[k]; n < bounds[k + 1]; ++n)
         for (int i = 0; i < s.hw; ++i) {
           const int64_t j = bn_index(s, n, c, i);
           p_dy[k * s.c + c] += dy[j];
           p_xc[k * s.c + c] += static_cast<double>(dy[j]) * (static_cast<double>(x[j]) - mean[c]);
         }
-  for (int c = 0; c < s.c; ++c) {
+  for (int c = s.c_begin; c < s.channel_end(); ++c) {
     sum_dy_tree[c] = tree_sum(p_dy.data() + c, chunks, s.c);
     sum_dy_xc_tree[c] = tree_sum(p_xc.data() + c, chunks, s.c);
   }
@@ -420,7 +420,7 @@ void batchnorm_backward_apply(const BatchNormShape& s, const float* x, const flo
                               const float* mean, const float* k, const float* mean_dy,
                               const float* proj, float* dx) {
   for (int n = 0; n < s.n; ++n)
-    for (int c = 0; c < s.c; ++c)
+    for (int c = s.c_begin; c < s.channel_end(); ++c)
       for (int i = 0; i < s.hw; ++i) {
         const int64_t j = bn_index(s, n, c, i);
         const double xc = static_cast<double>(x[j]) - mean[c];

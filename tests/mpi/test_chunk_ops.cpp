@@ -376,6 +376,115 @@ TEST_CASE("batchnorm chunked sums, scale/shift and backward: cpu matches ref; ra
   }
 }
 
+TEST_CASE("batchnorm steps over channel ranges: the range's channels bit for bit as over every channel, the rest untouched") {
+  // A rank's driver walks the channels in groups that stay in cache between its
+  // exchanges (engine/core/batchnorm_ops.cpp); any grouping must give the same bits.
+  std::mt19937 g(17);
+  for (const BatchNormShape& s : kBn) {
+    CAPTURE(s.n);
+    CAPTURE(s.c);
+    CAPTURE(s.hw);
+    const std::size_t nx = static_cast<std::size_t>(s.n) * s.c * s.hw, nc = static_cast<std::size_t>(s.c);
+    auto x = uniform(nx, g, -1, 1);
+    const auto dy = uniform(nx, g, -1, 1), mean = uniform(nc, g, -0.5f, 0.5f), scale = uniform(nc, g, 0.5f, 1.5f),
+               shift = uniform(nc, g, -1, 1), k = uniform(nc, g, 0.5f, 1.5f), mdy = uniform(nc, g, -0.1f, 0.1f),
+               proj = uniform(nc, g, -0.3f, 0.3f);
+    const Share all = whole(s.n);
+    const int* b = all.bounds.data();
+    // Every step of one backend over [c0, c1) into outputs that start as sentinels.
+    struct Outputs {
+      std::vector<double> sum, sq, sdy, sxc;
+      std::vector<float> y, dx;
+    };
+    constexpr double kSentinelD = -7.25;
+    constexpr float kSentinelF = -3.5f;
+    auto run = [&](bool cpu_path, int c0, int c1) {
+      BatchNormShape r = s;
+      r.c_begin = c0;
+      r.c_end = c1;
+      Outputs o{std::vector<double>(nc, kSentinelD), std::vector<double>(nc, kSentinelD),
+                std::vector<double>(nc, kSentinelD), std::vector<double>(nc, kSentinelD),
+                std::vector<float>(nx, kSentinelF), std::vector<float>(nx, kSentinelF)};
+      if (cpu_path) {
+        cpu::batchnorm_chunk_sums(r, all.chunks, b, x.data(), o.sum.data());
+        cpu::batchnorm_chunk_centered_squares(r, all.chunks, b, x.data(), mean.data(), o.sq.data());
+        cpu::batchnorm_scale_shift(r, x.data(), scale.data(), shift.data(), o.y.data());
+        cpu::batchnorm_backward_chunk_sums(r, all.chunks, b, x.data(), dy.data(), mean.data(), o.sdy.data(),
+                                           o.sxc.data());
+        cpu::batchnorm_backward_apply(r, x.data(), dy.data(), mean.data(), k.data(), mdy.data(), proj.data(),
+                                      o.dx.data());
+      } else {
+        ref::batchnorm_chunk_sums(r, all.chunks, b, x.data(), o.sum.data());
+        ref::batchnorm_chunk_centered_squares(r, all.chunks, b, x.data(), mean.data(), o.sq.data());
+        ref::batchnorm_scale_shift(r, x.data(), scale.data(), shift.data(), o.y.data());
+        ref::batchnorm_backward_chunk_sums(r, all.chunks, b, x.data(), dy.data(), mean.data(), o.sdy.data(),
+                                           o.sxc.data());
+        ref::batchnorm_backward_apply(r, x.data(), dy.data(), mean.data(), k.data(), mdy.data(), proj.data(),
+                                      o.dx.data());
+      }
+      return o;
+    };
+    for (bool cpu_path : {true, false}) {
+      CAPTURE(cpu_path);
+      const Outputs every = run(cpu_path, 0, s.c);
+      for (int group : {1, 3, s.c}) {
+        CAPTURE(group);
+        Outputs pieced{std::vector<double>(nc, kSentinelD), std::vector<double>(nc, kSentinelD),
+                       std::vector<double>(nc, kSentinelD), std::vector<double>(nc, kSentinelD),
+                       std::vector<float>(nx, kSentinelF), std::vector<float>(nx, kSentinelF)};
+        for (int c0 = 0; c0 < s.c; c0 += group) {
+          const int c1 = std::min(s.c, c0 + group);
+          const Outputs o = run(cpu_path, c0, c1);
+          for (int c = 0; c < s.c; ++c) {
+            const bool in = c >= c0 && c < c1;
+            const std::size_t j = static_cast<std::size_t>(c);
+            if (in) {
+              pieced.sum[j] = o.sum[j], pieced.sq[j] = o.sq[j], pieced.sdy[j] = o.sdy[j], pieced.sxc[j] = o.sxc[j];
+            } else {
+              CHECK(o.sum[j] == kSentinelD);
+              CHECK(o.sq[j] == kSentinelD);
+              CHECK(o.sdy[j] == kSentinelD);
+              CHECK(o.sxc[j] == kSentinelD);
+            }
+          }
+          std::size_t outside_written = 0;
+          for (std::size_t e = 0; e < nx; ++e) {
+            const int c = static_cast<int>((e / static_cast<std::size_t>(s.hw)) % nc);
+            if (c >= c0 && c < c1) {
+              pieced.y[e] = o.y[e];
+              pieced.dx[e] = o.dx[e];
+            } else {
+              outside_written += o.y[e] != kSentinelF || o.dx[e] != kSentinelF;
+            }
+          }
+          CHECK_MESSAGE(outside_written == 0, "channels [" << c0 << ", " << c1 << "): " << outside_written
+                                                           << " elements outside the range written");
+        }
+        check_bits("sums by ranges", pieced.sum, every.sum);
+        check_bits("centred squares by ranges", pieced.sq, every.sq);
+        check_bits("scale_shift by ranges", pieced.y, every.y);
+        check_bits("sum dy by ranges", pieced.sdy, every.sdy);
+        check_bits("sum dy*xc by ranges", pieced.sxc, every.sxc);
+        check_bits("backward_apply by ranges", pieced.dx, every.dx);
+      }
+    }
+  }
+}
+
+TEST_CASE("the cpu batch-norm channel group: 512 KiB of the inputs, at least one channel, at most all, whatever the threads") {
+  // conv1 of a 2-rank step: 64 x 32 x 784 floats, 200,704 bytes per channel.
+  const BatchNormShape conv1{64, 32, 784}, huge{1024, 8, 784}, tiny{2, 5, 3};
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    CAPTURE(threads);
+    CHECK(cpu::batchnorm_channel_group(conv1, 1) == 2);
+    CHECK(cpu::batchnorm_channel_group(conv1, 2) == 1);
+    CHECK(cpu::batchnorm_channel_group(huge, 2) == 1);
+    CHECK(cpu::batchnorm_channel_group(tiny, 2) == 5);  // a small layer: one exchange
+  }
+  omp_set_num_threads(2);
+}
+
 TEST_CASE("cross_entropy: the gradient of the mean over the whole batch; cpu matches ref") {
   std::mt19937 g(14);
   const int n = 5, total = 24, classes = 10;

@@ -4,8 +4,13 @@
 // update of every parameter. Prints each op's time, its GFLOP/s where it multiplies,
 // its share of the step, the sum, and that sum times the steps of one epoch.
 //
-//   kernel_bench [iterations]        (default 20; ENGINE_CPU_KERNELS chooses the path,
-//                                     OMP_NUM_THREADS the threads, as for the engine)
+//   kernel_bench [iterations] [--ranks W]
+//       iterations: default 20; ENGINE_CPU_KERNELS chooses the path, OMP_NUM_THREADS
+//       the threads, as for the engine.
+//       --ranks W (1, 2, 4 or 8): the ops of rank 0 of a W-rank run instead: its 8/W
+//       chunks of the batch, BatchNorm in the separate steps that a rank interleaves
+//       with its exchanges, by channel groups (engine/core/batchnorm_ops.cpp), and AdamW
+//       over its 1/W shard.
 //
 // The sum leaves out what is not an op (the data pipeline, the loss bookkeeping, the
 // tree of the BatchNorm sums between its two passes), so it is a floor for the step.
@@ -67,15 +72,29 @@ double conv_gflop(const ConvShape& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int iters = argc > 1 ? std::atoi(argv[1]) : 20;
-  if (iters < 1) {
-    std::fprintf(stderr, "kernel_bench: iterations must be a positive integer, got '%s'\n", argv[1]);
-    return 2;
+  int iters = 20, ranks = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--ranks" && i + 1 < argc) {
+      ranks = std::atoi(argv[++i]);
+      if (ranks != 1 && ranks != 2 && ranks != 4 && ranks != 8) {
+        std::fprintf(stderr, "kernel_bench: --ranks must be 1, 2, 4 or 8, got '%s'\n", argv[i]);
+        return 2;
+      }
+    } else {
+      iters = std::atoi(argv[i]);
+      if (iters < 1) {
+        std::fprintf(stderr, "kernel_bench: iterations must be a positive integer, got '%s'\n", argv[i]);
+        return 2;
+      }
+    }
   }
-  const int n = 128, train_images = 55000;
+  const int global_batch = 128, train_images = 55000;
+  // Rank 0's chunks of the global batch: the first 8/W, as BatchChunks splits them.
+  const int chunks = kTreeChunks / ranks;
+  const int n = tree_chunk_begin(global_batch, chunks);
   int bounds[kTreeChunks + 1];
-  for (int c = 0; c <= kTreeChunks; ++c) bounds[c] = tree_chunk_begin(n, c);
-  const int chunks = kTreeChunks;
+  for (int c = 0; c <= chunks; ++c) bounds[c] = tree_chunk_begin(global_batch, c);
   std::mt19937 g(1);
 
   const ConvShape c1{n, 1, 28, 28, 32, 3, 3, 1}, c2{n, 32, 14, 14, 64, 3, 3, 1};
@@ -111,14 +130,56 @@ int main(int argc, char** argv) {
   std::vector<double> db1(32), db2(64), dbf1(128), dbf2(10);
   std::vector<float> dg1(32), dbe1(32), dg2(64), dbe2(64);
 
+  // BatchNorm: the fused one-process op, or a rank's steps by channel groups (the
+  // exchanges and the per-channel arithmetic between the steps left out: factors of 1
+  // and 0 stand in).
+  std::vector<double> bn_sum(64), bn_sq(64), bn_dy(64), bn_dyxc(64);
+  const std::vector<float> ones(64, 1.0f), zeros(64, 0.0f);
+  using Vec = std::vector<float>;
+  auto bn_forward = [&](const BatchNormShape& s, const Vec& in, const Vec& gamma, const Vec& beta, Vec& mean,
+                        Vec& invstd, Vec& out) {
+    if (ranks == 1) {
+      cpu::batchnorm_forward_train_chunks(s, chunks, bounds, in.data(), gamma.data(), beta.data(), 1e-5f, 0.1f,
+                                          rm.data(), rv.data(), mean.data(), invstd.data(), out.data());
+      return;
+    }
+    const int group = cpu::batchnorm_channel_group(s, 1);
+    for (int c0 = 0; c0 < s.c; c0 += group) {
+      BatchNormShape gs = s;
+      gs.c_begin = c0;
+      gs.c_end = std::min(s.c, c0 + group);
+      cpu::batchnorm_chunk_sums(gs, chunks, bounds, in.data(), bn_sum.data());
+      cpu::batchnorm_chunk_centered_squares(gs, chunks, bounds, in.data(), mean.data(), bn_sq.data());
+      cpu::batchnorm_scale_shift(gs, in.data(), ones.data(), zeros.data(), out.data());
+    }
+  };
+  auto bn_backward = [&](const BatchNormShape& s, const Vec& in, const Vec& dy, const Vec& gamma, const Vec& mean,
+                         const Vec& invstd, Vec& dx, Vec& dgamma, Vec& dbeta) {
+    if (ranks == 1) {
+      cpu::batchnorm_backward_chunks(s, chunks, bounds, in.data(), dy.data(), gamma.data(), mean.data(),
+                                     invstd.data(), dx.data(), dgamma.data(), dbeta.data());
+      return;
+    }
+    const int group = cpu::batchnorm_channel_group(s, 2);
+    for (int c0 = 0; c0 < s.c; c0 += group) {
+      BatchNormShape gs = s;
+      gs.c_begin = c0;
+      gs.c_end = std::min(s.c, c0 + group);
+      cpu::batchnorm_backward_chunk_sums(gs, chunks, bounds, in.data(), dy.data(), mean.data(), bn_dy.data(),
+                                         bn_dyxc.data());
+      cpu::batchnorm_backward_apply(gs, in.data(), dy.data(), mean.data(), ones.data(), zeros.data(),
+                                    zeros.data(), dx.data());
+    }
+  };
+
   Bench b{iters, {}};
   // ---- forward
   b.op("conv1 forward", conv_gflop(c1), [&] { cpu::conv2d_forward_chunks(c1, chunks, bounds, x.data(), w1.data(), b1.data(), y1.data()); });
-  b.op("bn1 forward (train)", 0, [&] { cpu::batchnorm_forward_train_chunks(bn1, chunks, bounds, y1.data(), g1.data(), be1.data(), 1e-5f, 0.1f, rm.data(), rv.data(), sm1.data(), si1.data(), a1.data()); });
+  b.op("bn1 forward (train)", 0, [&] { bn_forward(bn1, y1, g1, be1, sm1, si1, a1); });
   b.op("pool1 forward", 0, [&] { cpu::maxpool2x2_forward(p1, a1.data(), m1.data(), am1.data()); });
   b.op("relu1 forward", 0, [&] { cpu::relu_forward(n * 32 * 196, m1.data(), r1.data()); });
   b.op("conv2 forward", conv_gflop(c2), [&] { cpu::conv2d_forward_chunks(c2, chunks, bounds, r1.data(), w2.data(), b2.data(), y2.data()); });
-  b.op("bn2 forward (train)", 0, [&] { cpu::batchnorm_forward_train_chunks(bn2, chunks, bounds, y2.data(), g2.data(), be2.data(), 1e-5f, 0.1f, rm.data(), rv.data(), sm2.data(), si2.data(), a2.data()); });
+  b.op("bn2 forward (train)", 0, [&] { bn_forward(bn2, y2, g2, be2, sm2, si2, a2); });
   b.op("pool2 forward", 0, [&] { cpu::maxpool2x2_forward(p2, a2.data(), m2.data(), am2.data()); });
   b.op("relu2 forward", 0, [&] { cpu::relu_forward(n * 3136, m2.data(), r2.data()); });
   b.op("fc1 forward", 2.0 * n * 3136 * 128 * 1e-9, [&] { cpu::linear_forward_chunks(f1, chunks, bounds, r2.data(), wf1.data(), bf1.data(), h1.data()); });
@@ -133,13 +194,13 @@ int main(int argc, char** argv) {
   b.op("fc1 backward", 4.0 * n * 3136 * 128 * 1e-9, [&] { cpu::linear_backward_chunks(f1, chunks, bounds, r2.data(), wf1.data(), g_h.data(), dq2.data(), dwf1.data(), dbf1.data()); });
   b.op("relu2 backward", 0, [&] { cpu::relu_backward(n * 3136, r2.data(), g_q2.data(), dq2b.data()); });
   b.op("pool2 backward", 0, [&] { cpu::maxpool2x2_backward(p2, g_q2.data(), am2.data(), dy2.data()); });
-  b.op("bn2 backward", 0, [&] { cpu::batchnorm_backward_chunks(bn2, chunks, bounds, y2.data(), g_y2.data(), g2.data(), sm2.data(), si2.data(), dy2c.data(), dg2.data(), dbe2.data()); });
+  b.op("bn2 backward", 0, [&] { bn_backward(bn2, y2, g_y2, g2, sm2, si2, dy2c, dg2, dbe2); });
   b.op("conv2 backward (dW, db, dx)", 2 * conv_gflop(c2), [&] { cpu::conv2d_backward_chunks(c2, chunks, bounds, r1.data(), w2.data(), g_y2.data(), dq1.data(), dw2.data(), db2.data()); });
   b.op("relu1 backward", 0, [&] { cpu::relu_backward(n * 32 * 196, r1.data(), g_q1.data(), dq1b.data()); });
   b.op("pool1 backward", 0, [&] { cpu::maxpool2x2_backward(p1, g_q1.data(), am1.data(), dy1.data()); });
-  b.op("bn1 backward", 0, [&] { cpu::batchnorm_backward_chunks(bn1, chunks, bounds, y1.data(), g_y1.data(), g1.data(), sm1.data(), si1.data(), dy1c.data(), dg1.data(), dbe1.data()); });
+  b.op("bn1 backward", 0, [&] { bn_backward(bn1, y1, g_y1, g1, sm1, si1, dy1c, dg1, dbe1); });
   b.op("conv1 backward (dW, db)", conv_gflop(c1), [&] { cpu::conv2d_backward_chunks(c1, chunks, bounds, x.data(), w1.data(), g_y1.data(), nullptr, dw1.data(), db1.data()); });
-  // ---- AdamW over every parameter (10 tensors, 421,834 floats)
+  // ---- AdamW over every parameter (10 tensors, 421,834 floats), or rank 0's 1/W of each
   const AdamHyper h;
   const AdamStepFactors sf{1e-3f, 0.5f, 0.99999f, 0.1f, 0.001f};
   std::vector<std::vector<float>*> params = {&w1, &b1, &g1, &be1, &w2, &b2, &g2, &be2, &wf1, &bf1, &wf2, &bf2};
@@ -147,20 +208,22 @@ int main(int argc, char** argv) {
   for (auto* p : params) grads.push_back(*p), m.emplace_back(p->size(), 0.0f), v.emplace_back(p->size(), 0.0f);
   b.op("adamw (all parameters)", 0, [&] {
     for (std::size_t i = 0; i < params.size(); ++i)
-      cpu::adam_update(static_cast<int64_t>(params[i]->size()), params[i]->data(), grads[i].data(), m[i].data(), v[i].data(), h, sf);
+      cpu::adam_update(static_cast<int64_t>(params[i]->size() / ranks), params[i]->data(), grads[i].data(), m[i].data(), v[i].data(), h, sf);
   });
 
   double total = 0, flops = 0;
   for (const Row& r : b.rows) total += r.ms, flops += r.gflop;
-  std::printf("kernel_bench: one training step, batch %d, %d chunks; cpu kernels %s, %d threads; median of %d runs\n", n,
-              chunks, cpu::cpu_kernels_name(cpu::cpu_kernels()), omp_get_max_threads(), iters);
+  std::printf("kernel_bench: one training step, batch %d, %d chunks", global_batch, kTreeChunks);
+  if (ranks > 1) std::printf(", rank 0 of %d (%d images, %d chunks)", ranks, n, chunks);
+  std::printf("; cpu kernels %s, %d threads; median of %d runs\n", cpu::cpu_kernels_name(cpu::cpu_kernels()),
+              omp_get_max_threads(), iters);
   std::printf("%-30s %9s %9s %7s\n", "op", "ms", "GFLOP/s", "share");
   for (const Row& r : b.rows) {
     char rate[32] = "";
     if (r.gflop > 0) std::snprintf(rate, sizeof rate, "%.1f", r.gflop / (r.ms * 1e-3));
     std::printf("%-30s %9.3f %9s %6.1f%%\n", r.name.c_str(), r.ms, rate, 100.0 * r.ms / total);
   }
-  const int steps = (train_images + n - 1) / n;
+  const int steps = (train_images + global_batch - 1) / global_batch;
   std::printf("%-30s %9.3f %9.1f\n", "step (sum of the ops)", total, flops / (total * 1e-3));
   std::printf("epoch of %d images (%d steps), ops only: %.2f s\n", train_images, steps, total * steps * 1e-3);
   return 0;
