@@ -471,7 +471,8 @@ class TrainingSession {
   Trainer& start() {
     Trainer& t = session_.start(make_model(session_.config()), &observer_);
     if (session_.size() > 1)
-      std::cout << "data-parallel on " << session_.size() << " ranks (" << session_.collective().name() << ")\n";
+      std::cout << "data-parallel on " << session_.size() << " ranks (" << session_.collective().name()
+                << (session_.collective().one_host() ? ", one host" : ", several hosts") << ")\n";
     return t;
   }
 

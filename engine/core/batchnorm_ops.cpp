@@ -42,13 +42,15 @@ Complete complete_over(const BatchChunks& plan) {
   return [&plan](double* parts, int64_t n) { plan.complete(parts, n, parts); };
 }
 
-// The channels one group of the steps takes. On the CPU each pass between two exchanges
-// re-reads the group's part of x (and dy) from cache instead of memory; on CUDA the group
-// is the whole layer. Any grouping gives the same bits (every sum is per channel), but
-// every rank must walk the same groups, one exchange each: the size follows from the
-// global batch split evenly, never from this rank's share or its thread count.
+// The channels one group of the steps takes. On the CPU with every rank on this host,
+// each pass between two exchanges re-reads the group's part of x (and dy) from cache
+// instead of memory. On CUDA, and across hosts (where each of the extra exchanges would
+// cost a network round trip, more than the memory pass it saves), the group is the whole
+// layer. Any grouping gives the same bits (every sum is per channel), but every rank
+// must walk the same groups, one exchange each: the size follows from the global batch
+// split evenly, never from this rank's share or its thread count.
 int channels_per_group(Device d, const BatchChunks& plan, const BatchNormShape& s, int tensors) {
-  if (d.is_cuda()) return s.c;
+  if (d.is_cuda() || !plan.one_host()) return s.c;
   const int64_t world = plan.world_size();
   BatchNormShape even = s;
   even.n = static_cast<int>((plan.global_batch() + world - 1) / world);

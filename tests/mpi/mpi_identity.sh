@@ -34,6 +34,9 @@ for np in 1 2 3 4; do
     >"$tmp/np$np.log" 2>&1 || { cat "$tmp/np$np.log"; fail "mpirun -np $np failed"; }
   # Only rank 0 prints: one test line.
   [[ "$(grep -c '^test:' "$tmp/np$np.log")" == 1 ]] || { cat "$tmp/np$np.log"; fail "np $np: not exactly one rank printed"; }
+  # Ranks on one host: the batch norm's sums are exchanged by groups of channels.
+  [[ $np == 1 ]] || grep -q "^data-parallel on $np ranks (mpi, one host)" "$tmp/np$np.log" ||
+    { cat "$tmp/np$np.log"; fail "np $np: no 'data-parallel on $np ranks (mpi, one host)'"; }
   compare "np$np"
 done
 

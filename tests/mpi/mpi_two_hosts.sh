@@ -101,7 +101,9 @@ for np in 2 4; do
   [[ "$(grep -c '^test:' "$tmp/hosts_np$np.log")" == 1 ]] || { cat "$tmp/hosts_np$np.log"; fail "np $np: not exactly one test line"; }
   # mpirun started a daemon on host B through the agent, and the run had NP ranks.
   grep -q "^daemon started on $host_b" "$tmp/agent.log" || fail "np $np: no daemon started on $host_b"
-  grep -q "^data-parallel on $np ranks (mpi)" "$tmp/hosts_np$np.log" || { cat "$tmp/hosts_np$np.log"; fail "np $np: no 'data-parallel on $np ranks'"; }
+  # Ranks on two hosts: the batch norm exchanges once per statistic and layer.
+  grep -q "^data-parallel on $np ranks (mpi, several hosts)" "$tmp/hosts_np$np.log" ||
+    { cat "$tmp/hosts_np$np.log"; fail "np $np: no 'data-parallel on $np ranks (mpi, several hosts)'"; }
   compare "hosts_np$np"
 done
 

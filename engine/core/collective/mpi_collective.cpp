@@ -61,10 +61,20 @@ class MpiCollective final : public Collective {
     // The watchdog's roll call travels on its own communicator, so that it can never be
     // matched with the traffic of a collective in flight.
     check(MPI_Comm_dup(MPI_COMM_WORLD, &roll_call_), "MPI_Comm_dup");
+    // The ranks that share this host's memory: all of them, or the job spans hosts (the
+    // same answer on every rank).
+    MPI_Comm local = MPI_COMM_NULL;
+    check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local),
+          "MPI_Comm_split_type");
+    int local_size = 0;
+    MPI_Comm_size(local, &local_size);
+    MPI_Comm_free(&local);
+    one_host_ = local_size == size_;
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
+  bool one_host() const override { return one_host_; }
   void allgather(const void* send, std::size_t bytes, void* recv) override {
     // Bytes as MPI_BYTE; pieces here are far below 2^31.
     if (bytes > static_cast<std::size_t>(1) << 30) throw std::runtime_error("MPI allgather: piece too large");
@@ -191,6 +201,7 @@ class MpiCollective final : public Collective {
   int rank_ = 0, size_ = 1;
   double timeout_s_;
   int64_t calls_ = 0;  // collective calls made: the same count on every rank in step
+  bool one_host_ = true;
   MPI_Comm roll_call_ = MPI_COMM_NULL;
 };
 

@@ -103,6 +103,7 @@ class NcclCollective final : public Collective {
   void allgather(const void* send, std::size_t bytes, void* recv) override { bootstrap_->allgather(send, bytes, recv); }
   void broadcast(void* data, std::size_t bytes, int root) override { bootstrap_->broadcast(data, bytes, root); }
   void alltoall(const void* send, std::size_t bytes, void* recv) override { bootstrap_->alltoall(send, bytes, recv); }
+  bool one_host() const override { return bootstrap_->one_host(); }
   // The bootstrap (MPI) ends the job; NCCL's communicator dies with the processes.
   [[noreturn]] void abort(int exit_code) override {
     bootstrap_->abort(exit_code);

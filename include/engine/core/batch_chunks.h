@@ -45,6 +45,8 @@ class BatchChunks {
   const std::vector<Block>& blocks() const { return blocks_; }
   int world_size() const { return world_; }
   bool distributed() const { return world_ > 1; }
+  // Whether every rank runs on this host (Collective::one_host; yes in one process).
+  bool one_host() const { return comm_ == nullptr || comm_->one_host(); }
   // Whether a cross-sample sum needs complete(): more than one block in the whole job.
   bool needs_completion() const { return world_ > 1 || blocks_.size() > 1; }
 

@@ -44,6 +44,12 @@ class Collective {
   virtual void allgather_device(const void* send, std::size_t bytes, void* recv);
   virtual void broadcast_device(void* data, std::size_t bytes, int root);
 
+  // Whether every rank runs on this host, so that a small exchange costs microseconds
+  // rather than a network round trip: the CPU batch norm then takes its channels in
+  // cache-sized groups, one small exchange each (engine/core/batchnorm_ops.cpp). The same
+  // answer on every rank. This default (one process, the tests' collectives) says yes.
+  virtual bool one_host() const { return true; }
+
   // Agreement on a small vector (stop flags, a step number): every rank gets the
   // element-wise maximum of all ranks' `local` (which must have the same length on
   // every rank). Built on allgather: the same answer on every rank.
