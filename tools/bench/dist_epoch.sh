@@ -148,7 +148,10 @@ print(f"ratio engine {W} ranks / pytorch DDP: {r2:.3f}   (target <= 0.6: {'met' 
 #     rank's piece for rank s being s's shard of them, times the most blocks a rank holds;
 #   one allgather of the updated parameter shards (P/W floats, the largest shard);
 #   BatchNorm2d (synchronised): forward sum(x), sum((x-mean)^2), C doubles each, and
-#     backward [sum(dy) | sum(dy*(x-mean))], 2C doubles: 3 allgathers;
+#     backward [sum(dy) | sum(dy*(x-mean))], 2C doubles, in allgathers of channel
+#     groups (ranks on one host, engine/core/batchnorm_ops.cpp: 512 KiB of x, or of x
+#     and dy, of a rank's even share of the batch; 2 forward and 1 backward exchange per
+#     group); the bytes do not depend on the grouping;
 #   the per-sample losses: the largest rank's sample count of floats: 1 allgather;
 #   the stop agreement (RunProtocol::agree): 5 int64: 1 allgather.
 # PyTorch DDP allreduces the gradients only (per-rank BN); gloo's ring allreduce sends
@@ -159,13 +162,22 @@ from torch_interop import make_model
 batch = json.load(open(root + "/configs/mnist.json"))["data"]["batch_size"]
 F32, F64 = 4, 8
 layout, bn, exchanges, grads = [], 0, 2, 0  # layout: (values, bytes per value, exchanged?)
-for m in make_model().modules():
+model = make_model()
+plane = {}  # BatchNorm2d -> H*W of its input
+hooks = [m.register_forward_hook(lambda m, i, o: plane.__setitem__(m, i[0].shape[2] * i[0].shape[3]))
+         for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+model.train()(torch.zeros(2, 1, 28, 28))
+even = -(-batch // W)  # a rank's even share of the global batch
+def groups(channels, hw, tensors):  # kernels/cpu/elementwise_ops.cpp: batchnorm_channel_group
+    per_group = min(channels, max(1, (512 * 1024) // (4 * even * hw * tensors)))
+    return -(-channels // per_group)
+for m in model.modules():
     if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)):
         layout += [(m.weight.numel(), F32, True), (m.bias.numel(), F64, True)]
     elif isinstance(m, torch.nn.BatchNorm2d):
         layout += [(m.weight.numel(), F32, False), (m.bias.numel(), F32, False)]
         bn += 4 * m.num_features * F64
-        exchanges += 3
+        exchanges += 2 * groups(m.num_features, plane[m], 1) + groups(m.num_features, plane[m], 2)
     grads += sum(p.numel() for p in m.parameters(recurse=False))
 def tree_blocks(b, e):  # kernels/chunk_tree.h
     out, p = 0, b
