@@ -46,7 +46,7 @@ constexpr int kNc = 2048;  // columns of op(B) per packed panel (L2/L3)
 // a scalar loop here, one store per float, took as long as the multiply-adds of the
 // narrow products.
 template <int W>
-inline void rows_to_sliver(const float* const* rows, int n, int len, float* d) {
+inline void rows_to_sliver_sse(const float* const* rows, int n, int len, float* d) {
   int w = 0;
 #if defined(__SSE2__)
   for (; w + 4 <= n; w += 4) {
@@ -70,8 +70,55 @@ inline void rows_to_sliver(const float* const* rows, int n, int len, float* d) {
     for (int j = 0; j < len; ++j) d[static_cast<int64_t>(j) * W + w] = rows[w][j];
 }
 
-// A stored row-major matrix.
+#if defined(__x86_64__)
+// The same copy, 8 rows by 8 floats at a time through AVX registers, for the paths whose
+// CPU has AVX: rows 0-3 go into the low halves and rows 4-7 into the high ones as they
+// are loaded (the inserts from memory run on the load ports), then 16 in-lane shuffles
+// turn 8 x 8 floats around: a quarter of a shuffle per float, against half a shuffle
+// and twice the loads and stores for SSE's 4 x 4. With it, packing fell from a third
+// of fc1's forward product to (see docs/benchmarks.md).
 template <int W>
+ENGINE_X86_TARGET("avx") void rows_to_sliver_avx(const float* const* rows, int n, int len, float* d) {
+  int w = 0;
+  for (; w + 8 <= n; w += 8) {
+    const float* r[8];
+    for (int i = 0; i < 8; ++i) r[i] = rows[w + i];
+    int j = 0;
+    for (; j + 8 <= len; j += 8) {
+      for (int h = 0; h < 8; h += 4) {  // columns j+h .. j+h+3
+        // t_i: row i's four floats in the low half, row i + 4's in the high half.
+        __m256 t[4];
+        for (int i = 0; i < 4; ++i)
+          t[i] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(r[i] + j + h)), _mm_loadu_ps(r[i + 4] + j + h), 1);
+        const __m256 t0 = t[0], t1 = t[1], t2 = t[2], t3 = t[3];
+        const __m256 u0 = _mm256_unpacklo_ps(t0, t1), u1 = _mm256_unpackhi_ps(t0, t1);
+        const __m256 u2 = _mm256_unpacklo_ps(t2, t3), u3 = _mm256_unpackhi_ps(t2, t3);
+        float* to = d + static_cast<int64_t>(j + h) * W + w;
+        _mm256_storeu_ps(to, _mm256_shuffle_ps(u0, u2, 0x44));
+        _mm256_storeu_ps(to + W, _mm256_shuffle_ps(u0, u2, 0xEE));
+        _mm256_storeu_ps(to + 2 * W, _mm256_shuffle_ps(u1, u3, 0x44));
+        _mm256_storeu_ps(to + 3 * W, _mm256_shuffle_ps(u1, u3, 0xEE));
+      }
+    }
+    for (; j < len; ++j)
+      for (int i = 0; i < 8; ++i) d[static_cast<int64_t>(j) * W + w + i] = r[i][j];
+  }
+  if (w < n) rows_to_sliver_sse<W>(rows + w, n - w, len, d + w);
+}
+#endif
+
+// The packing's transposing copy, the fastest the path's instruction set allows (every
+// variant writes the same floats).
+template <int W, bool Avx>
+inline void rows_to_sliver(const float* const* rows, int n, int len, float* d) {
+#if defined(__x86_64__)
+  if (Avx) return rows_to_sliver_avx<W>(rows, n, len, d);
+#endif
+  rows_to_sliver_sse<W>(rows, n, len, d);
+}
+
+// A stored row-major matrix.
+template <int W, bool Avx>
 void dense_pack(bool w_along_rows, const float* src, int ld, int first, int count, int k0, int kc, float* dst_all) {
   for (int s = 0; s * W < count; ++s) {
     float* dst = dst_all + static_cast<int64_t>(s) * kc * W;
@@ -92,7 +139,7 @@ void dense_pack(bool w_along_rows, const float* src, int ld, int first, int coun
     } else {
       const float* rows[W];
       for (int w = 0; w < width; ++w) rows[w] = src + static_cast<int64_t>(base + w) * ld + k0;
-      rows_to_sliver<W>(rows, width, kc, dst);
+      rows_to_sliver<W, Avx>(rows, width, kc, dst);
       for (int w = width; w < W; ++w)
         for (int kk = 0; kk < kc; ++kk) dst[kk * W + w] = 0.0f;
     }
@@ -141,7 +188,7 @@ void tap_offsets(const PaddedImages& im, int first, int count, int64_t* offsets)
   }
 }
 
-template <int W>
+template <int W, bool Avx>
 void patches_pack(bool w_along_rows, const PaddedImages& im, PatchColumns columns, int first, int count, int k0,
                   int kc, float* dst_all) {
   // A run of columns: in one image, and for Pixels in one output row (a contiguous
@@ -166,7 +213,7 @@ void patches_pack(bool w_along_rows, const PaddedImages& im, PatchColumns column
       for (int i = 0; i < n_runs; ++i) {
         const float* from = start(runs[i]);
         for (int w = 0; w < width; ++w) rows[w] = from + taps[w];
-        rows_to_sliver<W>(rows, width, runs[i].len, dst + runs[i].offset * W);
+        rows_to_sliver<W, Avx>(rows, width, runs[i].len, dst + runs[i].offset * W);
       }
       for (int w = width; w < W; ++w)
         for (int kk = 0; kk < kc; ++kk) dst[kk * W + w] = 0.0f;
@@ -227,7 +274,7 @@ PaddedImages pad_images(const ConvShape& s, const float* x, int images, float* d
 
 namespace {
 
-template <int W>
+template <int W, bool Avx>
 void image_rows_pack(bool w_along_rows, const float* src, int rows, int64_t pixels, int first, int count, int k0,
                      int kc, float* dst_all) {
   PixelRun runs[kKc];
@@ -240,7 +287,7 @@ void image_rows_pack(bool w_along_rows, const float* src, int rows, int64_t pixe
       const float* row_ptrs[W];
       for (int i = 0; i < n_runs; ++i) {
         for (int w = 0; w < width; ++w) row_ptrs[w] = at(first + sl * W + w, runs[i]);
-        rows_to_sliver<W>(row_ptrs, width, runs[i].len, dst + runs[i].offset * W);
+        rows_to_sliver<W, Avx>(row_ptrs, width, runs[i].len, dst + runs[i].offset * W);
       }
       for (int w = width; w < W; ++w)
         for (int kk = 0; kk < kc; ++kk) dst[kk * W + w] = 0.0f;
@@ -263,20 +310,20 @@ void image_rows_pack(bool w_along_rows, const float* src, int rows, int64_t pixe
 enum class Role { A, B };
 
 // Packs X (see above) of operand `o` in its role.
-template <int W>
+template <int W, bool Avx>
 void pack(const Operand& o, Role role, int first, int count, int k0, int kc, float* dst) {
   // X = op(A) for A, op(B)^T for B: w runs along the stored matrix's rows when A is not
   // transposed or B is.
   const bool w_along_rows = (role == Role::A) == (o.trans == Trans::No);
   switch (o.source) {
     case Operand::Source::Dense:
-      dense_pack<W>(w_along_rows, o.data, o.ld, first, count, k0, kc, dst);
+      dense_pack<W, Avx>(w_along_rows, o.data, o.ld, first, count, k0, kc, dst);
       return;
     case Operand::Source::Patches:
-      patches_pack<W>(w_along_rows, o.images, o.columns, first, count, k0, kc, dst);
+      patches_pack<W, Avx>(w_along_rows, o.images, o.columns, first, count, k0, kc, dst);
       return;
     case Operand::Source::ImageRows:
-      image_rows_pack<W>(w_along_rows, o.data, o.rows, o.pixels, first, count, k0, kc, dst);
+      image_rows_pack<W, Avx>(w_along_rows, o.data, o.rows, o.pixels, first, count, k0, kc, dst);
       return;
   }
 }
@@ -317,17 +364,20 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, float
   float* bp = pack_buffer<Kernel>(0, static_cast<std::size_t>((nc_max + NR - 1) / NR) * NR * kKc);
   float* ap = pack_buffer<Kernel>(1, static_cast<std::size_t>((mc_max + MR - 1) / MR) * MR * kKc);
   alignas(64) float edge[MR * NR];
+  // K in equal blocks of at most kKc (288 as 144 + 144, not 256 + 32): a short last
+  // block would reload and store the whole of C for a few multiply-adds.
+  const int k_blocks = (k + kKc - 1) / kKc, k_step = (k + k_blocks - 1) / k_blocks;
   for (int j0 = 0; j0 < n; j0 += kNc) {
     const int nc = std::min(kNc, n - j0);
-    for (int k0 = 0; k0 < k; k0 += kKc) {
-      const int kc = std::min(kKc, k - k0);
+    for (int k0 = 0; k0 < k; k0 += k_step) {
+      const int kc = std::min(k_step, k - k0);
       // The chain starts from C's value (beta 1, or any k block after the first),
       // else from +0.
       const bool load_c = beta != 0.0f || k0 > 0;
-      pack<NR>(b, Role::B, j0, nc, k0, kc, bp);
+      pack<NR, Kernel::kAvx>(b, Role::B, j0, nc, k0, kc, bp);
       for (int i0 = 0; i0 < m; i0 += kMc) {
         const int mc = std::min(kMc, m - i0);
-        pack<MR>(a, Role::A, i0, mc, k0, kc, ap);
+        pack<MR, Kernel::kAvx>(a, Role::A, i0, mc, k0, kc, ap);
         for (int js = 0; js * NR < nc; ++js) {
           const int cols = std::min(NR, nc - js * NR);
           const float* bs = bp + static_cast<int64_t>(js) * kc * NR;

@@ -20,6 +20,7 @@ namespace {
 // independent chains to keep two FMA units busy through their latency.
 struct Avx512Tile {
   static constexpr int MR = 8, NR = 32;
+  static constexpr bool kAvx = true;  // packing may use AVX (gemm.cpp)
   ENGINE_X86_TARGET("avx512f")
   static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, bool load_c) {
     __m512 acc0[MR], acc1[MR];
@@ -50,6 +51,7 @@ struct Avx512Tile {
 // the 16 YMM registers (BLIS's Haswell shape).
 struct Avx2Tile {
   static constexpr int MR = 6, NR = 16;
+  static constexpr bool kAvx = true;
   ENGINE_X86_TARGET("avx2,fma")
   static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, bool load_c) {
     __m256 acc0[MR], acc1[MR];
@@ -98,6 +100,7 @@ __attribute__((always_inline)) inline void portable_tile(int kc, const float* ap
 
 struct PortableTile {
   static constexpr int MR = 4, NR = 16;
+  static constexpr bool kAvx = false;
   static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, bool load_c) {
     portable_tile<MR, NR>(kc, ap, bp, c, ldc, load_c);
   }
@@ -106,6 +109,7 @@ struct PortableTile {
 #if defined(__x86_64__)
 struct PortableFmaTile {
   static constexpr int MR = 4, NR = 16;
+  static constexpr bool kAvx = false;
   ENGINE_X86_TARGET("fma")
   static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, bool load_c) {
     portable_tile<MR, NR>(kc, ap, bp, c, ldc, load_c);
