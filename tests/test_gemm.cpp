@@ -350,3 +350,40 @@ TEST_CASE("implicit-GEMM operands are the im2col and image matrices, bit for bit
       }
   }
 }
+
+TEST_CASE("a chain started from row or column values is the chain from C filled with them, on every path") {
+  // The convolutions start each chain from the channel's bias (RowValues), the linear
+  // layer from the output's bias (ColumnValues): the same bits as filling C with the
+  // bias and beta 1, whatever C held before (NaN here), ragged tiles and K blocks too.
+  uint64_t seed = 5000;
+  for (cpu::ChainStart start : {cpu::ChainStart::RowValues, cpu::ChainStart::ColumnValues})
+    for (int m : {1, 7, 9, 32, 65})
+      for (int n : {1, 17, 33, 100})
+        for (int k : {0, 1, 9, 288, 600}) {
+          const Problem p = make(Trans::No, Trans::Yes, m, n, k, 1.0f, static_cast<int>(seed % 4), 1);
+          CAPTURE(describe(p));
+          CAPTURE(start == cpu::ChainStart::RowValues ? "rows" : "columns");
+          std::vector<float> values = random_floats(static_cast<std::size_t>(std::max(m, n)), seed + 7);
+          values[0] = -0.0f;  // a signed zero starts a chain as itself
+          Operands ref(p, seed);
+          for (int i = 0; i < m; ++i)
+            for (int j = 0; j < n; ++j)
+              ref.pc[static_cast<int64_t>(i) * p.ldc + j] = start == cpu::ChainStart::RowValues ? values[i] : values[j];
+          definition(p, ref.pa, ref.pb, ref.pc);
+          for (CpuKernels path : paths_here()) {
+            CAPTURE(cpu::cpu_kernels_name(path));
+            Operands got(p, seed);
+            for (int i = 0; i < m; ++i)
+              for (int j = 0; j < n; ++j) got.pc[static_cast<int64_t>(i) * p.ldc + j] = std::nanf("");
+            cpu::gemm_with(path, m, n, k, cpu::Operand::dense(p.ta, got.pa, p.lda), cpu::Operand::dense(p.tb, got.pb, p.ldb),
+                           start, values.data(), got.pc, p.ldc);
+            int64_t differing = 0;
+            for (int i = 0; i < m; ++i)
+              for (int j = 0; j <= n; ++j)  // and the float past each row, untouched
+                differing += std::memcmp(got.pc + static_cast<int64_t>(i) * p.ldc + j,
+                                         ref.pc + static_cast<int64_t>(i) * p.ldc + j, sizeof(float)) != 0;
+            CHECK(differing == 0);
+          }
+          ++seed;
+        }
+}

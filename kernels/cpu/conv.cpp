@@ -142,12 +142,13 @@ void conv2d_forward_chunks(const ConvShape& s, int chunks, const int* bounds, co
         const int nb = std::min(kSubBatch, c1 - n0);
         const int64_t ld = nb * wide;
         const PaddedImages images = pad_images(s, x + n0 * in_size, nb, padded);
-        for (int k = 0; k < s.k; ++k) std::fill(out + k * ld, out + (k + 1) * ld, b ? b[k] : 0.0f);
-        // out[K, nb*OH*Wp] += W[K, CRS] * P[CRS, nb*OH*Wp]: the patches at the padded
-        // width, each tap's row copied straight from the padded images; the columns
-        // past OW in each row are not outputs and are dropped.
+        // out[K, nb*OH*Wp] = b + W[K, CRS] * P[CRS, nb*OH*Wp], each chain from its
+        // channel's bias: the patches at the padded width, each tap's row copied straight
+        // from the padded images; the columns past OW in each row are not outputs and
+        // are dropped.
         gemm(s.k, static_cast<int>(ld), crs, Operand::dense(Trans::No, w, crs),
-             Operand::patches(Trans::No, images, PatchColumns::PaddedRows), 1.0f, out, static_cast<int>(ld));
+             Operand::patches(Trans::No, images, PatchColumns::PaddedRows), b ? ChainStart::RowValues : ChainStart::Zero,
+             b, out, static_cast<int>(ld));
         for (int j = 0; j < nb; ++j)
           for (int k = 0; k < s.k; ++k) {
             float* to = y + ((n0 + j) * static_cast<int64_t>(s.k) + k) * ohw;

@@ -75,8 +75,8 @@ inline void rows_to_sliver_sse(const float* const* rows, int n, int len, float* 
 // CPU has AVX: rows 0-3 go into the low halves and rows 4-7 into the high ones as they
 // are loaded (the inserts from memory run on the load ports), then 16 in-lane shuffles
 // turn 8 x 8 floats around: a quarter of a shuffle per float, against half a shuffle
-// and twice the loads and stores for SSE's 4 x 4. With it, packing fell from a third
-// of fc1's forward product to (see docs/benchmarks.md).
+// and twice the loads and stores for SSE's 4 x 4 (fc1's forward product: packing a
+// third of its time with SSE, a quarter with this; perf, 2026-12-03).
 template <int W>
 ENGINE_X86_TARGET("avx") void rows_to_sliver_avx(const float* const* rows, int n, int len, float* d) {
   int w = 0;
@@ -348,16 +348,22 @@ float* pack_buffer(int which, std::size_t floats) {
 }
 
 // Kernel: MR, NR, and
-//   static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, bool load_c)
-// which runs a full MR x NR tile of C (load_c false: the chain starts from +0).
+//   static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, ChainStart start,
+//                    const float* init)
+// which runs a full MR x NR tile of C (init: the tile's first row or column value).
 template <class Kernel>
-void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, float beta, float* c, int ldc) {
+void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, ChainStart start, const float* values,
+                  float* c, int ldc) {
   constexpr int MR = Kernel::MR, NR = Kernel::NR;
   static_assert(MR <= kKc && NR <= kKc, "a sliver of patches fits the run buffers");
   if (m <= 0 || n <= 0) return;
-  if (k <= 0) {  // no multiply-add: C stays, or becomes +0
-    if (beta == 0.0f)
-      for (int i = 0; i < m; ++i) std::fill(c + static_cast<int64_t>(i) * ldc, c + static_cast<int64_t>(i) * ldc + n, 0.0f);
+  if (k <= 0) {  // no multiply-add: C stays, or becomes its start
+    if (start != ChainStart::C)
+      for (int i = 0; i < m; ++i)
+        for (int j = 0; j < n; ++j)
+          c[static_cast<int64_t>(i) * ldc + j] = start == ChainStart::RowValues      ? values[i]
+                                                 : start == ChainStart::ColumnValues ? values[j]
+                                                                                     : 0.0f;
     return;
   }
   const int nc_max = std::min(n, kNc), mc_max = std::min(m, kMc);
@@ -371,9 +377,8 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, float
     const int nc = std::min(kNc, n - j0);
     for (int k0 = 0; k0 < k; k0 += k_step) {
       const int kc = std::min(k_step, k - k0);
-      // The chain starts from C's value (beta 1, or any k block after the first),
-      // else from +0.
-      const bool load_c = beta != 0.0f || k0 > 0;
+      // After the first k block, the chain goes on from C.
+      const ChainStart from = k0 > 0 ? ChainStart::C : start;
       pack<NR, Kernel::kAvx>(b, Role::B, j0, nc, k0, kc, bp);
       for (int i0 = 0; i0 < m; i0 += kMc) {
         const int mc = std::min(kMc, m - i0);
@@ -385,16 +390,27 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, float
             const int rows = std::min(MR, mc - is * MR);
             const float* as = ap + static_cast<int64_t>(is) * kc * MR;
             float* ct = c + static_cast<int64_t>(i0 + is * MR) * ldc + j0 + js * NR;
+            const int row0 = i0 + is * MR, col0 = j0 + js * NR;
+            const float* init = from == ChainStart::RowValues      ? values + row0
+                                : from == ChainStart::ColumnValues ? values + col0
+                                                                   : nullptr;
             if (rows == MR && cols == NR) {
-              Kernel::tile(kc, as, bs, ct, ldc, load_c);
+              Kernel::tile(kc, as, bs, ct, ldc, from, init);
               continue;
             }
-            // A ragged tile: through a full-size copy (the padding lanes are chains of
-            // their own, computed and dropped).
+            // A ragged tile: through a full-size copy of its starts (the padding lanes
+            // are chains of their own, computed and dropped).
             for (int r = 0; r < MR; ++r)
-              for (int q = 0; q < NR; ++q)
-                edge[r * NR + q] = (load_c && r < rows && q < cols) ? ct[static_cast<int64_t>(r) * ldc + q] : 0.0f;
-            Kernel::tile(kc, as, bs, edge, NR, true);
+              for (int q = 0; q < NR; ++q) {
+                float v = 0.0f;
+                if (r < rows && q < cols)
+                  v = from == ChainStart::C              ? ct[static_cast<int64_t>(r) * ldc + q]
+                      : from == ChainStart::RowValues    ? init[r]
+                      : from == ChainStart::ColumnValues ? init[q]
+                                                         : 0.0f;
+                edge[r * NR + q] = v;
+              }
+            Kernel::tile(kc, as, bs, edge, NR, ChainStart::C, nullptr);
             for (int r = 0; r < rows; ++r)
               std::memcpy(ct + static_cast<int64_t>(r) * ldc, edge + r * NR, sizeof(float) * cols);
           }
@@ -406,32 +422,42 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, float
 
 }  // namespace
 
-void gemm_with(CpuKernels path, int m, int n, int k, const Operand& a, const Operand& b, float beta, float* c,
-               int ldc) {
+void gemm_with(CpuKernels path, int m, int n, int k, const Operand& a, const Operand& b, ChainStart start,
+               const float* values, float* c, int ldc) {
   switch (path) {
 #if defined(__x86_64__)
     case CpuKernels::Avx512:
-      gemm_blocked<Avx512Tile>(m, n, k, a, b, beta, c, ldc);
+      gemm_blocked<Avx512Tile>(m, n, k, a, b, start, values, c, ldc);
       return;
     case CpuKernels::Avx2:
-      gemm_blocked<Avx2Tile>(m, n, k, a, b, beta, c, ldc);
+      gemm_blocked<Avx2Tile>(m, n, k, a, b, start, values, c, ldc);
       return;
     case CpuKernels::Portable:
       if (cpu_has_hardware_fma())
-        gemm_blocked<PortableFmaTile>(m, n, k, a, b, beta, c, ldc);
+        gemm_blocked<PortableFmaTile>(m, n, k, a, b, start, values, c, ldc);
       else
-        gemm_blocked<PortableTile>(m, n, k, a, b, beta, c, ldc);
+        gemm_blocked<PortableTile>(m, n, k, a, b, start, values, c, ldc);
       return;
 #endif
     default:  // Portable off x86-64 (the x86 paths: cpu_supports says no to them there)
-      gemm_blocked<PortableTile>(m, n, k, a, b, beta, c, ldc);
+      gemm_blocked<PortableTile>(m, n, k, a, b, start, values, c, ldc);
       return;
   }
 }
 
-void gemm(int m, int n, int k, const Operand& a, const Operand& b, float beta, float* c, int ldc) {
+void gemm(int m, int n, int k, const Operand& a, const Operand& b, ChainStart start, const float* values, float* c,
+          int ldc) {
   static const CpuKernels path = cpu_kernels();
-  gemm_with(path, m, n, k, a, b, beta, c, ldc);
+  gemm_with(path, m, n, k, a, b, start, values, c, ldc);
+}
+
+void gemm_with(CpuKernels path, int m, int n, int k, const Operand& a, const Operand& b, float beta, float* c,
+               int ldc) {
+  gemm_with(path, m, n, k, a, b, beta == 0.0f ? ChainStart::Zero : ChainStart::C, nullptr, c, ldc);
+}
+
+void gemm(int m, int n, int k, const Operand& a, const Operand& b, float beta, float* c, int ldc) {
+  gemm(m, n, k, a, b, beta == 0.0f ? ChainStart::Zero : ChainStart::C, nullptr, c, ldc);
 }
 
 void gemm_with(CpuKernels path, Trans trans_a, Trans trans_b, int m, int n, int k, const float* a, int lda,
@@ -441,7 +467,8 @@ void gemm_with(CpuKernels path, Trans trans_a, Trans trans_b, int m, int n, int 
 
 void gemm_portable_software_fma(Trans trans_a, Trans trans_b, int m, int n, int k, const float* a, int lda,
                                 const float* b, int ldb, float beta, float* c, int ldc) {
-  gemm_blocked<PortableTile>(m, n, k, Operand::dense(trans_a, a, lda), Operand::dense(trans_b, b, ldb), beta, c, ldc);
+  gemm_blocked<PortableTile>(m, n, k, Operand::dense(trans_a, a, lda), Operand::dense(trans_b, b, ldb),
+                             beta == 0.0f ? ChainStart::Zero : ChainStart::C, nullptr, c, ldc);
 }
 
 void gemm(Trans trans_a, Trans trans_b, int m, int n, int k, const float* a, int lda, const float* b, int ldb,

@@ -18,6 +18,16 @@ namespace engine::kernels::cpu {
 
 enum class Trans { No, Yes };
 
+// Where each element's chain of multiply-adds starts. A bias as the start is the same
+// chain as C filled with the bias and beta 1, without the pass that fills C or the
+// loads of it.
+enum class ChainStart {
+  Zero,          // +0 (beta 0)
+  C,             // C's value (beta 1)
+  RowValues,     // values[i] for every element of row i (a convolution's bias)
+  ColumnValues,  // values[j] for every element of column j (a linear layer's bias)
+};
+
 // Images with their zero padding, [images][C][H + 2 pad][W + 2 pad], then S - 1 floats
 // of slack: the convolution's patches are read from them without a bounds check
 // (pad_images fills them; padded_images_floats says how many floats they take).
@@ -83,6 +93,12 @@ struct Operand {
 void gemm(int m, int n, int k, const Operand& a, const Operand& b, float beta, float* c, int ldc);
 void gemm_with(CpuKernels path, int m, int n, int k, const Operand& a, const Operand& b, float beta, float* c,
                int ldc);
+// C[M,N] = start + op(A)[M,K] * op(B)[K,N], each chain from `start` (values: M row or N
+// column values, unused for Zero and C).
+void gemm(int m, int n, int k, const Operand& a, const Operand& b, ChainStart start, const float* values, float* c,
+          int ldc);
+void gemm_with(CpuKernels path, int m, int n, int k, const Operand& a, const Operand& b, ChainStart start,
+               const float* values, float* c, int ldc);
 
 void gemm(Trans trans_a, Trans trans_b, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
           float beta, float* c, int ldc);

@@ -47,11 +47,9 @@ void linear_forward_chunks(const LinearShape& s, int chunks, const int* bounds, 
     if (mine.end > mine.begin) {
       const int n0 = first + mine.begin, n = mine.end - mine.begin;
       float* yc = y + static_cast<int64_t>(n0) * s.out;
-      for (int r = 0; r < n; ++r)
-        for (int o = 0; o < s.out; ++o) yc[static_cast<int64_t>(r) * s.out + o] = b ? b[o] : 0.0f;
-      // y[rows, OUT] += x[rows, IN] * W^T[IN, OUT]
-      gemm(Trans::No, Trans::Yes, n, s.out, s.in, x + static_cast<int64_t>(n0) * s.in, s.in, w, s.in, 1.0f, yc,
-           s.out);
+      // y[rows, OUT] = b + x[rows, IN] * W^T[IN, OUT], each chain from its output's bias
+      gemm(n, s.out, s.in, Operand::dense(Trans::No, x + static_cast<int64_t>(n0) * s.in, s.in),
+           Operand::dense(Trans::Yes, w, s.in), b ? ChainStart::ColumnValues : ChainStart::Zero, b, yc, s.out);
     }
   }
 }
