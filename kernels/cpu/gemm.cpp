@@ -373,6 +373,7 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
   // K in equal blocks of at most kKc (288 as 144 + 144, not 256 + 32): a short last
   // block would reload and store the whole of C for a few multiply-adds.
   const int k_blocks = (k + kKc - 1) / kKc, k_step = (k + k_blocks - 1) / k_blocks;
+  const bool direct_a = Kernel::kDirectA && a.source == Operand::Source::Dense && a.trans == Trans::No;
   for (int j0 = 0; j0 < n; j0 += kNc) {
     const int nc = std::min(kNc, n - j0);
     for (int k0 = 0; k0 < k; k0 += k_step) {
@@ -382,20 +383,32 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
       pack<NR, Kernel::kAvx>(b, Role::B, j0, nc, k0, kc, bp);
       for (int i0 = 0; i0 < m; i0 += kMc) {
         const int mc = std::min(kMc, m - i0);
-        pack<MR, Kernel::kAvx>(a, Role::A, i0, mc, k0, kc, ap);
+        // op(A) stored with its rows along k (a plain matrix, not transposed): its full
+        // slivers are read in place by the micro-kernel (the broadcast side needs no
+        // transposing copy); only a ragged last sliver is packed, at ap.
+        const int full = direct_a ? mc / MR * MR : 0;
+        if (full < mc) pack<MR, Kernel::kAvx>(a, Role::A, i0 + full, mc - full, k0, kc, ap);
         for (int js = 0; js * NR < nc; ++js) {
           const int cols = std::min(NR, nc - js * NR);
           const float* bs = bp + static_cast<int64_t>(js) * kc * NR;
           for (int is = 0; is * MR < mc; ++is) {
             const int rows = std::min(MR, mc - is * MR);
-            const float* as = ap + static_cast<int64_t>(is) * kc * MR;
+            const bool in_place = is * MR < full;
+            const float* as = in_place ? a.data + static_cast<int64_t>(i0 + is * MR) * a.ld + k0
+                                       : ap + static_cast<int64_t>(is - full / MR) * kc * MR;
+            auto run_tile = [&](float* to, int ld_to, ChainStart tile_from, const float* tile_init) {
+              if constexpr (Kernel::kDirectA) {
+                if (in_place) return Kernel::tile_rows(kc, as, a.ld, bs, to, ld_to, tile_from, tile_init);
+              }
+              Kernel::tile(kc, as, bs, to, ld_to, tile_from, tile_init);
+            };
             float* ct = c + static_cast<int64_t>(i0 + is * MR) * ldc + j0 + js * NR;
             const int row0 = i0 + is * MR, col0 = j0 + js * NR;
             const float* init = from == ChainStart::RowValues      ? values + row0
                                 : from == ChainStart::ColumnValues ? values + col0
                                                                    : nullptr;
             if (rows == MR && cols == NR) {
-              Kernel::tile(kc, as, bs, ct, ldc, from, init);
+              run_tile(ct, ldc, from, init);
               continue;
             }
             // A ragged tile: through a full-size copy of its starts (the padding lanes
@@ -410,7 +423,7 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
                                                          : 0.0f;
                 edge[r * NR + q] = v;
               }
-            Kernel::tile(kc, as, bs, edge, NR, ChainStart::C, nullptr);
+            run_tile(edge, NR, ChainStart::C, nullptr);
             for (int r = 0; r < rows; ++r)
               std::memcpy(ct + static_cast<int64_t>(r) * ldc, edge + r * NR, sizeof(float) * cols);
           }

@@ -24,10 +24,16 @@ namespace {
 struct Avx512Tile {
   static constexpr int MR = 8, NR = 32;
   static constexpr bool kAvx = true;  // packing may use AVX (gemm.cpp)
-  ENGINE_X86_TARGET("avx512f")
-  static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, ChainStart start,
-                   const float* init) {
+  static constexpr bool kDirectA = true;  // tile_rows reads op(A) unpacked
+  // op(A) from a packed sliver (ap[kk * MR + r]) or, kRows, straight from MR rows of
+  // a stored matrix (ap[r * lda + kk]): the same values, so the same chains.
+  template <bool kRows>
+  __attribute__((always_inline)) ENGINE_X86_TARGET("avx512f") static void run(int kc, const float* ap, long lda,
+                                                                          const float* bp, float* c, int ldc,
+                                                                          ChainStart start, const float* init) {
     __m512 acc0[MR], acc1[MR];
+    const float* rows[MR];
+    for (int r = 0; r < MR; ++r) rows[r] = ap + r * lda;
     // C's lines are fetched now when the start is not C (its loads did that), so the
     // stores at the end do not wait for them: with K = 9 that wait was a fifth slower.
     if (start != ChainStart::C)
@@ -62,7 +68,7 @@ struct Avx512Tile {
       const float* a = ap + kk * MR;
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
-        const __m512 ar = _mm512_set1_ps(a[r]);
+        const __m512 ar = _mm512_set1_ps(kRows ? rows[r][kk] : a[r]);
         acc0[r] = _mm512_fmadd_ps(ar, b0, acc0[r]);
         acc1[r] = _mm512_fmadd_ps(ar, b1, acc1[r]);
       }
@@ -73,6 +79,15 @@ struct Avx512Tile {
       _mm512_storeu_ps(c + static_cast<long>(r) * ldc + 16, acc1[r]);
     }
   }
+  ENGINE_X86_TARGET("avx512f")
+  static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, ChainStart start, const float* init) {
+    run<false>(kc, ap, 0, bp, c, ldc, start, init);
+  }
+  ENGINE_X86_TARGET("avx512f")
+  static void tile_rows(int kc, const float* a, long lda, const float* bp, float* c, int ldc, ChainStart start,
+                        const float* init) {
+    run<true>(kc, a, lda, bp, c, ldc, start, init);
+  }
 };
 
 // 6 rows x 16 columns: 12 accumulators of 8 floats, 2 for op(B) and 1 broadcast, of
@@ -80,10 +95,16 @@ struct Avx512Tile {
 struct Avx2Tile {
   static constexpr int MR = 6, NR = 16;
   static constexpr bool kAvx = true;
-  ENGINE_X86_TARGET("avx2,fma")
-  static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, ChainStart start,
-                   const float* init) {
+  static constexpr bool kDirectA = true;  // tile_rows reads op(A) unpacked
+  // op(A) from a packed sliver (ap[kk * MR + r]) or, kRows, straight from MR rows of
+  // a stored matrix (ap[r * lda + kk]): the same values, so the same chains.
+  template <bool kRows>
+  __attribute__((always_inline)) ENGINE_X86_TARGET("avx2,fma") static void run(int kc, const float* ap, long lda,
+                                                                          const float* bp, float* c, int ldc,
+                                                                          ChainStart start, const float* init) {
     __m256 acc0[MR], acc1[MR];
+    const float* rows[MR];
+    for (int r = 0; r < MR; ++r) rows[r] = ap + r * lda;
     // C's lines are fetched now when the start is not C (its loads did that), so the
     // stores at the end do not wait for them: with K = 9 that wait was a fifth slower.
     if (start != ChainStart::C)
@@ -118,7 +139,7 @@ struct Avx2Tile {
       const float* a = ap + kk * MR;
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
-        const __m256 ar = _mm256_broadcast_ss(a + r);
+        const __m256 ar = _mm256_broadcast_ss(kRows ? rows[r] + kk : a + r);
         acc0[r] = _mm256_fmadd_ps(ar, b0, acc0[r]);
         acc1[r] = _mm256_fmadd_ps(ar, b1, acc1[r]);
       }
@@ -128,6 +149,15 @@ struct Avx2Tile {
       _mm256_storeu_ps(c + static_cast<long>(r) * ldc, acc0[r]);
       _mm256_storeu_ps(c + static_cast<long>(r) * ldc + 8, acc1[r]);
     }
+  }
+  ENGINE_X86_TARGET("avx2,fma")
+  static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, ChainStart start, const float* init) {
+    run<false>(kc, ap, 0, bp, c, ldc, start, init);
+  }
+  ENGINE_X86_TARGET("avx2,fma")
+  static void tile_rows(int kc, const float* a, long lda, const float* bp, float* c, int ldc, ChainStart start,
+                        const float* init) {
+    run<true>(kc, a, lda, bp, c, ldc, start, init);
   }
 };
 #endif
@@ -158,6 +188,7 @@ __attribute__((always_inline)) inline void portable_tile(int kc, const float* ap
 struct PortableTile {
   static constexpr int MR = 4, NR = 16;
   static constexpr bool kAvx = false;
+  static constexpr bool kDirectA = false;
   static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, ChainStart start,
                    const float* init) {
     portable_tile<MR, NR>(kc, ap, bp, c, ldc, start, init);
@@ -168,6 +199,7 @@ struct PortableTile {
 struct PortableFmaTile {
   static constexpr int MR = 4, NR = 16;
   static constexpr bool kAvx = false;
+  static constexpr bool kDirectA = false;
   ENGINE_X86_TARGET("fma")
   static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, ChainStart start,
                    const float* init) {
