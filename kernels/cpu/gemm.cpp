@@ -440,8 +440,18 @@ void gemm_with(CpuKernels path, int m, int n, int k, const Operand& a, const Ope
   switch (path) {
 #if defined(__x86_64__)
     case CpuKernels::Avx512:
-      gemm_blocked<Avx512Tile>(m, n, k, a, b, start, values, c, ldc);
-      return;
+      switch (m) {  // 9 to 12 rows: one tile of that height (gemm_microkernels.h)
+        case 9:
+          return gemm_blocked<Avx512TileT<9>>(m, n, k, a, b, start, values, c, ldc);
+        case 10:
+          return gemm_blocked<Avx512TileT<10>>(m, n, k, a, b, start, values, c, ldc);
+        case 11:
+          return gemm_blocked<Avx512TileT<11>>(m, n, k, a, b, start, values, c, ldc);
+        case 12:
+          return gemm_blocked<Avx512TileT<12>>(m, n, k, a, b, start, values, c, ldc);
+        default:
+          return gemm_blocked<Avx512Tile>(m, n, k, a, b, start, values, c, ldc);
+      }
     case CpuKernels::Avx2:
       gemm_blocked<Avx2Tile>(m, n, k, a, b, start, values, c, ldc);
       return;

@@ -19,10 +19,15 @@ namespace engine::kernels::cpu {
 namespace {
 
 #if defined(__x86_64__)
-// 8 rows x 32 columns: 16 accumulators of 16 floats (of the 32 ZMM registers), enough
-// independent chains to keep two FMA units busy through their latency.
-struct Avx512Tile {
-  static constexpr int MR = 8, NR = 32;
+// MRows rows x 32 columns: 2 * MRows accumulators of 16 floats, 2 for op(B) and 1
+// broadcast, of the 32 ZMM registers. 8 rows by default (16 accumulators: enough
+// independent chains to keep two FMA units busy through their latency); a product of 9
+// to 14 rows runs them as one tile of exactly that height (conv1's weight gradient has
+// 9 rows: two 8-row tiles wasted 7 of 16 rows).
+template <int MRows>
+struct Avx512TileT {
+  static_assert(MRows >= 1 && 2 * MRows + 3 <= 32, "the tile fits the ZMM registers");
+  static constexpr int MR = MRows, NR = 32;
   static constexpr bool kAvx = true;  // packing may use AVX (gemm.cpp)
   static constexpr bool kDirectA = true;  // tile_rows reads op(A) unpacked
   // op(A) from a packed sliver (ap[kk * MR + r]) or, kRows, straight from MR rows of
@@ -37,7 +42,7 @@ struct Avx512Tile {
     // C's lines are fetched now when the start is not C (its loads did that), so the
     // stores at the end do not wait for them: with K = 9 that wait was a fifth slower.
     if (start != ChainStart::C)
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
         _mm_prefetch(reinterpret_cast<const char*>(c + static_cast<long>(r) * ldc), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(c + static_cast<long>(r) * ldc + NR - 1), _MM_HINT_T0);
@@ -45,35 +50,35 @@ struct Avx512Tile {
     // One loop per start, the choice outside it.
     switch (start) {
       case ChainStart::C:
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int r = 0; r < MR; ++r)
           acc0[r] = _mm512_loadu_ps(c + static_cast<long>(r) * ldc), acc1[r] = _mm512_loadu_ps(c + static_cast<long>(r) * ldc + 16);
         break;
       case ChainStart::RowValues:
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm512_set1_ps(init[r]);
         break;
       case ChainStart::ColumnValues: {
         const __m512 v0 = _mm512_loadu_ps(init), v1 = _mm512_loadu_ps(init + 16);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) acc0[r] = v0, acc1[r] = v1;
         break;
       }
       default:
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
     }
     for (int kk = 0; kk < kc; ++kk) {
       const __m512 b0 = _mm512_load_ps(bp + kk * NR), b1 = _mm512_load_ps(bp + kk * NR + 16);
       const float* a = ap + kk * MR;
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
         const __m512 ar = _mm512_set1_ps(kRows ? rows[r][kk] : a[r]);
         acc0[r] = _mm512_fmadd_ps(ar, b0, acc0[r]);
         acc1[r] = _mm512_fmadd_ps(ar, b1, acc1[r]);
       }
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       _mm512_storeu_ps(c + static_cast<long>(r) * ldc, acc0[r]);
       _mm512_storeu_ps(c + static_cast<long>(r) * ldc + 16, acc1[r]);
@@ -89,6 +94,8 @@ struct Avx512Tile {
     run<true>(kc, a, lda, bp, c, ldc, start, init);
   }
 };
+using Avx512Tile = Avx512TileT<8>;
+
 
 // 6 rows x 16 columns: 12 accumulators of 8 floats, 2 for op(B) and 1 broadcast, of
 // the 16 YMM registers (BLIS's Haswell shape).
