@@ -79,20 +79,20 @@ inline void rows_to_sliver_sse(const float* const* rows, int n, int len, float* 
 // third of its time with SSE, a quarter with this; perf, 2026-12-03).
 template <int W>
 ENGINE_X86_TARGET("avx") void rows_to_sliver_avx(const float* const* rows, int n, int len, float* d) {
-  int w = 0;
-  for (; w + 8 <= n; w += 8) {
-    const float* r[8];
-    for (int i = 0; i < 8; ++i) r[i] = rows[w + i];
-    int j = 0;
-    for (; j + 8 <= len; j += 8) {
+  const int n8 = n / 8 * 8;
+  // Eight columns at a time across every group of 8 rows, so each packed row is written
+  // whole before the next (rows of groups by turn left each line to be fetched again).
+  int j = 0;
+  for (; j + 8 <= len; j += 8)
+    for (int w = 0; w < n8; w += 8) {
+      const float* const* r = rows + w;
       for (int h = 0; h < 8; h += 4) {  // columns j+h .. j+h+3
         // t_i: row i's four floats in the low half, row i + 4's in the high half.
         __m256 t[4];
         for (int i = 0; i < 4; ++i)
           t[i] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(r[i] + j + h)), _mm_loadu_ps(r[i + 4] + j + h), 1);
-        const __m256 t0 = t[0], t1 = t[1], t2 = t[2], t3 = t[3];
-        const __m256 u0 = _mm256_unpacklo_ps(t0, t1), u1 = _mm256_unpackhi_ps(t0, t1);
-        const __m256 u2 = _mm256_unpacklo_ps(t2, t3), u3 = _mm256_unpackhi_ps(t2, t3);
+        const __m256 u0 = _mm256_unpacklo_ps(t[0], t[1]), u1 = _mm256_unpackhi_ps(t[0], t[1]);
+        const __m256 u2 = _mm256_unpacklo_ps(t[2], t[3]), u3 = _mm256_unpackhi_ps(t[2], t[3]);
         float* to = d + static_cast<int64_t>(j + h) * W + w;
         _mm256_storeu_ps(to, _mm256_shuffle_ps(u0, u2, 0x44));
         _mm256_storeu_ps(to + W, _mm256_shuffle_ps(u0, u2, 0xEE));
@@ -100,10 +100,9 @@ ENGINE_X86_TARGET("avx") void rows_to_sliver_avx(const float* const* rows, int n
         _mm256_storeu_ps(to + 3 * W, _mm256_shuffle_ps(u1, u3, 0xEE));
       }
     }
-    for (; j < len; ++j)
-      for (int i = 0; i < 8; ++i) d[static_cast<int64_t>(j) * W + w + i] = r[i][j];
-  }
-  if (w < n) rows_to_sliver_sse<W>(rows + w, n - w, len, d + w);
+  for (; j < len; ++j)
+    for (int w = 0; w < n8; ++w) d[static_cast<int64_t>(j) * W + w] = rows[w][j];
+  if (n8 < n) rows_to_sliver_sse<W>(rows + n8, n - n8, len, d + n8);
 }
 #endif
 
