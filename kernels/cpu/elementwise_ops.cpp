@@ -8,7 +8,12 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "kernels/batchnorm_math.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/chunk_tree.h"
 #include "kernels/ops.h"
 #include "kernels/det_math.h"
@@ -123,7 +128,100 @@ void relu_backward(int64_t n, const float* y, const float* dy, float* dx) {
   for (int64_t i = 0; i < n; ++i) dx[i] = relu_grad(y[i], dy[i]);
 }
 
+#if defined(__x86_64__)
+namespace {
+// 16 windows at a time: the two input rows' even and odd columns split out by a
+// permute, then the same comparisons in the same order as below, lane by lane (a later
+// value wins when greater, ordered, or NaN), so the same values and argmax.
+__attribute__((target("avx512f"))) void maxpool2x2_forward_avx512(const PoolShape& s, const float* x, float* y,
+                                                                 int32_t* argmax) {
+  const int h = s.h, w = s.w, oh_n = s.h / 2, ow_n = s.w / 2;
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+#pragma omp parallel for schedule(static)
+  for (int nc = 0; nc < s.n * s.c; ++nc)
+    for (int oh = 0; oh < oh_n; ++oh) {
+      const int32_t base = (nc * h + 2 * oh) * w;
+      const float* r0 = x + base;
+      const float* r1 = r0 + w;
+      float* yo = y + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
+      int32_t* ao = argmax + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
+      for (int ow0 = 0; ow0 < ow_n; ow0 += 16) {
+        const int n = std::min(16, ow_n - ow0), cols = 2 * n;  // windows, input columns
+        const __mmask16 lo = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+        const __mmask16 hi = static_cast<__mmask16>(cols > 16 ? (1u << (cols - 16)) - 1 : 0);
+        const float* p0 = r0 + 2 * ow0;
+        const float* p1 = r1 + 2 * ow0;
+        const __m512 l0 = _mm512_maskz_loadu_ps(lo, p0), h0 = _mm512_maskz_loadu_ps(hi, p0 + 16);
+        const __m512 l1 = _mm512_maskz_loadu_ps(lo, p1), h1 = _mm512_maskz_loadu_ps(hi, p1 + 16);
+        const __m512 a = _mm512_permutex2var_ps(l0, even, h0), b = _mm512_permutex2var_ps(l0, odd, h0);
+        const __m512 c = _mm512_permutex2var_ps(l1, even, h1), d = _mm512_permutex2var_ps(l1, odd, h1);
+        __m512 best = a;
+        __m512i at = _mm512_setzero_si512();
+        auto step = [&](__m512 v, int offset) __attribute__((target("avx512f"))) {
+          const __mmask16 wins = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+          best = _mm512_mask_mov_ps(best, wins, v);
+          at = _mm512_mask_mov_epi32(at, wins, _mm512_set1_epi32(offset));
+        };
+        step(b, 1);
+        step(c, w);
+        step(d, w + 1);
+        const __mmask16 out = static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << n) - 1);
+        _mm512_mask_storeu_ps(yo + ow0, out, best);
+        const __m512i first = _mm512_add_epi32(_mm512_set1_epi32(base + 2 * ow0), even);  // each window's (0,0)
+        _mm512_mask_storeu_epi32(ao + ow0, out, _mm512_add_epi32(first, at));
+      }
+    }
+}
+
+// The backward's single pass 16 windows at a time: each window's four values (dy at its
+// argmax, +0 elsewhere) interleaved back into the two input rows by a permute.
+__attribute__((target("avx512f"))) void maxpool2x2_backward_avx512(const PoolShape& s, const float* dy,
+                                                                  const int32_t* argmax, float* dx) {
+  const int h = s.h, w = s.w, oh_n = h / 2, ow_n = w / 2;
+  // Lane 2i of the low half and of the high half: window i (even column), 2i + 1: odd.
+  const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi_idx = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  const __m512i lane2 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512 zero = _mm512_setzero_ps();
+#pragma omp parallel for schedule(static)
+  for (int nc = 0; nc < s.n * s.c; ++nc) {
+    for (int oh = 0; oh < oh_n; ++oh) {
+      const int32_t base = (nc * h + 2 * oh) * w;
+      float* r0 = dx + base;
+      float* r1 = r0 + w;
+      const float* d = dy + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
+      const int32_t* a = argmax + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
+      for (int ow0 = 0; ow0 < ow_n; ow0 += 16) {
+        const int n = std::min(16, ow_n - ow0), cols = 2 * n;
+        const __mmask16 in = static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << n) - 1);
+        const __m512 v = _mm512_maskz_loadu_ps(in, d + ow0);
+        const __m512i at = _mm512_sub_epi32(_mm512_maskz_loadu_epi32(in, a + ow0),
+                                            _mm512_add_epi32(_mm512_set1_epi32(base + 2 * ow0), lane2));
+        const __m512 v00 = _mm512_mask_mov_ps(zero, _mm512_cmpeq_epi32_mask(at, _mm512_setzero_si512()), v);
+        const __m512 v01 = _mm512_mask_mov_ps(zero, _mm512_cmpeq_epi32_mask(at, _mm512_set1_epi32(1)), v);
+        const __m512 v10 = _mm512_mask_mov_ps(zero, _mm512_cmpeq_epi32_mask(at, _mm512_set1_epi32(w)), v);
+        const __m512 v11 = _mm512_mask_mov_ps(zero, _mm512_cmpeq_epi32_mask(at, _mm512_set1_epi32(w + 1)), v);
+        const __mmask16 lo = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+        const __mmask16 hi = static_cast<__mmask16>(cols > 16 ? (1u << (cols - 16)) - 1 : 0);
+        _mm512_mask_storeu_ps(r0 + 2 * ow0, lo, _mm512_permutex2var_ps(v00, lo_idx, v01));
+        _mm512_mask_storeu_ps(r0 + 2 * ow0 + 16, hi, _mm512_permutex2var_ps(v00, hi_idx, v01));
+        _mm512_mask_storeu_ps(r1 + 2 * ow0, lo, _mm512_permutex2var_ps(v10, lo_idx, v11));
+        _mm512_mask_storeu_ps(r1 + 2 * ow0 + 16, hi, _mm512_permutex2var_ps(v10, hi_idx, v11));
+      }
+      if (w % 2) r0[w - 1] = r1[w - 1] = 0.0f;
+    }
+    if (h % 2) std::fill(dx + (static_cast<int64_t>(nc) * h + h - 1) * w, dx + (static_cast<int64_t>(nc) + 1) * h * w, 0.0f);
+  }
+}
+}  // namespace
+#endif
+
 void maxpool2x2_forward(const PoolShape& s, const float* x, float* y, int32_t* argmax) {
+#if defined(__x86_64__)
+  static const bool avx512 = cpu_kernels() == CpuKernels::Avx512;
+  if (avx512) return maxpool2x2_forward_avx512(s, x, y, argmax);
+#endif
   const int h = s.h, w = s.w, oh_n = s.h / 2, ow_n = s.w / 2;
 #pragma omp parallel for schedule(static)
   for (int nc = 0; nc < s.n * s.c; ++nc)
@@ -148,11 +246,34 @@ void maxpool2x2_forward(const PoolShape& s, const float* x, float* y, int32_t* a
 }
 
 void maxpool2x2_backward(const PoolShape& s, const float* dy, const int32_t* argmax, float* dx) {
-  // Windows do not overlap: every input element receives from at most one output.
-  const int64_t in_n = static_cast<int64_t>(s.n) * s.c * s.h * s.w;
-  std::memset(dx, 0, sizeof(float) * in_n);
+#if defined(__x86_64__)
+  static const bool avx512 = cpu_kernels() == CpuKernels::Avx512;
+  if (avx512) return maxpool2x2_backward_avx512(s, dy, argmax, dx);
+#endif
+  // Windows do not overlap: each input element is written once, in order, with dy at
+  // its window's argmax and +0 elsewhere (and +0 in an odd last row or column, which no
+  // window reads). The same floats as zeroing dx and scattering dy, in one pass.
+  const int h = s.h, w = s.w, oh_n = h / 2, ow_n = w / 2;
 #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < in_n / 4; ++o) dx[argmax[o]] = dy[o];
+  for (int nc = 0; nc < s.n * s.c; ++nc) {
+    for (int oh = 0; oh < oh_n; ++oh) {
+      const int32_t base = (nc * h + 2 * oh) * w;
+      float* r0 = dx + base;
+      float* r1 = r0 + w;
+      const float* d = dy + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
+      const int32_t* a = argmax + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
+      for (int ow = 0; ow < ow_n; ++ow) {
+        const int32_t at = a[ow] - (base + 2 * ow);  // 0, 1, w or w + 1
+        const float v = d[ow];
+        r0[2 * ow] = at == 0 ? v : 0.0f;
+        r0[2 * ow + 1] = at == 1 ? v : 0.0f;
+        r1[2 * ow] = at == w ? v : 0.0f;
+        r1[2 * ow + 1] = at == w + 1 ? v : 0.0f;
+      }
+      if (w % 2) r0[w - 1] = r1[w - 1] = 0.0f;
+    }
+    if (h % 2) std::fill(dx + (static_cast<int64_t>(nc) * h + h - 1) * w, dx + (static_cast<int64_t>(nc) + 1) * h * w, 0.0f);
+  }
 }
 
 void dropout_forward(int64_t n, const float* x, float p, PhiloxStream stream, uint64_t offset,

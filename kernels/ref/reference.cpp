@@ -218,7 +218,7 @@ void maxpool2x2_forward(const PoolShape& s, const float* x, float* y, int32_t* a
 
 void maxpool2x2_backward(const PoolShape& s, const float* dy, const int32_t* argmax, float* dx) {
   const int64_t in_n = static_cast<int64_t>(s.n) * s.c * s.h * s.w;
-  const int64_t out_n = in_n / 4;
+  const int64_t out_n = static_cast<int64_t>(s.n) * s.c * (s.h / 2) * (s.w / 2);  // odd: the last row/column unread
   for (int64_t i = 0; i < in_n; ++i) dx[i] = 0.0f;
   for (int64_t o = 0; o < out_n; ++o) dx[argmax[o]] += dy[o];
 }
