@@ -134,93 +134,178 @@ namespace {
 // permute, then the same comparisons in the same order as below, lane by lane (a later
 // value wins when greater, ordered, or NaN), so the same values and argmax.
 __attribute__((target("avx512f"))) void maxpool2x2_forward_avx512(const PoolShape& s, const float* x, float* y,
-                                                                 int32_t* argmax) {
+                                                                 int32_t* argmax, int nc) {
   const int h = s.h, w = s.w, oh_n = s.h / 2, ow_n = s.w / 2;
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-#pragma omp parallel for schedule(static)
-  for (int nc = 0; nc < s.n * s.c; ++nc)
-    for (int oh = 0; oh < oh_n; ++oh) {
-      const int32_t base = (nc * h + 2 * oh) * w;
-      const float* r0 = x + base;
-      const float* r1 = r0 + w;
-      float* yo = y + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
-      int32_t* ao = argmax + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
-      for (int ow0 = 0; ow0 < ow_n; ow0 += 16) {
-        const int n = std::min(16, ow_n - ow0), cols = 2 * n;  // windows, input columns
-        const __mmask16 lo = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
-        const __mmask16 hi = static_cast<__mmask16>(cols > 16 ? (1u << (cols - 16)) - 1 : 0);
-        const float* p0 = r0 + 2 * ow0;
-        const float* p1 = r1 + 2 * ow0;
-        const __m512 l0 = _mm512_maskz_loadu_ps(lo, p0), h0 = _mm512_maskz_loadu_ps(hi, p0 + 16);
-        const __m512 l1 = _mm512_maskz_loadu_ps(lo, p1), h1 = _mm512_maskz_loadu_ps(hi, p1 + 16);
-        const __m512 a = _mm512_permutex2var_ps(l0, even, h0), b = _mm512_permutex2var_ps(l0, odd, h0);
-        const __m512 c = _mm512_permutex2var_ps(l1, even, h1), d = _mm512_permutex2var_ps(l1, odd, h1);
-        __m512 best = a;
-        __m512i at = _mm512_setzero_si512();
-        auto step = [&](__m512 v, int offset) __attribute__((target("avx512f"))) {
-          const __mmask16 wins = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-          best = _mm512_mask_mov_ps(best, wins, v);
-          at = _mm512_mask_mov_epi32(at, wins, _mm512_set1_epi32(offset));
-        };
-        step(b, 1);
-        step(c, w);
-        step(d, w + 1);
-        const __mmask16 out = static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << n) - 1);
-        _mm512_mask_storeu_ps(yo + ow0, out, best);
-        const __m512i first = _mm512_add_epi32(_mm512_set1_epi32(base + 2 * ow0), even);  // each window's (0,0)
-        _mm512_mask_storeu_epi32(ao + ow0, out, _mm512_add_epi32(first, at));
+  for (int oh = 0; oh < oh_n; ++oh) {
+    const int32_t base = (nc * h + 2 * oh) * w;
+    const float* r0 = x + base;
+    const float* r1 = r0 + w;
+    float* yo = y + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
+    int32_t* ao = argmax + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
+    for (int ow0 = 0; ow0 < ow_n; ow0 += 16) {
+      const int n = std::min(16, ow_n - ow0), cols = 2 * n;  // windows, input columns
+      const __mmask16 lo = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+      const __mmask16 hi = static_cast<__mmask16>(cols > 16 ? (1u << (cols - 16)) - 1 : 0);
+      const float* p0 = r0 + 2 * ow0;
+      const float* p1 = r1 + 2 * ow0;
+      const __m512 l0 = _mm512_maskz_loadu_ps(lo, p0), h0 = _mm512_maskz_loadu_ps(hi, p0 + 16);
+      const __m512 l1 = _mm512_maskz_loadu_ps(lo, p1), h1 = _mm512_maskz_loadu_ps(hi, p1 + 16);
+      const __m512 a = _mm512_permutex2var_ps(l0, even, h0), b = _mm512_permutex2var_ps(l0, odd, h0);
+      const __m512 c = _mm512_permutex2var_ps(l1, even, h1), d = _mm512_permutex2var_ps(l1, odd, h1);
+      __m512 best = a;
+      __m512i at = _mm512_setzero_si512();
+      const __m512 values[3] = {b, c, d};
+      const int offsets[3] = {1, w, w + 1};
+      for (int i = 0; i < 3; ++i) {
+        const __m512 v = values[i];
+        const __mmask16 wins = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        best = _mm512_mask_mov_ps(best, wins, v);
+        at = _mm512_mask_mov_epi32(at, wins, _mm512_set1_epi32(offsets[i]));
       }
+      const __mmask16 out = static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << n) - 1);
+      _mm512_mask_storeu_ps(yo + ow0, out, best);
+      const __m512i first = _mm512_add_epi32(_mm512_set1_epi32(base + 2 * ow0), even);  // each window's (0,0)
+      _mm512_mask_storeu_epi32(ao + ow0, out, _mm512_add_epi32(first, at));
     }
+  }
 }
 
 // The backward's single pass 16 windows at a time: each window's four values (dy at its
 // argmax, +0 elsewhere) interleaved back into the two input rows by a permute.
 __attribute__((target("avx512f"))) void maxpool2x2_backward_avx512(const PoolShape& s, const float* dy,
-                                                                  const int32_t* argmax, float* dx) {
+                                                                  const int32_t* argmax, float* dx, int nc) {
   const int h = s.h, w = s.w, oh_n = h / 2, ow_n = w / 2;
   // Lane 2i of the low half and of the high half: window i (even column), 2i + 1: odd.
   const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   const __m512i hi_idx = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
   const __m512i lane2 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512 zero = _mm512_setzero_ps();
-#pragma omp parallel for schedule(static)
-  for (int nc = 0; nc < s.n * s.c; ++nc) {
-    for (int oh = 0; oh < oh_n; ++oh) {
-      const int32_t base = (nc * h + 2 * oh) * w;
-      float* r0 = dx + base;
-      float* r1 = r0 + w;
-      const float* d = dy + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
-      const int32_t* a = argmax + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
-      for (int ow0 = 0; ow0 < ow_n; ow0 += 16) {
-        const int n = std::min(16, ow_n - ow0), cols = 2 * n;
-        const __mmask16 in = static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << n) - 1);
-        const __m512 v = _mm512_maskz_loadu_ps(in, d + ow0);
-        const __m512i at = _mm512_sub_epi32(_mm512_maskz_loadu_epi32(in, a + ow0),
-                                            _mm512_add_epi32(_mm512_set1_epi32(base + 2 * ow0), lane2));
-        const __m512 v00 = _mm512_mask_mov_ps(zero, _mm512_cmpeq_epi32_mask(at, _mm512_setzero_si512()), v);
-        const __m512 v01 = _mm512_mask_mov_ps(zero, _mm512_cmpeq_epi32_mask(at, _mm512_set1_epi32(1)), v);
-        const __m512 v10 = _mm512_mask_mov_ps(zero, _mm512_cmpeq_epi32_mask(at, _mm512_set1_epi32(w)), v);
-        const __m512 v11 = _mm512_mask_mov_ps(zero, _mm512_cmpeq_epi32_mask(at, _mm512_set1_epi32(w + 1)), v);
-        const __mmask16 lo = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
-        const __mmask16 hi = static_cast<__mmask16>(cols > 16 ? (1u << (cols - 16)) - 1 : 0);
-        _mm512_mask_storeu_ps(r0 + 2 * ow0, lo, _mm512_permutex2var_ps(v00, lo_idx, v01));
-        _mm512_mask_storeu_ps(r0 + 2 * ow0 + 16, hi, _mm512_permutex2var_ps(v00, hi_idx, v01));
-        _mm512_mask_storeu_ps(r1 + 2 * ow0, lo, _mm512_permutex2var_ps(v10, lo_idx, v11));
-        _mm512_mask_storeu_ps(r1 + 2 * ow0 + 16, hi, _mm512_permutex2var_ps(v10, hi_idx, v11));
-      }
-      if (w % 2) r0[w - 1] = r1[w - 1] = 0.0f;
+  for (int oh = 0; oh < oh_n; ++oh) {
+    const int32_t base = (nc * h + 2 * oh) * w;
+    float* r0 = dx + base;
+    float* r1 = r0 + w;
+    const float* d = dy + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
+    const int32_t* a = argmax + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
+    for (int ow0 = 0; ow0 < ow_n; ow0 += 16) {
+      const int n = std::min(16, ow_n - ow0), cols = 2 * n;
+      const __mmask16 in = static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << n) - 1);
+      const __m512 v = _mm512_maskz_loadu_ps(in, d + ow0);
+      const __m512i at = _mm512_sub_epi32(_mm512_maskz_loadu_epi32(in, a + ow0),
+                                          _mm512_add_epi32(_mm512_set1_epi32(base + 2 * ow0), lane2));
+      const __m512 v00 = _mm512_mask_mov_ps(zero, _mm512_cmpeq_epi32_mask(at, _mm512_setzero_si512()), v);
+      const __m512 v01 = _mm512_mask_mov_ps(zero, _mm512_cmpeq_epi32_mask(at, _mm512_set1_epi32(1)), v);
+      const __m512 v10 = _mm512_mask_mov_ps(zero, _mm512_cmpeq_epi32_mask(at, _mm512_set1_epi32(w)), v);
+      const __m512 v11 = _mm512_mask_mov_ps(zero, _mm512_cmpeq_epi32_mask(at, _mm512_set1_epi32(w + 1)), v);
+      const __mmask16 lo = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+      const __mmask16 hi = static_cast<__mmask16>(cols > 16 ? (1u << (cols - 16)) - 1 : 0);
+      _mm512_mask_storeu_ps(r0 + 2 * ow0, lo, _mm512_permutex2var_ps(v00, lo_idx, v01));
+      _mm512_mask_storeu_ps(r0 + 2 * ow0 + 16, hi, _mm512_permutex2var_ps(v00, hi_idx, v01));
+      _mm512_mask_storeu_ps(r1 + 2 * ow0, lo, _mm512_permutex2var_ps(v10, lo_idx, v11));
+      _mm512_mask_storeu_ps(r1 + 2 * ow0 + 16, hi, _mm512_permutex2var_ps(v10, hi_idx, v11));
     }
-    if (h % 2) std::fill(dx + (static_cast<int64_t>(nc) * h + h - 1) * w, dx + (static_cast<int64_t>(nc) + 1) * h * w, 0.0f);
+    if (w % 2) r0[w - 1] = r1[w - 1] = 0.0f;
   }
+  if (h % 2) std::fill(dx + (static_cast<int64_t>(nc) * h + h - 1) * w, dx + (static_cast<int64_t>(nc) + 1) * h * w, 0.0f);
+}
+
+// The same two passes 8 windows at a time with AVX2: even and odd columns split by
+// in-lane shuffles and a 64-bit permute; comparisons and choices as above.
+__attribute__((target("avx2"))) inline __m256i first_lanes(int n) {  // lanes [0, n) all ones
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+__attribute__((target("avx2"))) void maxpool2x2_forward_avx2(const PoolShape& s, const float* x, float* y,
+                                                             int32_t* argmax, int nc) {
+  const int h = s.h, w = s.w, oh_n = s.h / 2, ow_n = s.w / 2;
+  const __m256i lane2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  for (int oh = 0; oh < oh_n; ++oh) {
+    const int32_t base = (nc * h + 2 * oh) * w;
+    const float* r0 = x + base;
+    const float* r1 = r0 + w;
+    float* yo = y + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
+    int32_t* ao = argmax + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
+    for (int ow0 = 0; ow0 < ow_n; ow0 += 8) {
+      const int n = std::min(8, ow_n - ow0), cols = 2 * n;
+      const __m256i lo = first_lanes(std::min(8, cols)), hi = first_lanes(cols - 8);
+      __m256 split[2][2];  // [row][even, odd]
+      for (int row = 0; row < 2; ++row) {
+        const float* p = (row ? r1 : r0) + 2 * ow0;
+        const __m256 l = _mm256_maskload_ps(p, lo), u = _mm256_maskload_ps(p + 8, hi);
+        // shuffle: lanes (0 2 8 10 | 4 6 12 14); the 64-bit permute puts them in order
+        split[row][0] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(l, u, 0x88)), 0xD8));
+        split[row][1] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(l, u, 0xDD)), 0xD8));
+      }
+      __m256 best = split[0][0];
+      __m256 at = _mm256_setzero_ps();  // the offsets, as int32 bits
+      const __m256 values[3] = {split[0][1], split[1][0], split[1][1]};
+      const int offsets[3] = {1, w, w + 1};
+      for (int i = 0; i < 3; ++i) {
+        const __m256 v = values[i];
+        const __m256 wins = _mm256_or_ps(_mm256_cmp_ps(v, best, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        best = _mm256_blendv_ps(best, v, wins);
+        at = _mm256_blendv_ps(at, _mm256_castsi256_ps(_mm256_set1_epi32(offsets[i])), wins);
+      }
+      const __m256i out = first_lanes(n);
+      _mm256_maskstore_ps(yo + ow0, out, best);
+      const __m256i first = _mm256_add_epi32(_mm256_set1_epi32(base + 2 * ow0), lane2);
+      _mm256_maskstore_epi32(ao + ow0, out, _mm256_add_epi32(first, _mm256_castps_si256(at)));
+    }
+  }
+}
+
+__attribute__((target("avx2"))) void maxpool2x2_backward_avx2(const PoolShape& s, const float* dy,
+                                                              const int32_t* argmax, float* dx, int nc) {
+  const int h = s.h, w = s.w, oh_n = h / 2, ow_n = w / 2;
+  const __m256i lane2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  const __m256 zero = _mm256_setzero_ps();
+  for (int oh = 0; oh < oh_n; ++oh) {
+    const int32_t base = (nc * h + 2 * oh) * w;
+    float* r0 = dx + base;
+    float* r1 = r0 + w;
+    const float* d = dy + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
+    const int32_t* a = argmax + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
+    for (int ow0 = 0; ow0 < ow_n; ow0 += 8) {
+      const int n = std::min(8, ow_n - ow0), cols = 2 * n;
+      const __m256i in = first_lanes(n);
+      const __m256 v = _mm256_maskload_ps(d + ow0, in);
+      const __m256i at = _mm256_sub_epi32(_mm256_maskload_epi32(a + ow0, in),
+                                          _mm256_add_epi32(_mm256_set1_epi32(base + 2 * ow0), lane2));
+      const __m256i lo = first_lanes(std::min(8, cols)), hi = first_lanes(cols - 8);
+      for (int row = 0; row < 2; ++row) {
+        // dy where the window's argmax is this row's even (odd) column, +0 elsewhere
+        const __m256 even = _mm256_blendv_ps(
+            zero, v, _mm256_castsi256_ps(_mm256_cmpeq_epi32(at, _mm256_set1_epi32(row ? w : 0))));
+        const __m256 odd = _mm256_blendv_ps(
+            zero, v, _mm256_castsi256_ps(_mm256_cmpeq_epi32(at, _mm256_set1_epi32(row ? w + 1 : 1))));
+        // interleave: unpacklo/hi give (e0 o0 e1 o1 | e4 o4 e5 o5) and (e2 o2 e3 o3 | e6 o6 e7 o7)
+        const __m256 a0 = _mm256_unpacklo_ps(even, odd), a1 = _mm256_unpackhi_ps(even, odd);
+        float* p = (row ? r1 : r0) + 2 * ow0;
+        _mm256_maskstore_ps(p, lo, _mm256_permute2f128_ps(a0, a1, 0x20));
+        _mm256_maskstore_ps(p + 8, hi, _mm256_permute2f128_ps(a0, a1, 0x31));
+      }
+    }
+    if (w % 2) r0[w - 1] = r1[w - 1] = 0.0f;
+  }
+  if (h % 2) std::fill(dx + (static_cast<int64_t>(nc) * h + h - 1) * w, dx + (static_cast<int64_t>(nc) + 1) * h * w, 0.0f);
 }
 }  // namespace
 #endif
 
 void maxpool2x2_forward(const PoolShape& s, const float* x, float* y, int32_t* argmax) {
 #if defined(__x86_64__)
-  static const bool avx512 = cpu_kernels() == CpuKernels::Avx512;
-  if (avx512) return maxpool2x2_forward_avx512(s, x, y, argmax);
+  // The vector loops take one plane a call: OpenMP's outlined regions do not inherit
+  // a function's target attribute under clang (the fuzz build), so the loop over planes
+  // stays here.
+  static const CpuKernels path = cpu_kernels();
+  if (path == CpuKernels::Avx512 || path == CpuKernels::Avx2) {
+#pragma omp parallel for schedule(static)
+    for (int nc = 0; nc < s.n * s.c; ++nc)
+      path == CpuKernels::Avx512 ? maxpool2x2_forward_avx512(s, x, y, argmax, nc)
+                                 : maxpool2x2_forward_avx2(s, x, y, argmax, nc);
+    return;
+  }
 #endif
   const int h = s.h, w = s.w, oh_n = s.h / 2, ow_n = s.w / 2;
 #pragma omp parallel for schedule(static)
@@ -247,8 +332,14 @@ void maxpool2x2_forward(const PoolShape& s, const float* x, float* y, int32_t* a
 
 void maxpool2x2_backward(const PoolShape& s, const float* dy, const int32_t* argmax, float* dx) {
 #if defined(__x86_64__)
-  static const bool avx512 = cpu_kernels() == CpuKernels::Avx512;
-  if (avx512) return maxpool2x2_backward_avx512(s, dy, argmax, dx);
+  static const CpuKernels path = cpu_kernels();
+  if (path == CpuKernels::Avx512 || path == CpuKernels::Avx2) {
+#pragma omp parallel for schedule(static)
+    for (int nc = 0; nc < s.n * s.c; ++nc)
+      path == CpuKernels::Avx512 ? maxpool2x2_backward_avx512(s, dy, argmax, dx, nc)
+                                 : maxpool2x2_backward_avx2(s, dy, argmax, dx, nc);
+    return;
+  }
 #endif
   // Windows do not overlap: each input element is written once, in order, with dy at
   // its window's argmax and +0 elsewhere (and +0 in an odd last row or column, which no
