@@ -20,33 +20,11 @@ namespace engine::kernels::cpu {
 
 namespace {
 
-// The adjoint of im2col: dx[c, ih, iw] = sum of the col entries that read it, each
-// element's in tap order (r, q) from +0. AddRow(out, in, len) does out[i] += in[i].
-template <class AddRow>
-__attribute__((always_inline)) inline void col2im_with(const ConvShape& s, const float* col, int64_t ld, float* dx,
-                                                     AddRow add_row) {
-  const int oh_n = s.out_h(), ow_n = s.out_w();
-  std::memset(dx, 0, sizeof(float) * s.c * s.h * s.w);
-  for (int c = 0; c < s.c; ++c)
-    for (int r = 0; r < s.r; ++r)
-      for (int q = 0; q < s.s; ++q) {
-        const float* row = col + static_cast<int64_t>((c * s.r + r) * s.s + q) * ld;
-        const int lo = std::max(0, s.pad - q), hi = std::min(ow_n, s.w + s.pad - q);
-        if (hi <= lo) continue;
-        for (int oh = 0; oh < oh_n; ++oh) {
-          const int ih = oh + r - s.pad;
-          if (ih < 0 || ih >= s.h) continue;
-          float* out = dx + (static_cast<int64_t>(c) * s.h + ih) * s.w;
-          add_row(out + lo + q - s.pad, row + oh * ow_n + lo, hi - lo);
-        }
-      }
-}
-
 #if defined(__x86_64__)
 // The same sums gathered per output row: 16 columns of dx in a register take their
 // contributions (r, q) in the same order, each a masked add of a shifted col row (lanes
-// outside it keep their value, as the loop above leaves them), and are stored once. The
-// loop above writes each dx row 3 x 3 times at shifted offsets, and the reloads wait for
+// outside it keep their value, as col2im's loop leaves them), and are stored once. That
+// loop writes each dx row 3 x 3 times at shifted offsets, and the reloads wait for
 // those stores (col2im took a tenth of conv2's backward).
 __attribute__((target("avx512f"))) void col2im_avx512(const ConvShape& s, const float* col, int64_t ld, float* dx) {
   const int oh_n = s.out_h(), ow_n = s.out_w();
@@ -81,14 +59,28 @@ __attribute__((target("avx512f"))) void col2im_avx512(const ConvShape& s, const 
 }
 #endif
 
+// The adjoint of im2col: dx[c, ih, iw] = sum of the col entries that read it, each
+// element's in tap order (r, q) from +0.
 void col2im(const ConvShape& s, const float* col, int64_t ld, float* dx) {
 #if defined(__x86_64__)
   static const bool avx512 = cpu_kernels() == CpuKernels::Avx512;
   if (avx512) return col2im_avx512(s, col, ld, dx);
 #endif
-  col2im_with(s, col, ld, dx, [](float* out, const float* in, int len) {
-    for (int i = 0; i < len; ++i) out[i] += in[i];
-  });
+  const int oh_n = s.out_h(), ow_n = s.out_w();
+  std::memset(dx, 0, sizeof(float) * s.c * s.h * s.w);
+  for (int c = 0; c < s.c; ++c)
+    for (int r = 0; r < s.r; ++r)
+      for (int q = 0; q < s.s; ++q) {
+        const float* row = col + static_cast<int64_t>((c * s.r + r) * s.s + q) * ld;
+        for (int oh = 0; oh < oh_n; ++oh) {
+          const int ih = oh + r - s.pad;
+          if (ih < 0 || ih >= s.h) continue;
+          float* out = dx + (static_cast<int64_t>(c) * s.h + ih) * s.w;
+          const float* in = row + oh * ow_n;
+          const int lo = std::max(0, s.pad - q), hi = std::min(ow_n, s.w + s.pad - q);
+          for (int ow = lo; ow < hi; ++ow) out[ow + q - s.pad] += in[ow];
+        }
+      }
 }
 
 // Images per forward or data-gradient GEMM inside a chunk: wide enough for the GEMM to

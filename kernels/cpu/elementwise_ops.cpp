@@ -205,9 +205,7 @@ __attribute__((target("avx512f"))) void maxpool2x2_backward_avx512(const PoolSha
       _mm512_mask_storeu_ps(r1 + 2 * ow0, lo, _mm512_permutex2var_ps(v10, lo_idx, v11));
       _mm512_mask_storeu_ps(r1 + 2 * ow0 + 16, hi, _mm512_permutex2var_ps(v10, hi_idx, v11));
     }
-    if (w % 2) r0[w - 1] = r1[w - 1] = 0.0f;
   }
-  if (h % 2) std::fill(dx + (static_cast<int64_t>(nc) * h + h - 1) * w, dx + (static_cast<int64_t>(nc) + 1) * h * w, 0.0f);
 }
 
 // The same two passes 8 windows at a time with AVX2: even and odd columns split by
@@ -286,84 +284,98 @@ __attribute__((target("avx2"))) void maxpool2x2_backward_avx2(const PoolShape& s
         _mm256_maskstore_ps(p + 8, hi, _mm256_permute2f128_ps(a0, a1, 0x31));
       }
     }
-    if (w % 2) r0[w - 1] = r1[w - 1] = 0.0f;
   }
-  if (h % 2) std::fill(dx + (static_cast<int64_t>(nc) * h + h - 1) * w, dx + (static_cast<int64_t>(nc) + 1) * h * w, 0.0f);
 }
 }  // namespace
 #endif
 
-void maxpool2x2_forward(const PoolShape& s, const float* x, float* y, int32_t* argmax) {
-#if defined(__x86_64__)
-  // The vector loops take one plane a call: OpenMP's outlined regions do not inherit
-  // a function's target attribute under clang (the fuzz build), so the loop over planes
-  // stays here.
-  static const CpuKernels path = cpu_kernels();
-  if (path == CpuKernels::Avx512 || path == CpuKernels::Avx2) {
-#pragma omp parallel for schedule(static)
-    for (int nc = 0; nc < s.n * s.c; ++nc)
-      path == CpuKernels::Avx512 ? maxpool2x2_forward_avx512(s, x, y, argmax, nc)
-                                 : maxpool2x2_forward_avx2(s, x, y, argmax, nc);
-    return;
-  }
-#endif
+namespace {
+// One plane (nc) of the pooling, in the loops every CPU runs. Forward: window order
+// (0,0), (0,1), (1,0), (1,1); a later value wins when greater or NaN.
+void maxpool2x2_forward_plane(const PoolShape& s, const float* x, float* y, int32_t* argmax, int nc) {
   const int h = s.h, w = s.w, oh_n = s.h / 2, ow_n = s.w / 2;
-#pragma omp parallel for schedule(static)
-  for (int nc = 0; nc < s.n * s.c; ++nc)
-    for (int oh = 0; oh < oh_n; ++oh) {
-      const int32_t base = (nc * h + 2 * oh) * w;
-      const float* r0 = x + base;
-      const float* r1 = r0 + w;
-      float* yo = y + (nc * oh_n + oh) * ow_n;
-      int32_t* ao = argmax + (nc * oh_n + oh) * ow_n;
-      for (int ow = 0; ow < ow_n; ++ow) {
-        // Window order (0,0),(0,1),(1,0),(1,1); later wins when greater or NaN.
-        const float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
-        float best = a;
-        int32_t at = 0;
-        if (b > best || std::isnan(b)) best = b, at = 1;
-        if (c > best || std::isnan(c)) best = c, at = w;
-        if (d > best || std::isnan(d)) best = d, at = w + 1;
-        yo[ow] = best;
-        ao[ow] = base + 2 * ow + at;
-      }
+  for (int oh = 0; oh < oh_n; ++oh) {
+    const int32_t base = (nc * h + 2 * oh) * w;
+    const float* r0 = x + base;
+    const float* r1 = r0 + w;
+    float* yo = y + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
+    int32_t* ao = argmax + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
+    for (int ow = 0; ow < ow_n; ++ow) {
+      const float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+      float best = a;
+      int32_t at = 0;
+      if (b > best || std::isnan(b)) best = b, at = 1;
+      if (c > best || std::isnan(c)) best = c, at = w;
+      if (d > best || std::isnan(d)) best = d, at = w + 1;
+      yo[ow] = best;
+      ao[ow] = base + 2 * ow + at;
     }
+  }
+}
+
+// Backward: windows do not overlap, so each window's four inputs are written once, in
+// order, with dy at the argmax and +0 elsewhere: the same floats as zeroing dx and
+// scattering dy, in one pass.
+void maxpool2x2_backward_plane(const PoolShape& s, const float* dy, const int32_t* argmax, float* dx, int nc) {
+  const int h = s.h, w = s.w, oh_n = h / 2, ow_n = w / 2;
+  for (int oh = 0; oh < oh_n; ++oh) {
+    const int32_t base = (nc * h + 2 * oh) * w;
+    float* r0 = dx + base;
+    float* r1 = r0 + w;
+    const float* d = dy + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
+    const int32_t* a = argmax + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
+    for (int ow = 0; ow < ow_n; ++ow) {
+      const int32_t at = a[ow] - (base + 2 * ow);  // 0, 1, w or w + 1
+      const float v = d[ow];
+      r0[2 * ow] = at == 0 ? v : 0.0f;
+      r0[2 * ow + 1] = at == 1 ? v : 0.0f;
+      r1[2 * ow] = at == w ? v : 0.0f;
+      r1[2 * ow + 1] = at == w + 1 ? v : 0.0f;
+    }
+  }
+}
+
+using PoolForwardPlane = void (*)(const PoolShape&, const float*, float*, int32_t*, int);
+using PoolBackwardPlane = void (*)(const PoolShape&, const float*, const int32_t*, float*, int);
+
+// The path's plane loops. They take one plane a call and the loop over planes stays in
+// the callers below: clang's OpenMP outlined regions do not inherit a function's target
+// attribute (the fuzz build).
+PoolForwardPlane forward_plane_for(CpuKernels path) {
+#if defined(__x86_64__)
+  if (path == CpuKernels::Avx512) return maxpool2x2_forward_avx512;
+  if (path == CpuKernels::Avx2) return maxpool2x2_forward_avx2;
+#endif
+  (void)path;
+  return maxpool2x2_forward_plane;
+}
+PoolBackwardPlane backward_plane_for(CpuKernels path) {
+#if defined(__x86_64__)
+  if (path == CpuKernels::Avx512) return maxpool2x2_backward_avx512;
+  if (path == CpuKernels::Avx2) return maxpool2x2_backward_avx2;
+#endif
+  (void)path;
+  return maxpool2x2_backward_plane;
+}
+}  // namespace
+
+void maxpool2x2_forward(const PoolShape& s, const float* x, float* y, int32_t* argmax) {
+  static const PoolForwardPlane plane = forward_plane_for(cpu_kernels());
+#pragma omp parallel for schedule(static)
+  for (int nc = 0; nc < s.n * s.c; ++nc) plane(s, x, y, argmax, nc);
 }
 
 void maxpool2x2_backward(const PoolShape& s, const float* dy, const int32_t* argmax, float* dx) {
-#if defined(__x86_64__)
-  static const CpuKernels path = cpu_kernels();
-  if (path == CpuKernels::Avx512 || path == CpuKernels::Avx2) {
-#pragma omp parallel for schedule(static)
-    for (int nc = 0; nc < s.n * s.c; ++nc)
-      path == CpuKernels::Avx512 ? maxpool2x2_backward_avx512(s, dy, argmax, dx, nc)
-                                 : maxpool2x2_backward_avx2(s, dy, argmax, dx, nc);
-    return;
-  }
-#endif
-  // Windows do not overlap: each input element is written once, in order, with dy at
-  // its window's argmax and +0 elsewhere (and +0 in an odd last row or column, which no
-  // window reads). The same floats as zeroing dx and scattering dy, in one pass.
-  const int h = s.h, w = s.w, oh_n = h / 2, ow_n = w / 2;
+  static const PoolBackwardPlane plane = backward_plane_for(cpu_kernels());
+  const int h = s.h, w = s.w;
 #pragma omp parallel for schedule(static)
   for (int nc = 0; nc < s.n * s.c; ++nc) {
-    for (int oh = 0; oh < oh_n; ++oh) {
-      const int32_t base = (nc * h + 2 * oh) * w;
-      float* r0 = dx + base;
-      float* r1 = r0 + w;
-      const float* d = dy + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
-      const int32_t* a = argmax + (static_cast<int64_t>(nc) * oh_n + oh) * ow_n;
-      for (int ow = 0; ow < ow_n; ++ow) {
-        const int32_t at = a[ow] - (base + 2 * ow);  // 0, 1, w or w + 1
-        const float v = d[ow];
-        r0[2 * ow] = at == 0 ? v : 0.0f;
-        r0[2 * ow + 1] = at == 1 ? v : 0.0f;
-        r1[2 * ow] = at == w ? v : 0.0f;
-        r1[2 * ow + 1] = at == w + 1 ? v : 0.0f;
-      }
-      if (w % 2) r0[w - 1] = r1[w - 1] = 0.0f;
-    }
-    if (h % 2) std::fill(dx + (static_cast<int64_t>(nc) * h + h - 1) * w, dx + (static_cast<int64_t>(nc) + 1) * h * w, 0.0f);
+    plane(s, dy, argmax, dx, nc);
+    // +0 in an odd last column or row, which no window reads
+    float* p = dx + static_cast<int64_t>(nc) * h * w;
+    if (w % 2)
+      for (int ih = 0; ih < h / 2 * 2; ++ih) p[static_cast<int64_t>(ih) * w + w - 1] = 0.0f;
+    if (h % 2) std::fill(p + static_cast<int64_t>(h - 1) * w, p + static_cast<int64_t>(h) * w, 0.0f);
   }
 }
 
