@@ -12,6 +12,7 @@
 #include "kernels/cpu/gemm.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <new>
@@ -77,29 +78,39 @@ inline void rows_to_sliver_sse(const float* const* rows, int n, int len, float* 
 // turn 8 x 8 floats around: a quarter of a shuffle per float, against half a shuffle
 // and twice the loads and stores for SSE's 4 x 4 (fc1's forward product: packing a
 // third of its time with SSE, a quarter with this; perf, 2026-12-03).
+// Columns j..j+7 of the first n8 rows (a multiple of 8), every group of 8 rows, so each
+// packed row is written whole before the next (rows of groups by turn left each line
+// to be fetched again).
+template <int W>
+__attribute__((always_inline)) ENGINE_X86_TARGET("avx") inline void eight_columns_avx(const float* const* rows, int n8,
+                                                                                       int j, float* d) {
+  for (int w = 0; w < n8; w += 8) {
+    const float* const* r = rows + w;
+    for (int h = 0; h < 8; h += 4) {  // columns j+h .. j+h+3
+      // t_i: row i's four floats in the low half, row i + 4's in the high half.
+      __m256 t[4];
+      for (int i = 0; i < 4; ++i)
+        t[i] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(r[i] + j + h)), _mm_loadu_ps(r[i + 4] + j + h), 1);
+      const __m256 u0 = _mm256_unpacklo_ps(t[0], t[1]), u1 = _mm256_unpackhi_ps(t[0], t[1]);
+      const __m256 u2 = _mm256_unpacklo_ps(t[2], t[3]), u3 = _mm256_unpackhi_ps(t[2], t[3]);
+      float* to = d + static_cast<int64_t>(j + h) * W + w;
+      _mm256_storeu_ps(to, _mm256_shuffle_ps(u0, u2, 0x44));
+      _mm256_storeu_ps(to + W, _mm256_shuffle_ps(u0, u2, 0xEE));
+      _mm256_storeu_ps(to + 2 * W, _mm256_shuffle_ps(u1, u3, 0x44));
+      _mm256_storeu_ps(to + 3 * W, _mm256_shuffle_ps(u1, u3, 0xEE));
+    }
+  }
+}
+
 template <int W>
 ENGINE_X86_TARGET("avx") void rows_to_sliver_avx(const float* const* rows, int n, int len, float* d) {
   const int n8 = n / 8 * 8;
-  // Eight columns at a time across every group of 8 rows, so each packed row is written
-  // whole before the next (rows of groups by turn left each line to be fetched again).
   int j = 0;
-  for (; j + 8 <= len; j += 8)
-    for (int w = 0; w < n8; w += 8) {
-      const float* const* r = rows + w;
-      for (int h = 0; h < 8; h += 4) {  // columns j+h .. j+h+3
-        // t_i: row i's four floats in the low half, row i + 4's in the high half.
-        __m256 t[4];
-        for (int i = 0; i < 4; ++i)
-          t[i] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(r[i] + j + h)), _mm_loadu_ps(r[i + 4] + j + h), 1);
-        const __m256 u0 = _mm256_unpacklo_ps(t[0], t[1]), u1 = _mm256_unpackhi_ps(t[0], t[1]);
-        const __m256 u2 = _mm256_unpacklo_ps(t[2], t[3]), u3 = _mm256_unpackhi_ps(t[2], t[3]);
-        float* to = d + static_cast<int64_t>(j + h) * W + w;
-        _mm256_storeu_ps(to, _mm256_shuffle_ps(u0, u2, 0x44));
-        _mm256_storeu_ps(to + W, _mm256_shuffle_ps(u0, u2, 0xEE));
-        _mm256_storeu_ps(to + 2 * W, _mm256_shuffle_ps(u1, u3, 0x44));
-        _mm256_storeu_ps(to + 3 * W, _mm256_shuffle_ps(u1, u3, 0xEE));
-      }
-    }
+  for (; j + 8 <= len; j += 8) eight_columns_avx<W>(rows, n8, j, d);
+  // A ragged end of a run of at least 8 (an output row of 14 or 28 pixels in a weight
+  // gradient's patches): its last 8 columns again, overlapping, instead of a float at a
+  // time; the overlap writes the same floats twice.
+  if (j < len && len >= 8) eight_columns_avx<W>(rows, n8, len - 8, d), j = len;
   for (; j < len; ++j)
     for (int w = 0; w < n8; ++w) d[static_cast<int64_t>(j) * W + w] = rows[w][j];
   if (n8 < n) rows_to_sliver_sse<W>(rows + n8, n - n8, len, d + n8);
@@ -306,6 +317,68 @@ void image_rows_pack(bool w_along_rows, const float* src, int rows, int64_t pixe
   }
 }
 
+// op(B) read in place (TileSource): when each of its rows kk runs along the columns in
+// the stored data, a full NR-wide sliver is NR contiguous floats per row, at
+// in_place_sliver(first column) + rows[kk]. in_place_rows fills rows[0..kc) for the k
+// block at k0 and says whether the operand is of that kind; in_place_sliver gives
+// nullptr for a sliver that does not lie in one stretch (one crossing images), which is
+// packed instead.
+bool in_place_rows(const Operand& o, int k0, int kc, int64_t* rows) {
+  if (o.trans != Trans::No) return false;  // op(B)'s rows run across the stored rows
+  switch (o.source) {
+    case Operand::Source::Dense:
+      for (int kk = 0; kk < kc; ++kk) rows[kk] = static_cast<int64_t>(k0 + kk) * o.ld;
+      return true;
+    case Operand::Source::Patches:  // a tap's row: a stretch of each padded image
+      if (o.columns != PatchColumns::PaddedRows) return false;
+      tap_offsets(o.images, k0, kc, rows);
+      return true;
+    case Operand::Source::ImageRows:  // a channel's row: its pixels in each image
+      for (int kk = 0; kk < kc; ++kk) rows[kk] = static_cast<int64_t>(k0 + kk) * o.pixels;
+      return true;
+  }
+  return false;
+}
+
+const float* in_place_sliver(const Operand& o, int64_t first, int width) {
+  switch (o.source) {
+    case Operand::Source::Dense:
+      return o.data + first;
+    case Operand::Source::Patches: {
+      const int64_t per_image = static_cast<int64_t>(o.images.out_h) * o.images.wp;
+      const int64_t image = first / per_image, pixel = first % per_image;
+      return pixel + width <= per_image ? o.images.data + image * o.images.image_floats() + pixel : nullptr;
+    }
+    case Operand::Source::ImageRows: {
+      const int64_t image = first / o.pixels, pixel = first % o.pixels;
+      return pixel + width <= o.pixels ? o.data + image * o.rows * o.pixels + pixel : nullptr;
+    }
+  }
+  return nullptr;
+}
+
+// Whether a sliver read in place at these row offsets stays in L1 while the row block's
+// tiles read it again: a stored matrix whose row length is a multiple of a few KiB puts
+// every row in the same few of L1's 64 sets (conv2's forward as a dense 288 x 1792
+// product ran at 61 % of peak in place, 66 % packed). Counts the distinct 64-byte lines
+// the rows can touch in each set and allows a third of a set's ways (12 on this VM's
+// CPU, 8 on Haswell's), leaving room for A's rows and C.
+bool rows_spread_over_l1(const int64_t* rows, int kc, int row_floats) {
+  constexpr int kSets = 64, kLinesPerSet = 4;
+  const int64_t lines_per_row = (row_floats * 4 + 63) / 64 + 1;  // any alignment
+  int per_set[kSets] = {};
+  // The offsets never decrease (rows, taps, channels in order), so the lines counted so
+  // far that a row's lines can meet end at `counted`: a line is new past it.
+  int64_t counted = INT64_MIN;
+  for (int kk = 0; kk < kc; ++kk) {
+    const int64_t first = rows[kk] * 4 / 64, last = first + lines_per_row - 1;
+    for (int64_t line = std::max(first, counted + 1); line <= last; ++line)
+      if (++per_set[((line % kSets) + kSets) % kSets] > kLinesPerSet) return false;
+    counted = std::max(counted, last);
+  }
+  return true;
+}
+
 enum class Role { A, B };
 
 // Packs X (see above) of operand `o` in its role.
@@ -346,10 +419,11 @@ float* pack_buffer(int which, std::size_t floats) {
   return b.data;
 }
 
-// Kernel: MR, NR, and
-//   static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, ChainStart start,
-//                    const float* init)
-// which runs a full MR x NR tile of C (init: the tile's first row or column value).
+// Kernel: MR, NR, kAvx, kInPlace, and
+//   template <bool kRowsA, bool kRowsB>
+//   static void tile(int kc, const TileSource& src, float* c, int ldc, ChainStart start, const float* init)
+// which runs a full MR x NR tile of C (init: the tile's first row or column value),
+// op(A) and op(B) in place (kRowsA, kRowsB) or packed.
 template <class Kernel>
 void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, ChainStart start, const float* values,
                   float* c, int ldc) {
@@ -369,37 +443,66 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
   float* bp = pack_buffer<Kernel>(0, static_cast<std::size_t>((nc_max + NR - 1) / NR) * NR * kKc);
   float* ap = pack_buffer<Kernel>(1, static_cast<std::size_t>((mc_max + MR - 1) / MR) * MR * kKc);
   alignas(64) float edge[MR * NR];
+  int64_t b_rows[kKc];
   // K in equal blocks of at most kKc (288 as 144 + 144, not 256 + 32): a short last
   // block would reload and store the whole of C for a few multiply-adds.
   const int k_blocks = (k + kKc - 1) / kKc, k_step = (k + k_blocks - 1) / k_blocks;
-  const bool direct_a = Kernel::kDirectA && a.source == Operand::Source::Dense && a.trans == Trans::No;
+  // op(A) stored with its rows along k (a plain matrix, not transposed): its full
+  // slivers are broadcast in place (no transposing copy); only a ragged last sliver is
+  // packed. Not for a short k block: there the in-place kernel's setup of MR row
+  // addresses cost more than packing A once (conv1's K = 9). A transposed stored matrix
+  // (dy^T, W^T) holds each sliver's k-th values side by side in its row k: read in place
+  // too when few column slivers read it (fc1's weight gradient: 2), where its rows spread
+  // over L1's sets; a block that many slivers read again runs faster packed (conv2's
+  // data gradient, 49 slivers: 83 % of peak packed, 75 % in place).
+  const bool dense_a = Kernel::kInPlace && a.source == Operand::Source::Dense;
+  const bool a_rows_in_place = dense_a && a.trans == Trans::No && k_step >= 32;
   for (int j0 = 0; j0 < n; j0 += kNc) {
     const int nc = std::min(kNc, n - j0);
     for (int k0 = 0; k0 < k; k0 += k_step) {
       const int kc = std::min(k_step, k - k0);
       // After the first k block, the chain goes on from C.
       const ChainStart from = k0 > 0 ? ChainStart::C : start;
-      pack<NR, Kernel::kAvx>(b, Role::B, j0, nc, k0, kc, bp);
+      const bool b_rows_in_place =
+          Kernel::kInPlace && in_place_rows(b, k0, kc, b_rows) && rows_spread_over_l1(b_rows, kc, NR);
+      bool a_cols_in_place = false;
+      if (dense_a && a.trans == Trans::Yes && n <= 4 * NR) {
+        int64_t a_rows_at[kKc];
+        for (int kk = 0; kk < kc; ++kk) a_rows_at[kk] = static_cast<int64_t>(k0 + kk) * a.ld;
+        a_cols_in_place = rows_spread_over_l1(a_rows_at, kc, MR);
+      }
       for (int i0 = 0; i0 < m; i0 += kMc) {
         const int mc = std::min(kMc, m - i0);
-        // op(A) stored with its rows along k (a plain matrix, not transposed): its full
-        // slivers are read in place by the micro-kernel (the broadcast side needs no
-        // transposing copy); only a ragged last sliver is packed, at ap.
-        const int full = direct_a ? mc / MR * MR : 0;
+        const int full = a_rows_in_place || a_cols_in_place ? mc / MR * MR : 0;
         if (full < mc) pack<MR, Kernel::kAvx>(a, Role::A, i0 + full, mc - full, k0, kc, ap);
         for (int js = 0; js * NR < nc; ++js) {
           const int cols = std::min(NR, nc - js * NR);
-          const float* bs = bp + static_cast<int64_t>(js) * kc * NR;
+          // op(B)'s sliver: read in place where it is whole and one stretch, else packed
+          // (on the first row block; the later ones find it there).
+          const float* b_in_place = b_rows_in_place && cols == NR ? in_place_sliver(b, j0 + js * NR, NR) : nullptr;
+          float* b_packed = bp + static_cast<int64_t>(js) * kc * NR;
+          if (!b_in_place && i0 == 0) pack<NR, Kernel::kAvx>(b, Role::B, j0 + js * NR, cols, k0, kc, b_packed);
           for (int is = 0; is * MR < mc; ++is) {
             const int rows = std::min(MR, mc - is * MR);
-            const bool in_place = is * MR < full;
-            const float* as = in_place ? a.data + static_cast<int64_t>(i0 + is * MR) * a.ld + k0
-                                       : ap + static_cast<int64_t>(is - full / MR) * kc * MR;
+            const bool a_in_place = is * MR < full, a_rows = a_in_place && a_rows_in_place;
+            TileSource src;
+            if (a_rows)
+              src.a = a.data + static_cast<int64_t>(i0 + is * MR) * a.ld + k0, src.lda = a.ld;
+            else if (a_in_place)
+              src.a = a.data + static_cast<int64_t>(k0) * a.ld + i0 + is * MR, src.a_step = a.ld;
+            else
+              src.a = ap + static_cast<int64_t>(is - full / MR) * kc * MR, src.a_step = MR;
+            if (b_in_place)
+              src.b = b_in_place, src.b_rows = b_rows;
+            else
+              src.b = b_packed;
             auto run_tile = [&](float* to, int ld_to, ChainStart tile_from, const float* tile_init) {
-              if constexpr (Kernel::kDirectA) {
-                if (in_place) return Kernel::tile_rows(kc, as, a.ld, bs, to, ld_to, tile_from, tile_init);
+              if constexpr (Kernel::kInPlace) {
+                if (a_rows && b_in_place) return Kernel::template tile<true, true>(kc, src, to, ld_to, tile_from, tile_init);
+                if (a_rows) return Kernel::template tile<true, false>(kc, src, to, ld_to, tile_from, tile_init);
+                if (b_in_place) return Kernel::template tile<false, true>(kc, src, to, ld_to, tile_from, tile_init);
               }
-              Kernel::tile(kc, as, bs, to, ld_to, tile_from, tile_init);
+              Kernel::template tile<false, false>(kc, src, to, ld_to, tile_from, tile_init);
             };
             float* ct = c + static_cast<int64_t>(i0 + is * MR) * ldc + j0 + js * NR;
             const int row0 = i0 + is * MR, col0 = j0 + js * NR;
@@ -409,6 +512,15 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
             if (rows == MR && cols == NR) {
               run_tile(ct, ldc, from, init);
               continue;
+            }
+            if constexpr (Kernel::kInPlace) {
+              if (cols == NR) {  // the last rows: a shorter tile, straight on C
+                if (b_in_place)
+                  Kernel::template top_rows<false, true>(rows, kc, src, ct, ldc, from, init);
+                else
+                  Kernel::template top_rows<false, false>(rows, kc, src, ct, ldc, from, init);
+                continue;
+              }
             }
             // A ragged tile: through a full-size copy of its starts (the padding lanes
             // are chains of their own, computed and dropped).

@@ -1,6 +1,5 @@
 // The GEMM's micro-kernels (kernels/cpu/gemm.cpp): one MR x NR tile of C, run over a
-// packed k block. ap holds the tile's op(A) rows k-major (ap[kk * MR + r]), bp its op(B)
-// columns (bp[kk * NR + q]). Each element is its own chain: acc = fma(a, b, acc) for kk
+// k block of its operands (TileSource: packed slivers, or read in place). Each element is its own chain: acc = fma(a, b, acc) for kk
 // in order, from where `start` says (kernels/cpu/gemm.h: +0, C, or `init`, the tile's
 // first row or first column value). The paths differ only in how many chains a vector
 // holds, so they give the same bits. Compiled for their instruction sets by function
@@ -18,7 +17,35 @@
 namespace engine::kernels::cpu {
 namespace {
 
+// Where a tile reads its k block of op(A) and op(B). Packed, A holds the tile's op(A)
+// rows k-major (a[kk * MR + r], a_step = MR) and B its op(B) columns (b[kk * NR + q]).
+// In place (the kernels with kInPlace): op(A)'s MR rows are rows of a stored matrix
+// (kRowsA: a[r * lda + kk]) or its MR columns are (a transposed matrix:
+// a[kk * a_step + r], a_step its row length); op(B)'s row kk is NR contiguous floats at
+// b + b_rows[kk] (a stored matrix's row, a tap's stretch of a padded image, a channel
+// of dy). The same values either way, so the same chains: in place only saves the
+// packing copy.
+struct TileSource {
+  const float* a = nullptr;
+  long lda = 0;     // kRowsA: the row stride
+  long a_step = 0;  // otherwise: from one k to the next
+  const float* b = nullptr;
+  const int64_t* b_rows = nullptr;    // B in place: row kk's offset from b; nullptr: packed
+};
+
 #if defined(__x86_64__)
+// Runs Tile<rows> for rows in 1..Max (a ragged last row block).
+template <template <int> class Tile, int Max>
+struct TileDispatch {
+  template <bool kRowsA, bool kRowsB>
+  static void run(int rows, int kc, const TileSource& src, float* c, int ldc, ChainStart start, const float* init) {
+    if constexpr (Max >= 1) {
+      if (rows == Max) return Tile<Max>::template tile<kRowsA, kRowsB>(kc, src, c, ldc, start, init);
+      TileDispatch<Tile, Max - 1>::template run<kRowsA, kRowsB>(rows, kc, src, c, ldc, start, init);
+    }
+  }
+};
+
 // MRows rows x 32 columns: 2 * MRows accumulators of 16 floats, 2 for op(B) and 1
 // broadcast, of the 32 ZMM registers. 8 rows by default (16 accumulators: enough
 // independent chains to keep two FMA units busy through their latency); a product of 9
@@ -28,32 +55,30 @@ template <int MRows>
 struct Avx512TileT {
   static_assert(MRows >= 1 && 2 * MRows + 3 <= 32, "the tile fits the ZMM registers");
   static constexpr int MR = MRows, NR = 32;
-  static constexpr bool kAvx = true;  // packing may use AVX (gemm.cpp)
-  static constexpr bool kDirectA = true;  // tile_rows reads op(A) unpacked
-  // op(A) from a packed sliver (ap[kk * MR + r]) or, kRows, straight from MR rows of
-  // a stored matrix (ap[r * lda + kk]): the same values, so the same chains.
-  template <bool kRows>
-  __attribute__((always_inline)) ENGINE_X86_TARGET("avx512f") static void run(int kc, const float* ap, long lda,
-                                                                          const float* bp, float* c, int ldc,
-                                                                          ChainStart start, const float* init) {
+  static constexpr bool kAvx = true;      // packing may use AVX (gemm.cpp)
+  static constexpr bool kInPlace = true;  // reads TileSource's in-place forms
+  template <bool kRowsA, bool kRowsB>
+  __attribute__((always_inline)) ENGINE_X86_TARGET("avx512f") static void run(int kc, const TileSource& src, float* c,
+                                                                          int ldc, ChainStart start, const float* init) {
     __m512 acc0[MR], acc1[MR];
-    const float* rows[MR];
-    for (int r = 0; r < MR; ++r) rows[r] = ap + r * lda;
     // C's lines are fetched now when the start is not C (its loads did that), so the
     // stores at the end do not wait for them: with K = 9 that wait was a fifth slower.
-    if (start != ChainStart::C)
+    if (start != ChainStart::C) {
+      float* cr = c;
 #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(c + static_cast<long>(r) * ldc), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(c + static_cast<long>(r) * ldc + NR - 1), _MM_HINT_T0);
+      for (int r = 0; r < MR; ++r, cr += ldc) {
+        _mm_prefetch(reinterpret_cast<const char*>(cr), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(cr + NR - 1), _MM_HINT_T0);
       }
+    }
     // One loop per start, the choice outside it.
     switch (start) {
-      case ChainStart::C:
+      case ChainStart::C: {
+        const float* cr = c;
 #pragma GCC unroll 16
-        for (int r = 0; r < MR; ++r)
-          acc0[r] = _mm512_loadu_ps(c + static_cast<long>(r) * ldc), acc1[r] = _mm512_loadu_ps(c + static_cast<long>(r) * ldc + 16);
+        for (int r = 0; r < MR; ++r, cr += ldc) acc0[r] = _mm512_loadu_ps(cr), acc1[r] = _mm512_loadu_ps(cr + 16);
         break;
+      }
       case ChainStart::RowValues:
 #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm512_set1_ps(init[r]);
@@ -68,65 +93,67 @@ struct Avx512TileT {
 #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
     }
+    const float* a = src.a;
+    const long lda = src.lda;
     for (int kk = 0; kk < kc; ++kk) {
-      const __m512 b0 = _mm512_load_ps(bp + kk * NR), b1 = _mm512_load_ps(bp + kk * NR + 16);
-      const float* a = ap + kk * MR;
+      const float* bk = kRowsB ? src.b + src.b_rows[kk] : src.b + kk * NR;
+      const __m512 b0 = kRowsB ? _mm512_loadu_ps(bk) : _mm512_load_ps(bk);
+      const __m512 b1 = kRowsB ? _mm512_loadu_ps(bk + 16) : _mm512_load_ps(bk + 16);
+      const float* ak = kRowsA ? a + kk : a + kk * src.a_step;
 #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
-        const __m512 ar = _mm512_set1_ps(kRows ? rows[r][kk] : a[r]);
+        const __m512 ar = _mm512_set1_ps(kRowsA ? ak[r * lda] : ak[r]);
         acc0[r] = _mm512_fmadd_ps(ar, b0, acc0[r]);
         acc1[r] = _mm512_fmadd_ps(ar, b1, acc1[r]);
       }
     }
+    float* cr = c;
 #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-      _mm512_storeu_ps(c + static_cast<long>(r) * ldc, acc0[r]);
-      _mm512_storeu_ps(c + static_cast<long>(r) * ldc + 16, acc1[r]);
-    }
+    for (int r = 0; r < MR; ++r, cr += ldc) _mm512_storeu_ps(cr, acc0[r]), _mm512_storeu_ps(cr + 16, acc1[r]);
   }
+  template <bool kRowsA, bool kRowsB>
   ENGINE_X86_TARGET("avx512f")
-  static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, ChainStart start, const float* init) {
-    run<false>(kc, ap, 0, bp, c, ldc, start, init);
+  static void tile(int kc, const TileSource& src, float* c, int ldc, ChainStart start, const float* init) {
+    run<kRowsA, kRowsB>(kc, src, c, ldc, start, init);
   }
-  ENGINE_X86_TARGET("avx512f")
-  static void tile_rows(int kc, const float* a, long lda, const float* bp, float* c, int ldc, ChainStart start,
-                        const float* init) {
-    run<true>(kc, a, lda, bp, c, ldc, start, init);
+  // The first `rows` (< MR) rows of a tile: a product's last rows, by a kernel of that
+  // height, on C itself (a packed sliver keeps its MR stride: a_step).
+  template <bool kRowsA, bool kRowsB>
+  static void top_rows(int rows, int kc, const TileSource& src, float* c, int ldc, ChainStart start,
+                       const float* init) {
+    TileDispatch<Avx512TileT, MR - 1>::template run<kRowsA, kRowsB>(rows, kc, src, c, ldc, start, init);
   }
 };
 using Avx512Tile = Avx512TileT<8>;
 
 
 // 6 rows x 16 columns: 12 accumulators of 8 floats, 2 for op(B) and 1 broadcast, of
-// the 16 YMM registers (BLIS's Haswell shape).
-struct Avx2Tile {
-  static constexpr int MR = 6, NR = 16;
+// the 16 YMM registers (BLIS's Haswell shape); fewer rows for a product's last rows.
+template <int MRows>
+struct Avx2TileT {
+  static_assert(MRows >= 1 && 2 * MRows + 3 <= 16, "the tile fits the YMM registers");
+  static constexpr int MR = MRows, NR = 16;
   static constexpr bool kAvx = true;
-  static constexpr bool kDirectA = true;  // tile_rows reads op(A) unpacked
-  // op(A) from a packed sliver (ap[kk * MR + r]) or, kRows, straight from MR rows of
-  // a stored matrix (ap[r * lda + kk]): the same values, so the same chains.
-  template <bool kRows>
-  __attribute__((always_inline)) ENGINE_X86_TARGET("avx2,fma") static void run(int kc, const float* ap, long lda,
-                                                                          const float* bp, float* c, int ldc,
-                                                                          ChainStart start, const float* init) {
+  static constexpr bool kInPlace = true;
+  template <bool kRowsA, bool kRowsB>
+  __attribute__((always_inline)) ENGINE_X86_TARGET("avx2,fma") static void run(int kc, const TileSource& src, float* c,
+                                                                          int ldc, ChainStart start, const float* init) {
     __m256 acc0[MR], acc1[MR];
-    const float* rows[MR];
-    for (int r = 0; r < MR; ++r) rows[r] = ap + r * lda;
-    // C's lines are fetched now when the start is not C (its loads did that), so the
-    // stores at the end do not wait for them: with K = 9 that wait was a fifth slower.
-    if (start != ChainStart::C)
+    if (start != ChainStart::C) {  // as Avx512TileT
+      float* cr = c;
 #pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(c + static_cast<long>(r) * ldc), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(c + static_cast<long>(r) * ldc + NR - 1), _MM_HINT_T0);
+      for (int r = 0; r < MR; ++r, cr += ldc) {
+        _mm_prefetch(reinterpret_cast<const char*>(cr), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(cr + NR - 1), _MM_HINT_T0);
       }
-    // One loop per start, the choice outside it.
+    }
     switch (start) {
-      case ChainStart::C:
+      case ChainStart::C: {
+        const float* cr = c;
 #pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r)
-          acc0[r] = _mm256_loadu_ps(c + static_cast<long>(r) * ldc), acc1[r] = _mm256_loadu_ps(c + static_cast<long>(r) * ldc + 8);
+        for (int r = 0; r < MR; ++r, cr += ldc) acc0[r] = _mm256_loadu_ps(cr), acc1[r] = _mm256_loadu_ps(cr + 8);
         break;
+      }
       case ChainStart::RowValues:
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm256_set1_ps(init[r]);
@@ -141,32 +168,36 @@ struct Avx2Tile {
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
     }
+    const float* a = src.a;
+    const long lda = src.lda;
     for (int kk = 0; kk < kc; ++kk) {
-      const __m256 b0 = _mm256_load_ps(bp + kk * NR), b1 = _mm256_load_ps(bp + kk * NR + 8);
-      const float* a = ap + kk * MR;
+      const float* bk = kRowsB ? src.b + src.b_rows[kk] : src.b + kk * NR;
+      const __m256 b0 = kRowsB ? _mm256_loadu_ps(bk) : _mm256_load_ps(bk);
+      const __m256 b1 = kRowsB ? _mm256_loadu_ps(bk + 8) : _mm256_load_ps(bk + 8);
+      const float* ak = kRowsA ? a + kk : a + kk * src.a_step;
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
-        const __m256 ar = _mm256_broadcast_ss(kRows ? rows[r] + kk : a + r);
+        const __m256 ar = _mm256_broadcast_ss(kRowsA ? ak + r * lda : ak + r);
         acc0[r] = _mm256_fmadd_ps(ar, b0, acc0[r]);
         acc1[r] = _mm256_fmadd_ps(ar, b1, acc1[r]);
       }
     }
+    float* cr = c;
 #pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      _mm256_storeu_ps(c + static_cast<long>(r) * ldc, acc0[r]);
-      _mm256_storeu_ps(c + static_cast<long>(r) * ldc + 8, acc1[r]);
-    }
+    for (int r = 0; r < MR; ++r, cr += ldc) _mm256_storeu_ps(cr, acc0[r]), _mm256_storeu_ps(cr + 8, acc1[r]);
   }
+  template <bool kRowsA, bool kRowsB>
   ENGINE_X86_TARGET("avx2,fma")
-  static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, ChainStart start, const float* init) {
-    run<false>(kc, ap, 0, bp, c, ldc, start, init);
+  static void tile(int kc, const TileSource& src, float* c, int ldc, ChainStart start, const float* init) {
+    run<kRowsA, kRowsB>(kc, src, c, ldc, start, init);
   }
-  ENGINE_X86_TARGET("avx2,fma")
-  static void tile_rows(int kc, const float* a, long lda, const float* bp, float* c, int ldc, ChainStart start,
-                        const float* init) {
-    run<true>(kc, a, lda, bp, c, ldc, start, init);
+  template <bool kRowsA, bool kRowsB>  // as Avx512TileT's
+  static void top_rows(int rows, int kc, const TileSource& src, float* c, int ldc, ChainStart start,
+                       const float* init) {
+    TileDispatch<Avx2TileT, MR - 1>::template run<kRowsA, kRowsB>(rows, kc, src, c, ldc, start, init);
   }
 };
+using Avx2Tile = Avx2TileT<6>;
 #endif
 
 // Any CPU: std::fma, one correctly rounded multiply-add. The body is written once;
@@ -174,7 +205,7 @@ struct Avx2Tile {
 // without (glibc's exact software fmaf, a call per multiply-add: the same bits, slowly).
 template <int MR, int NR>
 __attribute__((always_inline)) inline void portable_tile(int kc, const float* ap, const float* bp, float* c, int ldc,
-                                                         ChainStart start, const float* init) {
+                                                         ChainStart start, const float* init) {  // packed A and B
   float acc[MR][NR];
   for (int r = 0; r < MR; ++r)
     for (int q = 0; q < NR; ++q)
@@ -195,10 +226,10 @@ __attribute__((always_inline)) inline void portable_tile(int kc, const float* ap
 struct PortableTile {
   static constexpr int MR = 4, NR = 16;
   static constexpr bool kAvx = false;
-  static constexpr bool kDirectA = false;
-  static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, ChainStart start,
-                   const float* init) {
-    portable_tile<MR, NR>(kc, ap, bp, c, ldc, start, init);
+  static constexpr bool kInPlace = false;  // packed operands only
+  template <bool kRowsA, bool kRowsB>
+  static void tile(int kc, const TileSource& src, float* c, int ldc, ChainStart start, const float* init) {
+    portable_tile<MR, NR>(kc, src.a, src.b, c, ldc, start, init);  // packed: a_step = MR
   }
 };
 
@@ -206,11 +237,11 @@ struct PortableTile {
 struct PortableFmaTile {
   static constexpr int MR = 4, NR = 16;
   static constexpr bool kAvx = false;
-  static constexpr bool kDirectA = false;
+  static constexpr bool kInPlace = false;
+  template <bool kRowsA, bool kRowsB>
   ENGINE_X86_TARGET("fma")
-  static void tile(int kc, const float* ap, const float* bp, float* c, int ldc, ChainStart start,
-                   const float* init) {
-    portable_tile<MR, NR>(kc, ap, bp, c, ldc, start, init);
+  static void tile(int kc, const TileSource& src, float* c, int ldc, ChainStart start, const float* init) {
+    portable_tile<MR, NR>(kc, src.a, src.b, c, ldc, start, init);  // packed: a_step = MR
   }
 };
 #endif

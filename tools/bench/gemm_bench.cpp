@@ -1,7 +1,8 @@
-// The engine's GEMM (kernels/cpu/gemm.h) at the shapes a training step runs, on one
+// The engine's GEMM (kernels/cpu/gemm.h) at the shapes a training step runs, with the
+// operands it passes (patches read from padded images, dy as image rows), on one
 // thread (the step runs one GEMM per thread, inside its chunks), on every path this CPU
-// supports, with OpenBLAS's sgemm beside it where the build found OpenBLAS (an optional
-// peer; the engine does not use it). Each figure is GFLOP/s (2 M N K per call) and the
+// supports, with OpenBLAS's sgemm beside it on the same products as stored matrices
+// where the build found OpenBLAS (an optional peer; the engine does not use it). Each figure is GFLOP/s (2 M N K per call) and the
 // share of that instruction set's measured FMA peak on one core (a loop of independent
 // register FMAs, the fastest of its runs before each shape). Usage: gemm_bench [seconds per figure, default 0.3]
 // [shape: only the shapes whose name starts with it, e.g. "fc1 forward"]
@@ -24,6 +25,7 @@ extern "C" void openblas_set_num_threads(int);
 #endif
 
 using namespace engine::kernels::cpu;
+using engine::kernels::ConvShape;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -101,17 +103,71 @@ struct Shape {
   ChainStart start;  // the forwards start each chain from the bias
 };
 
+// A convolution of the model at batch 128 (configs/mnist.json): conv1 1 -> 32 channels
+// on 28 x 28, conv2 32 -> 64 on 14 x 14, 3 x 3, padding 1.
+ConvShape conv_shape(int layer) {
+  ConvShape s;
+  s.n = 8, s.c = layer == 1 ? 1 : 32, s.h = s.w = layer == 1 ? 28 : 14;
+  s.k = layer == 1 ? 32 : 64, s.r = s.s = 3, s.pad = 1;
+  return s;
+}
+
+// The operands of one shape as the step passes them (kernels/cpu/conv.cpp, linear.cpp):
+// the convolutions' patches read from padded images, dy as image rows; dense matrices
+// for the linear layer. `dense` holds the same products as stored matrices, for
+// OpenBLAS (which has no implicit form).
+struct Operands {
+  std::vector<float> x, padded, w, dy;
+  Operand a, b;
+};
+
+Operands step_operands(const Shape& s, std::vector<float>& dense_a, std::vector<float>& dense_b) {
+  Operands o;
+  const int a_cols = s.ta == Trans::No ? s.k : s.m, b_cols = s.tb == Trans::No ? s.n : s.k;
+  o.a = Operand::dense(s.ta, dense_a.data(), a_cols);
+  o.b = Operand::dense(s.tb, dense_b.data(), b_cols);
+  const std::string what = s.what;
+  if (what.rfind("conv", 0) != 0) {
+    if (what == "fc1 dW") {  // x_c's block of 64 input columns, rows 3136 long
+      o.x.assign(static_cast<std::size_t>(s.k) * 3136, 0.25f);
+      o.b = Operand::dense(Trans::No, o.x.data(), 3136);
+    }
+    return o;
+  }
+  const int layer = what[4] - '0';
+  ConvShape cs = conv_shape(layer);
+  const bool dw = what.find("dW") != std::string::npos, dx = what.find("dX") != std::string::npos;
+  const int images = dw ? 16 : 8;  // the weight gradient per chunk, the others per sub-batch
+  const int64_t ohw = static_cast<int64_t>(cs.out_h()) * cs.out_w();
+  o.x.assign(static_cast<std::size_t>(images) * cs.c * cs.h * cs.w, 0.5f);
+  o.padded.assign(padded_images_floats(cs, images), 0.0f);
+  o.w.assign(static_cast<std::size_t>(cs.k) * cs.c * cs.r * cs.s, 0.25f);
+  o.dy.assign(static_cast<std::size_t>(images) * cs.k * ohw, 0.125f);
+  const PaddedImages im = pad_images(cs, o.x.data(), images, o.padded.data());
+  const int crs = cs.c * cs.r * cs.s;
+  if (dw) {  // dW^T[CRS, K] = P * dy^T
+    o.a = Operand::patches(Trans::No, im, PatchColumns::Pixels);
+    o.b = Operand::image_rows(Trans::Yes, o.dy.data(), cs.k, ohw);
+  } else if (dx) {  // col[CRS, nb*OHW] = W^T * dy
+    o.a = Operand::dense(Trans::Yes, o.w.data(), crs);
+    o.b = Operand::image_rows(Trans::No, o.dy.data(), cs.k, ohw);
+  } else {  // out[K, nb*OH*Wp] = b + W * P at the padded width
+    o.a = Operand::dense(Trans::No, o.w.data(), crs);
+    o.b = Operand::patches(Trans::No, im, PatchColumns::PaddedRows);
+  }
+  return o;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const double budget = argc > 1 ? std::atof(argv[1]) : 0.3;
   const std::string only = argc > 2 ? argv[2] : "";
-  // The calls kernels/cpu/conv.cpp and linear.cpp make at batch 128, as dense
-  // operands (the convolutions' patches are packed straight from the images there:
-  // kernel_bench times those ops whole): the forward per sub-batch of 8 images at the
-  // padded width, the weight gradients per chunk of 16 images with the taps as rows,
-  // the data gradient per sub-batch; fc1 per thread's 64 rows, its weight gradient per
-  // chunk and block of 64 input columns.
+  // The calls kernels/cpu/conv.cpp and linear.cpp make at batch 128, with the operands
+  // they pass (step_operands): the convolutions' forward per sub-batch of 8 images at
+  // the padded width, their weight gradients per chunk of 16 images with the taps as
+  // rows, the data gradient per sub-batch; fc1 per thread's 64 rows, its weight gradient
+  // per chunk and block of 64 input columns.
   const Shape shapes[] = {
       {"conv1 forward", Trans::No, Trans::No, 32, 8 * 28 * 30, 9, ChainStart::RowValues},
       {"conv1 dW", Trans::No, Trans::Yes, 9, 32, 16 * 784, ChainStart::Zero},
@@ -145,10 +201,10 @@ int main(int argc, char** argv) {
         c(static_cast<std::size_t>(s.m) * s.n, 0.0f), bias(static_cast<std::size_t>(std::max(s.m, s.n)), 0.125f);
     const double flop = 2.0 * s.m * s.n * s.k;
     Row row{&s, {}};
+    const Operands ops = step_operands(s, a, b);
     for (std::size_t i = 0; i < paths.size(); ++i) {
       const double t = seconds_per_call(budget, [&] {
-        gemm_with(paths[i], s.m, s.n, s.k, Operand::dense(s.ta, a.data(), a_cols), Operand::dense(s.tb, b.data(), b_cols),
-                  s.start, bias.data(), c.data(), s.n);
+        gemm_with(paths[i], s.m, s.n, s.k, ops.a, ops.b, s.start, bias.data(), c.data(), s.n);
       });
       row.gflops.push_back(flop / t / 1e9);
     }
