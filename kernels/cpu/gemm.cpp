@@ -66,6 +66,25 @@ inline void rows_to_sliver_sse(const float* const* rows, int n, int len, float* 
       to[0] = r0[j], to[1] = r1[j], to[2] = r2[j], to[3] = r3[j];
     }
   }
+  // Two rows left (AVX2's 6-row slivers): 4 columns at a time as pairs.
+  if (w + 2 <= n) {
+    const float *r0 = rows[w], *r1 = rows[w + 1];
+    int j = 0;
+    for (; j + 4 <= len; j += 4) {
+      const __m128 a = _mm_loadu_ps(r0 + j), b = _mm_loadu_ps(r1 + j);
+      const __m128 lo = _mm_unpacklo_ps(a, b), hi = _mm_unpackhi_ps(a, b);  // a0 b0 a1 b1, a2 b2 a3 b3
+      float* to = d + static_cast<int64_t>(j) * W + w;
+      _mm_storel_pi(reinterpret_cast<__m64*>(to), lo);
+      _mm_storeh_pi(reinterpret_cast<__m64*>(to + W), lo);
+      _mm_storel_pi(reinterpret_cast<__m64*>(to + 2 * W), hi);
+      _mm_storeh_pi(reinterpret_cast<__m64*>(to + 3 * W), hi);
+    }
+    for (; j < len; ++j) {
+      float* to = d + static_cast<int64_t>(j) * W + w;
+      to[0] = r0[j], to[1] = r1[j];
+    }
+    w += 2;
+  }
 #endif
   for (; w < n; ++w)
     for (int j = 0; j < len; ++j) d[static_cast<int64_t>(j) * W + w] = rows[w][j];

@@ -95,6 +95,7 @@ struct Avx512TileT {
     }
     const float* a = src.a;
     const long lda = src.lda;
+#pragma GCC unroll 4
     for (int kk = 0; kk < kc; ++kk) {
       const float* bk = kRowsB ? src.b + src.b_rows[kk] : src.b + kk * NR;
       const __m512 b0 = kRowsB ? _mm512_loadu_ps(bk) : _mm512_load_ps(bk);
@@ -170,6 +171,7 @@ struct Avx2TileT {
     }
     const float* a = src.a;
     const long lda = src.lda;
+#pragma GCC unroll 4
     for (int kk = 0; kk < kc; ++kk) {
       const float* bk = kRowsB ? src.b + src.b_rows[kk] : src.b + kk * NR;
       const __m256 b0 = kRowsB ? _mm256_loadu_ps(bk) : _mm256_load_ps(bk);

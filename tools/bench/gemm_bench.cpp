@@ -128,7 +128,8 @@ Operands step_operands(const Shape& s, std::vector<float>& dense_a, std::vector<
   o.b = Operand::dense(s.tb, dense_b.data(), b_cols);
   const std::string what = s.what;
   if (what.rfind("conv", 0) != 0) {
-    if (what == "fc1 dW") {  // x_c's block of 64 input columns, rows 3136 long
+    // Row lengths as in the step: x's and W's rows are 3136 long.
+    if (what == "fc1 dW" || what == "fc1 dX") {  // a block of x_c's columns; half of W's
       o.x.assign(static_cast<std::size_t>(s.k) * 3136, 0.25f);
       o.b = Operand::dense(Trans::No, o.x.data(), 3136);
     }
@@ -166,17 +167,18 @@ int main(int argc, char** argv) {
   // The calls kernels/cpu/conv.cpp and linear.cpp make at batch 128, with the operands
   // they pass (step_operands): the convolutions' forward per sub-batch of 8 images at
   // the padded width, their weight gradients per chunk of 16 images with the taps as
-  // rows, the data gradient per sub-batch; fc1 per thread's 64 rows, its weight gradient
-  // per chunk and block of 64 input columns.
+  // rows, the data gradient per sub-batch; fc1's forward and data gradient per thread's
+  // half of the columns (2 threads), its weight gradient per chunk and block of 64
+  // input columns.
   const Shape shapes[] = {
       {"conv1 forward", Trans::No, Trans::No, 32, 8 * 28 * 30, 9, ChainStart::RowValues},
       {"conv1 dW", Trans::No, Trans::Yes, 9, 32, 16 * 784, ChainStart::Zero},
       {"conv2 forward", Trans::No, Trans::No, 64, 8 * 14 * 16, 288, ChainStart::RowValues},
       {"conv2 dW", Trans::No, Trans::Yes, 288, 64, 16 * 196, ChainStart::Zero},
       {"conv2 dX", Trans::Yes, Trans::No, 288, 1568, 64, ChainStart::Zero},
-      {"fc1 forward", Trans::No, Trans::Yes, 64, 128, 3136, ChainStart::ColumnValues},
+      {"fc1 forward", Trans::No, Trans::Yes, 128, 64, 3136, ChainStart::ColumnValues},
       {"fc1 dW", Trans::Yes, Trans::No, 128, 64, 16, ChainStart::Zero},
-      {"fc1 dX", Trans::No, Trans::No, 64, 3136, 128, ChainStart::Zero},
+      {"fc1 dX", Trans::No, Trans::No, 128, 1568, 128, ChainStart::Zero},
   };
   std::vector<CpuKernels> paths;
   for (CpuKernels p : {CpuKernels::Avx512, CpuKernels::Avx2, CpuKernels::Portable})
