@@ -197,12 +197,15 @@ void conv2d_forward_chunks(const ConvShape& s, int chunks, const int* bounds, co
         gemm(s.k, static_cast<int>(ld), crs, Operand::dense(Trans::No, w, crs),
              Operand::patches(Trans::No, images, PatchColumns::PaddedRows), b ? ChainStart::RowValues : ChainStart::Zero,
              b, out, static_cast<int>(ld));
+        // Rows of OW floats (28, 14): a loop the compiler vectorises, not a memcpy call
+        // per row (a call per 28 floats was 6 % of a training run's time).
+        const int out_h = s.out_h(), out_w = s.out_w();
         for (int j = 0; j < nb; ++j)
           for (int k = 0; k < s.k; ++k) {
             float* to = y + ((n0 + j) * static_cast<int64_t>(s.k) + k) * ohw;
             const float* from = out + k * ld + j * wide;
-            for (int oh = 0; oh < s.out_h(); ++oh)
-              std::memcpy(to + oh * s.out_w(), from + static_cast<int64_t>(oh) * wp, sizeof(float) * s.out_w());
+            for (int oh = 0; oh < out_h; ++oh, to += out_w, from += wp)
+              for (int ow = 0; ow < out_w; ++ow) to[ow] = from[ow];
           }
       }
     }
