@@ -330,6 +330,15 @@ TEST_CASE("implicit-GEMM operands are the im2col and image matrices, bit for bit
          Operand::dense(Trans::No, wide_patches.data(), wide),
          Operand::patches(Trans::Yes, padded, cpu::PatchColumns::PaddedRows), Trans::No, Trans::Yes,
          wide_patches.data(), wide_patches.data(), wide, wide},
+        // As the step runs the weight gradient (kernels/cpu/conv.cpp): the patches as
+        // op(A), broadcast from the padded images in place (AForm::Gathered).
+        {"weight gradient as the step runs it: P * D^T", taps, t.m, pixels,
+         Operand::patches(Trans::No, padded, cpu::PatchColumns::Pixels), Operand::image_rows(Trans::Yes, images.data(), t.m, ohw),
+         Trans::No, Trans::Yes, patches.data(), rows.data(), pixels, pixels},
+        {"at the padded width as op(A): P_wide * P_wide^T", taps, taps, wide,
+         Operand::patches(Trans::No, padded, cpu::PatchColumns::PaddedRows),
+         Operand::dense(Trans::Yes, wide_patches.data(), wide), Trans::No, Trans::Yes, wide_patches.data(),
+         wide_patches.data(), wide, wide},
         {"data gradient: W^T * D", taps, pixels, t.m, Operand::dense(Trans::Yes, weights.data(), taps),
          Operand::image_rows(Trans::No, images.data(), t.m, ohw), Trans::Yes, Trans::No, weights.data(), rows.data(), taps,
          pixels},

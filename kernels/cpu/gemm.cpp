@@ -377,6 +377,24 @@ const float* in_place_sliver(const Operand& o, int64_t first, int width) {
   return nullptr;
 }
 
+// op(A) = the patches matrix read in place (AForm::Gathered): the offset of each column
+// k0..k0+kc-1 in the padded images, for a tap at offset 0 (a tap's row adds its own,
+// tap_offsets). False for any other operand.
+bool gathered_columns(const Operand& o, int k0, int kc, int64_t* cols) {
+  if (o.source != Operand::Source::Patches || o.trans != Trans::No) return false;
+  const PaddedImages& im = o.images;
+  const bool pixels = o.columns == PatchColumns::Pixels;
+  const int64_t per_image = static_cast<int64_t>(im.out_h) * (pixels ? im.out_w : im.wp);
+  PixelRun runs[kKc];
+  const int n_runs = pixel_runs(k0, kc, per_image, pixels ? im.out_w : 0, runs);
+  for (int i = 0; i < n_runs; ++i) {
+    const int64_t base =
+        runs[i].image * im.image_floats() + (pixels ? static_cast<int64_t>(runs[i].oh) * im.wp + runs[i].ow : runs[i].pixel);
+    for (int j = 0; j < runs[i].len; ++j) cols[runs[i].offset + j] = base + j;
+  }
+  return true;
+}
+
 // Whether a sliver read in place at these row offsets stays in L1 while the row block's
 // tiles read it again: a stored matrix whose row length is a multiple of a few KiB puts
 // every row in the same few of L1's 64 sets (conv2's forward as a dense 288 x 1792
@@ -440,10 +458,11 @@ float* pack_buffer(int which, std::size_t floats) {
 }
 
 // Kernel: MR, NR, kAvx, kInPlace, and
-//   template <bool kRowsA, bool kRowsB>
+//   template <AForm kA, bool kRowsB>
 //   static void tile(int kc, const TileSource& src, float* c, int ldc, ChainStart start, const float* init)
 // which runs a full MR x NR tile of C (init: the tile's first row or column value),
-// op(A) and op(B) in place (kRowsA, kRowsB) or packed.
+// op(A) as kA says, op(B) in place (kRowsB) or packed (gemm_microkernels.h); and
+// top_rows, the same for a tile's first rows.
 template <class Kernel>
 void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, ChainStart start, const float* values,
                   float* c, int ldc) {
@@ -463,7 +482,7 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
   float* bp = pack_buffer<Kernel>(0, static_cast<std::size_t>((nc_max + NR - 1) / NR) * NR * kKc);
   float* ap = pack_buffer<Kernel>(1, static_cast<std::size_t>((mc_max + MR - 1) / MR) * MR * kKc);
   alignas(64) float edge[MR * NR];
-  int64_t b_rows[kKc];
+  int64_t b_rows[kKc], a_cols[kKc];
   // K in equal blocks of at most kKc (288 as 144 + 144, not 256 + 32): a short last
   // block would reload and store the whole of C for a few multiply-adds.
   const int k_blocks = (k + kKc - 1) / kKc, k_step = (k + k_blocks - 1) / k_blocks;
@@ -474,7 +493,10 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
   // (dy^T, W^T) holds each sliver's k-th values side by side in its row k: read in place
   // too when few column slivers read it (fc1's weight gradient: 2), where its rows spread
   // over L1's sets; a block that many slivers read again runs faster packed (conv2's
-  // data gradient, 49 slivers: 83 % of peak packed, 75 % in place).
+  // data gradient, 49 slivers: 83 % of peak packed, 75 % in place). The patches of a
+  // weight gradient (taps x pixels) are broadcast from the padded images, a tap's offset
+  // plus a pixel's (AForm::Gathered): packing them was a transposing copy of every
+  // float, a fifth of conv2's weight gradient.
   const bool dense_a = Kernel::kInPlace && a.source == Operand::Source::Dense;
   const bool a_rows_in_place = dense_a && a.trans == Trans::No && k_step >= 32;
   for (int j0 = 0; j0 < n; j0 += kNc) {
@@ -491,9 +513,11 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
         for (int kk = 0; kk < kc; ++kk) a_rows_at[kk] = static_cast<int64_t>(k0 + kk) * a.ld;
         a_cols_in_place = rows_spread_over_l1(a_rows_at, kc, MR);
       }
+      const bool a_gathered =
+          Kernel::kInPlace && !a_rows_in_place && !a_cols_in_place && gathered_columns(a, k0, kc, a_cols);
       for (int i0 = 0; i0 < m; i0 += kMc) {
         const int mc = std::min(kMc, m - i0);
-        const int full = a_rows_in_place || a_cols_in_place ? mc / MR * MR : 0;
+        const int full = a_rows_in_place || a_cols_in_place || a_gathered ? mc / MR * MR : 0;
         if (full < mc) pack<MR, Kernel::kAvx>(a, Role::A, i0 + full, mc - full, k0, kc, ap);
         for (int js = 0; js * NR < nc; ++js) {
           const int cols = std::min(NR, nc - js * NR);
@@ -504,25 +528,40 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
           if (!b_in_place && i0 == 0) pack<NR, Kernel::kAvx>(b, Role::B, j0 + js * NR, cols, k0, kc, b_packed);
           for (int is = 0; is * MR < mc; ++is) {
             const int rows = std::min(MR, mc - is * MR);
-            const bool a_in_place = is * MR < full, a_rows = a_in_place && a_rows_in_place;
+            const bool a_in_place = is * MR < full;
+            const AForm a_form = !a_in_place        ? AForm::Sliver
+                                 : a_rows_in_place ? AForm::Rows
+                                 : a_gathered      ? AForm::Gathered
+                                                   : AForm::Sliver;
             TileSource src;
-            if (a_rows)
-              src.a = a.data + static_cast<int64_t>(i0 + is * MR) * a.ld + k0, src.lda = a.ld;
-            else if (a_in_place)
-              src.a = a.data + static_cast<int64_t>(k0) * a.ld + i0 + is * MR, src.a_step = a.ld;
-            else
+            int64_t a_rows[MR];
+            if (!a_in_place) {
               src.a = ap + static_cast<int64_t>(is - full / MR) * kc * MR, src.a_step = MR;
+            } else if (a_form == AForm::Rows) {
+              src.a = a.data + static_cast<int64_t>(i0 + is * MR) * a.ld + k0, src.lda = a.ld;
+            } else if (a_form == AForm::Gathered) {
+              tap_offsets(a.images, i0 + is * MR, MR, a_rows);
+              src.a = a.images.data, src.a_rows = a_rows, src.a_cols = a_cols;
+            } else {
+              src.a = a.data + static_cast<int64_t>(k0) * a.ld + i0 + is * MR, src.a_step = a.ld;
+            }
             if (b_in_place)
               src.b = b_in_place, src.b_rows = b_rows;
             else
               src.b = b_packed;
             auto run_tile = [&](float* to, int ld_to, ChainStart tile_from, const float* tile_init) {
               if constexpr (Kernel::kInPlace) {
-                if (a_rows && b_in_place) return Kernel::template tile<true, true>(kc, src, to, ld_to, tile_from, tile_init);
-                if (a_rows) return Kernel::template tile<true, false>(kc, src, to, ld_to, tile_from, tile_init);
-                if (b_in_place) return Kernel::template tile<false, true>(kc, src, to, ld_to, tile_from, tile_init);
+                if (a_form == AForm::Rows)
+                  return b_in_place ? Kernel::template tile<AForm::Rows, true>(kc, src, to, ld_to, tile_from, tile_init)
+                                    : Kernel::template tile<AForm::Rows, false>(kc, src, to, ld_to, tile_from, tile_init);
+                if (a_form == AForm::Gathered)
+                  return b_in_place
+                             ? Kernel::template tile<AForm::Gathered, true>(kc, src, to, ld_to, tile_from, tile_init)
+                             : Kernel::template tile<AForm::Gathered, false>(kc, src, to, ld_to, tile_from, tile_init);
+                if (b_in_place)
+                  return Kernel::template tile<AForm::Sliver, true>(kc, src, to, ld_to, tile_from, tile_init);
               }
-              Kernel::template tile<false, false>(kc, src, to, ld_to, tile_from, tile_init);
+              Kernel::template tile<AForm::Sliver, false>(kc, src, to, ld_to, tile_from, tile_init);
             };
             float* ct = c + static_cast<int64_t>(i0 + is * MR) * ldc + j0 + js * NR;
             const int row0 = i0 + is * MR, col0 = j0 + js * NR;
@@ -536,9 +575,9 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
             if constexpr (Kernel::kInPlace) {
               if (cols == NR) {  // the last rows: a shorter tile, straight on C
                 if (b_in_place)
-                  Kernel::template top_rows<false, true>(rows, kc, src, ct, ldc, from, init);
+                  Kernel::template top_rows<AForm::Sliver, true>(rows, kc, src, ct, ldc, from, init);
                 else
-                  Kernel::template top_rows<false, false>(rows, kc, src, ct, ldc, from, init);
+                  Kernel::template top_rows<AForm::Sliver, false>(rows, kc, src, ct, ldc, from, init);
                 continue;
               }
             }

@@ -17,18 +17,27 @@
 namespace engine::kernels::cpu {
 namespace {
 
+// How a tile finds op(A)'s value for row r and k index kk (TileSource).
+enum class AForm {
+  Sliver,    // a[kk * a_step + r]: a packed sliver (a_step = MR), or a transposed stored
+             // matrix's MR columns (a_step its row length)
+  Rows,      // a[r * lda + kk]: MR rows of a stored matrix
+  Gathered,  // a[a_rows[r] + a_cols[kk]]: the patches matrix's rows (taps) in the padded
+             // images, a tap's offset plus a pixel's
+};
+
 // Where a tile reads its k block of op(A) and op(B). Packed, A holds the tile's op(A)
-// rows k-major (a[kk * MR + r], a_step = MR) and B its op(B) columns (b[kk * NR + q]).
-// In place (the kernels with kInPlace): op(A)'s MR rows are rows of a stored matrix
-// (kRowsA: a[r * lda + kk]) or its MR columns are (a transposed matrix:
-// a[kk * a_step + r], a_step its row length); op(B)'s row kk is NR contiguous floats at
-// b + b_rows[kk] (a stored matrix's row, a tap's stretch of a padded image, a channel
-// of dy). The same values either way, so the same chains: in place only saves the
-// packing copy.
+// rows k-major (AForm::Sliver, a_step = MR) and B its op(B) columns (b[kk * NR + q]).
+// In place (the kernels with kInPlace), op(A) as the other AForms say, and op(B)'s row
+// kk is NR contiguous floats at b + b_rows[kk] (a stored matrix's row, a tap's stretch
+// of a padded image, a channel of dy). The same values either way, so the same chains:
+// in place only saves the packing copy.
 struct TileSource {
   const float* a = nullptr;
-  long lda = 0;     // kRowsA: the row stride
-  long a_step = 0;  // otherwise: from one k to the next
+  long lda = 0;                      // Rows: the row stride
+  long a_step = 0;                   // Sliver: from one k to the next
+  const int64_t* a_rows = nullptr;   // Gathered: MR row offsets
+  const int64_t* a_cols = nullptr;   // Gathered: kc column offsets
   const float* b = nullptr;
   const int64_t* b_rows = nullptr;    // B in place: row kk's offset from b; nullptr: packed
 };
@@ -37,11 +46,11 @@ struct TileSource {
 // Runs Tile<rows> for rows in 1..Max (a ragged last row block).
 template <template <int> class Tile, int Max>
 struct TileDispatch {
-  template <bool kRowsA, bool kRowsB>
+  template <AForm kA, bool kRowsB>
   static void run(int rows, int kc, const TileSource& src, float* c, int ldc, ChainStart start, const float* init) {
     if constexpr (Max >= 1) {
-      if (rows == Max) return Tile<Max>::template tile<kRowsA, kRowsB>(kc, src, c, ldc, start, init);
-      TileDispatch<Tile, Max - 1>::template run<kRowsA, kRowsB>(rows, kc, src, c, ldc, start, init);
+      if (rows == Max) return Tile<Max>::template tile<kA, kRowsB>(kc, src, c, ldc, start, init);
+      TileDispatch<Tile, Max - 1>::template run<kA, kRowsB>(rows, kc, src, c, ldc, start, init);
     }
   }
 };
@@ -57,7 +66,7 @@ struct Avx512TileT {
   static constexpr int MR = MRows, NR = 32;
   static constexpr bool kAvx = true;      // packing may use AVX (gemm.cpp)
   static constexpr bool kInPlace = true;  // reads TileSource's in-place forms
-  template <bool kRowsA, bool kRowsB>
+  template <AForm kA, bool kRowsB>
   __attribute__((always_inline)) ENGINE_X86_TARGET("avx512f") static void run(int kc, const TileSource& src, float* c,
                                                                           int ldc, ChainStart start, const float* init) {
     __m512 acc0[MR], acc1[MR];
@@ -95,18 +104,25 @@ struct Avx512TileT {
     }
     // Locals, and pointers stepped rather than indices multiplied: the loop then holds
     // no integer multiply and no reload of src (AVX2's tile: 82 -> 87 % of peak in L1).
-    const long lda = src.lda, a_step = kRowsA ? 1 : src.a_step;
+    const long lda = src.lda, a_step = kA == AForm::Rows ? 1 : src.a_step;
     const float* ak = src.a;
+    const int64_t* a_cols = src.a_cols;
+    int64_t a_rows[MR];  // Gathered: kept in registers through the loop
+    if constexpr (kA == AForm::Gathered)
+      for (int r = 0; r < MR; ++r) a_rows[r] = src.a_rows[r];
     const float* bp = src.b;
     const int64_t* b_rows = src.b_rows;
 #pragma GCC unroll 4
-    for (int kk = 0; kk < kc; ++kk, ak += a_step, bp += kRowsB ? 0 : NR) {
+    for (int kk = 0; kk < kc; ++kk, ak += kA == AForm::Gathered ? 0 : a_step, bp += kRowsB ? 0 : NR) {
       const float* bk = kRowsB ? bp + b_rows[kk] : bp;
       const __m512 b0 = kRowsB ? _mm512_loadu_ps(bk) : _mm512_load_ps(bk);
       const __m512 b1 = kRowsB ? _mm512_loadu_ps(bk + 16) : _mm512_load_ps(bk + 16);
+      const float* ag = kA == AForm::Gathered ? ak + a_cols[kk] : nullptr;  // ak stays at src.a
 #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
-        const __m512 ar = _mm512_set1_ps(kRowsA ? ak[r * lda] : ak[r]);
+        const __m512 ar = _mm512_set1_ps(kA == AForm::Rows       ? ak[r * lda]
+                                         : kA == AForm::Gathered ? ag[a_rows[r]]
+                                                                 : ak[r]);
         acc0[r] = _mm512_fmadd_ps(ar, b0, acc0[r]);
         acc1[r] = _mm512_fmadd_ps(ar, b1, acc1[r]);
       }
@@ -115,17 +131,17 @@ struct Avx512TileT {
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r, cr += ldc) _mm512_storeu_ps(cr, acc0[r]), _mm512_storeu_ps(cr + 16, acc1[r]);
   }
-  template <bool kRowsA, bool kRowsB>
+  template <AForm kA, bool kRowsB>
   ENGINE_X86_TARGET("avx512f")
   static void tile(int kc, const TileSource& src, float* c, int ldc, ChainStart start, const float* init) {
-    run<kRowsA, kRowsB>(kc, src, c, ldc, start, init);
+    run<kA, kRowsB>(kc, src, c, ldc, start, init);
   }
   // The first `rows` (< MR) rows of a tile: a product's last rows, by a kernel of that
   // height, on C itself (a packed sliver keeps its MR stride: a_step).
-  template <bool kRowsA, bool kRowsB>
+  template <AForm kA, bool kRowsB>
   static void top_rows(int rows, int kc, const TileSource& src, float* c, int ldc, ChainStart start,
                        const float* init) {
-    TileDispatch<Avx512TileT, MR - 1>::template run<kRowsA, kRowsB>(rows, kc, src, c, ldc, start, init);
+    TileDispatch<Avx512TileT, MR - 1>::template run<kA, kRowsB>(rows, kc, src, c, ldc, start, init);
   }
 };
 using Avx512Tile = Avx512TileT<8>;
@@ -139,7 +155,7 @@ struct Avx2TileT {
   static constexpr int MR = MRows, NR = 16;
   static constexpr bool kAvx = true;
   static constexpr bool kInPlace = true;
-  template <bool kRowsA, bool kRowsB>
+  template <AForm kA, bool kRowsB>
   __attribute__((always_inline)) ENGINE_X86_TARGET("avx2,fma") static void run(int kc, const TileSource& src, float* c,
                                                                           int ldc, ChainStart start, const float* init) {
     __m256 acc0[MR], acc1[MR];
@@ -174,18 +190,25 @@ struct Avx2TileT {
     }
     // Locals, and pointers stepped rather than indices multiplied: the loop then holds
     // no integer multiply and no reload of src (AVX2's tile: 82 -> 87 % of peak in L1).
-    const long lda = src.lda, a_step = kRowsA ? 1 : src.a_step;
+    const long lda = src.lda, a_step = kA == AForm::Rows ? 1 : src.a_step;
     const float* ak = src.a;
+    const int64_t* a_cols = src.a_cols;
+    int64_t a_rows[MR];  // Gathered: kept in registers through the loop
+    if constexpr (kA == AForm::Gathered)
+      for (int r = 0; r < MR; ++r) a_rows[r] = src.a_rows[r];
     const float* bp = src.b;
     const int64_t* b_rows = src.b_rows;
 #pragma GCC unroll 4
-    for (int kk = 0; kk < kc; ++kk, ak += a_step, bp += kRowsB ? 0 : NR) {
+    for (int kk = 0; kk < kc; ++kk, ak += kA == AForm::Gathered ? 0 : a_step, bp += kRowsB ? 0 : NR) {
       const float* bk = kRowsB ? bp + b_rows[kk] : bp;
       const __m256 b0 = kRowsB ? _mm256_loadu_ps(bk) : _mm256_load_ps(bk);
       const __m256 b1 = kRowsB ? _mm256_loadu_ps(bk + 8) : _mm256_load_ps(bk + 8);
+      const float* ag = kA == AForm::Gathered ? ak + a_cols[kk] : nullptr;  // ak stays at src.a
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
-        const __m256 ar = _mm256_broadcast_ss(kRowsA ? ak + r * lda : ak + r);
+        const __m256 ar = _mm256_broadcast_ss(kA == AForm::Rows       ? ak + r * lda
+                                              : kA == AForm::Gathered ? ag + a_rows[r]
+                                                                      : ak + r);
         acc0[r] = _mm256_fmadd_ps(ar, b0, acc0[r]);
         acc1[r] = _mm256_fmadd_ps(ar, b1, acc1[r]);
       }
@@ -194,15 +217,15 @@ struct Avx2TileT {
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r, cr += ldc) _mm256_storeu_ps(cr, acc0[r]), _mm256_storeu_ps(cr + 8, acc1[r]);
   }
-  template <bool kRowsA, bool kRowsB>
+  template <AForm kA, bool kRowsB>
   ENGINE_X86_TARGET("avx2,fma")
   static void tile(int kc, const TileSource& src, float* c, int ldc, ChainStart start, const float* init) {
-    run<kRowsA, kRowsB>(kc, src, c, ldc, start, init);
+    run<kA, kRowsB>(kc, src, c, ldc, start, init);
   }
-  template <bool kRowsA, bool kRowsB>  // as Avx512TileT's
+  template <AForm kA, bool kRowsB>  // as Avx512TileT's
   static void top_rows(int rows, int kc, const TileSource& src, float* c, int ldc, ChainStart start,
                        const float* init) {
-    TileDispatch<Avx2TileT, MR - 1>::template run<kRowsA, kRowsB>(rows, kc, src, c, ldc, start, init);
+    TileDispatch<Avx2TileT, MR - 1>::template run<kA, kRowsB>(rows, kc, src, c, ldc, start, init);
   }
 };
 using Avx2Tile = Avx2TileT<6>;
@@ -235,7 +258,7 @@ struct PortableTile {
   static constexpr int MR = 4, NR = 16;
   static constexpr bool kAvx = false;
   static constexpr bool kInPlace = false;  // packed operands only
-  template <bool kRowsA, bool kRowsB>
+  template <AForm kA, bool kRowsB>
   static void tile(int kc, const TileSource& src, float* c, int ldc, ChainStart start, const float* init) {
     portable_tile<MR, NR>(kc, src.a, src.b, c, ldc, start, init);  // packed: a_step = MR
   }
@@ -246,7 +269,7 @@ struct PortableFmaTile {
   static constexpr int MR = 4, NR = 16;
   static constexpr bool kAvx = false;
   static constexpr bool kInPlace = false;
-  template <bool kRowsA, bool kRowsB>
+  template <AForm kA, bool kRowsB>
   ENGINE_X86_TARGET("fma")
   static void tile(int kc, const TileSource& src, float* c, int ldc, ChainStart start, const float* init) {
     portable_tile<MR, NR>(kc, src.a, src.b, c, ldc, start, init);  // packed: a_step = MR
