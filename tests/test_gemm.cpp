@@ -396,3 +396,51 @@ TEST_CASE("a chain started from row or column values is the chain from C filled 
           ++seed;
         }
 }
+
+TEST_CASE("ColumnsDone: the columns it reports are final when it reports them, and it ends at N") {
+  // conv.cpp runs col2im on each image's columns as soon as the GEMM reports them: a
+  // column reported before its last k block or row block would be read half summed.
+  // Shapes with one pass, several k blocks, several row blocks, several column panels
+  // (NC 2048), ragged tiles, and the empty cases.
+  struct Shape {
+    int m, n, k;
+  };
+  const Shape shapes[] = {{288, 1568, 64}, {33, 100, 600}, {200, 65, 300}, {2000, 40, 9},
+                          {9, 2049 + 40, 20}, {5, 7, 0}, {0, 9, 5}, {17, 33, 1}};
+  uint64_t seed = 9000;
+  for (const Shape& s : shapes) {
+    const Problem p = make(Trans::Yes, Trans::No, s.m, s.n, s.k, 0.0f, 0, 0);
+    CAPTURE(describe(p));
+    Operands ref(p, seed);
+    definition(p, ref.pa, ref.pb, ref.pc);
+    for (CpuKernels path : paths_here()) {
+      CAPTURE(cpu::cpu_kernels_name(path));
+      Operands got(p, seed);
+      struct Seen {
+        const Problem* p;
+        const float* got;
+        const float* want;
+        std::vector<int> calls;
+        int64_t not_final = 0;
+      } seen{&p, got.pc, ref.pc, {}, 0};
+      cpu::ColumnsDone done;
+      done.context = &seen;
+      done.call = [](void* context, int columns) {
+        Seen& s = *static_cast<Seen*>(context);
+        s.calls.push_back(columns);
+        for (int i = 0; i < s.p->m; ++i)
+          for (int j = 0; j < std::min(columns, s.p->n); ++j)
+            s.not_final += std::memcmp(s.got + static_cast<int64_t>(i) * s.p->ldc + j,
+                                       s.want + static_cast<int64_t>(i) * s.p->ldc + j, sizeof(float)) != 0;
+      };
+      cpu::gemm_with(path, p.m, p.n, p.k, cpu::Operand::dense(p.ta, got.pa, p.lda), cpu::Operand::dense(p.tb, got.pb, p.ldb),
+                     cpu::ChainStart::Zero, nullptr, got.pc, p.ldc, done);
+      CHECK(seen.not_final == 0);
+      REQUIRE(!seen.calls.empty());
+      CHECK(seen.calls.back() == p.n);
+      CHECK(std::is_sorted(seen.calls.begin(), seen.calls.end()));
+      CHECK(seen.calls.front() > 0);
+    }
+    ++seed;
+  }
+}

@@ -29,7 +29,8 @@ namespace engine::kernels::cpu {
 namespace {
 
 constexpr int kKc = 256;   // k block: an A sliver and a B sliver stay in L1
-constexpr int kMc = 96;    // rows of op(A) per packed block (L2)
+constexpr int kMc = 96;    // rows of op(A) per packed block (L2) at a full k block,
+constexpr int kMcKc = kMc * 256;  // and as many more as a shorter block leaves room for
 constexpr int kNc = 2048;  // columns of op(B) per packed panel (L2/L3)
 
 // Packing. A k block of an operand becomes W-wide slivers:
@@ -465,10 +466,13 @@ float* pack_buffer(int which, std::size_t floats) {
 // top_rows, the same for a tile's first rows.
 template <class Kernel>
 void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, ChainStart start, const float* values,
-                  float* c, int ldc) {
+                  float* c, int ldc, const ColumnsDone& done = {}) {
   constexpr int MR = Kernel::MR, NR = Kernel::NR;
   static_assert(MR <= kKc && NR <= kKc, "a sliver of patches fits the run buffers");
-  if (m <= 0 || n <= 0) return;
+  if (m <= 0 || n <= 0) {
+    if (n > 0 && done.call) done.call(done.context, n);  // no rows: every column is final
+    return;
+  }
   if (k <= 0) {  // no multiply-add: C stays, or becomes its start
     if (start != ChainStart::C)
       for (int i = 0; i < m; ++i)
@@ -476,16 +480,21 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
           c[static_cast<int64_t>(i) * ldc + j] = start == ChainStart::RowValues      ? values[i]
                                                  : start == ChainStart::ColumnValues ? values[j]
                                                                                      : 0.0f;
+    if (done.call) done.call(done.context, n);
     return;
   }
-  const int nc_max = std::min(n, kNc), mc_max = std::min(m, kMc);
-  float* bp = pack_buffer<Kernel>(0, static_cast<std::size_t>((nc_max + NR - 1) / NR) * NR * kKc);
-  float* ap = pack_buffer<Kernel>(1, static_cast<std::size_t>((mc_max + MR - 1) / MR) * MR * kKc);
-  alignas(64) float edge[MR * NR];
-  int64_t b_rows[kKc], a_cols[kKc];
   // K in equal blocks of at most kKc (288 as 144 + 144, not 256 + 32): a short last
   // block would reload and store the whole of C for a few multiply-adds.
   const int k_blocks = (k + kKc - 1) / kKc, k_step = (k + k_blocks - 1) / k_blocks;
+  // Row blocks of kMc rows at a full k block, more at a shorter one (the A block in L2
+  // the same size): conv2's data gradient (288 rows, K = 64) in one, so its columns are
+  // final, and col2im can read them, sliver by sliver (ColumnsDone).
+  const int m_step = std::max(kMc, kMcKc / k_step / MR * MR);
+  const int nc_max = std::min(n, kNc), mc_max = std::min(m, m_step);
+  float* bp = pack_buffer<Kernel>(0, static_cast<std::size_t>((nc_max + NR - 1) / NR) * NR * k_step);
+  float* ap = pack_buffer<Kernel>(1, static_cast<std::size_t>((mc_max + MR - 1) / MR) * MR * k_step);
+  alignas(64) float edge[MR * NR];
+  int64_t b_rows[kKc], a_cols[kKc];
   // op(A) stored with its rows along k (a plain matrix, not transposed): its full
   // slivers are broadcast in place (no transposing copy); only a ragged last sliver is
   // packed. Not for a short k block: there the in-place kernel's setup of MR row
@@ -515,8 +524,9 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
       }
       const bool a_gathered =
           Kernel::kInPlace && !a_rows_in_place && !a_cols_in_place && gathered_columns(a, k0, kc, a_cols);
-      for (int i0 = 0; i0 < m; i0 += kMc) {
-        const int mc = std::min(kMc, m - i0);
+      for (int i0 = 0; i0 < m; i0 += m_step) {
+        const int mc = std::min(m_step, m - i0);
+        const bool last_pass = k0 + kc == k && i0 + mc == m;
         const int full = a_rows_in_place || a_cols_in_place || a_gathered ? mc / MR * MR : 0;
         if (full < mc) pack<MR, Kernel::kAvx>(a, Role::A, i0 + full, mc - full, k0, kc, ap);
         for (int js = 0; js * NR < nc; ++js) {
@@ -597,6 +607,7 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
             for (int r = 0; r < rows; ++r)
               std::memcpy(ct + static_cast<int64_t>(r) * ldc, edge + r * NR, sizeof(float) * cols);
           }
+          if (last_pass && done.call) done.call(done.context, j0 + js * NR + cols);
         }
       }
     }
@@ -606,42 +617,42 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
 }  // namespace
 
 void gemm_with(CpuKernels path, int m, int n, int k, const Operand& a, const Operand& b, ChainStart start,
-               const float* values, float* c, int ldc) {
+               const float* values, float* c, int ldc, const ColumnsDone& done) {
   switch (path) {
 #if defined(__x86_64__)
     case CpuKernels::Avx512:
       switch (m) {  // 9 to 12 rows: one tile of that height (gemm_microkernels.h)
         case 9:
-          return gemm_blocked<Avx512TileT<9>>(m, n, k, a, b, start, values, c, ldc);
+          return gemm_blocked<Avx512TileT<9>>(m, n, k, a, b, start, values, c, ldc, done);
         case 10:
-          return gemm_blocked<Avx512TileT<10>>(m, n, k, a, b, start, values, c, ldc);
+          return gemm_blocked<Avx512TileT<10>>(m, n, k, a, b, start, values, c, ldc, done);
         case 11:
-          return gemm_blocked<Avx512TileT<11>>(m, n, k, a, b, start, values, c, ldc);
+          return gemm_blocked<Avx512TileT<11>>(m, n, k, a, b, start, values, c, ldc, done);
         case 12:
-          return gemm_blocked<Avx512TileT<12>>(m, n, k, a, b, start, values, c, ldc);
+          return gemm_blocked<Avx512TileT<12>>(m, n, k, a, b, start, values, c, ldc, done);
         default:
-          return gemm_blocked<Avx512Tile>(m, n, k, a, b, start, values, c, ldc);
+          return gemm_blocked<Avx512Tile>(m, n, k, a, b, start, values, c, ldc, done);
       }
     case CpuKernels::Avx2:
-      gemm_blocked<Avx2Tile>(m, n, k, a, b, start, values, c, ldc);
+      gemm_blocked<Avx2Tile>(m, n, k, a, b, start, values, c, ldc, done);
       return;
     case CpuKernels::Portable:
       if (cpu_has_hardware_fma())
-        gemm_blocked<PortableFmaTile>(m, n, k, a, b, start, values, c, ldc);
+        gemm_blocked<PortableFmaTile>(m, n, k, a, b, start, values, c, ldc, done);
       else
-        gemm_blocked<PortableTile>(m, n, k, a, b, start, values, c, ldc);
+        gemm_blocked<PortableTile>(m, n, k, a, b, start, values, c, ldc, done);
       return;
 #endif
     default:  // Portable off x86-64 (the x86 paths: cpu_supports says no to them there)
-      gemm_blocked<PortableTile>(m, n, k, a, b, start, values, c, ldc);
+      gemm_blocked<PortableTile>(m, n, k, a, b, start, values, c, ldc, done);
       return;
   }
 }
 
 void gemm(int m, int n, int k, const Operand& a, const Operand& b, ChainStart start, const float* values, float* c,
-          int ldc) {
+          int ldc, const ColumnsDone& done) {
   static const CpuKernels path = cpu_kernels();
-  gemm_with(path, m, n, k, a, b, start, values, c, ldc);
+  gemm_with(path, m, n, k, a, b, start, values, c, ldc, done);
 }
 
 void gemm_with(CpuKernels path, int m, int n, int k, const Operand& a, const Operand& b, float beta, float* c,

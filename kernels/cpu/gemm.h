@@ -89,6 +89,15 @@ struct Operand {
   }
 };
 
+// Told, after each column sliver of the last pass over C (the last k block and row
+// block), how many of C's first columns are final, so a caller can use them while they
+// are still in cache (the data gradient's col2im, kernels/cpu/conv.cpp). The count
+// only grows, and the last call says N.
+struct ColumnsDone {
+  void (*call)(void* context, int columns) = nullptr;
+  void* context = nullptr;
+};
+
 // C[M,N] = beta * C + op(A)[M,K] * op(B)[K,N] on any operands, by this CPU's path.
 void gemm(int m, int n, int k, const Operand& a, const Operand& b, float beta, float* c, int ldc);
 void gemm_with(CpuKernels path, int m, int n, int k, const Operand& a, const Operand& b, float beta, float* c,
@@ -96,9 +105,9 @@ void gemm_with(CpuKernels path, int m, int n, int k, const Operand& a, const Ope
 // C[M,N] = start + op(A)[M,K] * op(B)[K,N], each chain from `start` (values: M row or N
 // column values, unused for Zero and C).
 void gemm(int m, int n, int k, const Operand& a, const Operand& b, ChainStart start, const float* values, float* c,
-          int ldc);
+          int ldc, const ColumnsDone& done = {});
 void gemm_with(CpuKernels path, int m, int n, int k, const Operand& a, const Operand& b, ChainStart start,
-               const float* values, float* c, int ldc);
+               const float* values, float* c, int ldc, const ColumnsDone& done = {});
 
 void gemm(Trans trans_a, Trans trans_b, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
           float beta, float* c, int ldc);
