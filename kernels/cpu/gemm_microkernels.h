@@ -1,6 +1,6 @@
 // The GEMM's micro-kernels (kernels/cpu/gemm.cpp): one MR x NR tile of C, run over a
-// k block of its operands (TileSource: packed slivers, or read in place). Each element is its own chain: acc = fma(a, b, acc) for kk
-// in order, from where `start` says (kernels/cpu/gemm.h: +0, C, or `init`, the tile's
+// k block of its operands (TileSource: packed slivers, or read in place). Each element
+// is its own chain: acc = fma(a, b, acc) for kk in order, from where `start` says (kernels/cpu/gemm.h: +0, C, or `init`, the tile's
 // first row or first column value). The paths differ only in how many chains a vector
 // holds, so they give the same bits. Compiled for their instruction sets by function
 // attributes; the driver calls the one the CPU supports (kernels/cpu/cpu_features.h).
@@ -36,10 +36,10 @@ struct TileSource {
   const float* a = nullptr;
   long lda = 0;                      // Rows: the row stride
   long a_step = 0;                   // Sliver: from one k to the next
-  const int64_t* a_rows = nullptr;   // Gathered: MR row offsets
-  const int64_t* a_cols = nullptr;   // Gathered: kc column offsets
+  const int64_t* a_rows = nullptr;  // Gathered: MR row offsets
+  const int64_t* a_cols = nullptr;  // Gathered: kc column offsets
   const float* b = nullptr;
-  const int64_t* b_rows = nullptr;    // B in place: row kk's offset from b; nullptr: packed
+  const int64_t* b_rows = nullptr;  // B in place: row kk's offset from b; nullptr: packed
 };
 
 #if defined(__x86_64__)
