@@ -4,13 +4,16 @@
 // supports, with OpenBLAS's sgemm beside it on the same products as stored matrices
 // where the build found OpenBLAS (an optional peer; the engine does not use it). Each figure is GFLOP/s (2 M N K per call) and the
 // share of that instruction set's measured FMA peak on one core (a loop of independent
-// register FMAs, the fastest of its runs before each shape). Usage: gemm_bench [seconds per figure, default 0.3]
+// register FMAs, the fastest of its runs before each shape), then how much of each
+// GEMM's time C's stores alone and the multiply-adds alone at peak would take.
+// Usage: gemm_bench [seconds per figure, default 0.3]
 // [shape: only the shapes whose name starts with it, e.g. "fc1 forward"]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -83,6 +86,37 @@ __attribute__((target("avx2,fma"))) float fma_loop_avx2(long iters) {
 }
 #endif
 
+// C written alone, as the GEMM's tiles write it (a column sliver at a time, every row),
+// with the path's vector stores and no multiply-adds: for a product with a short K the
+// time its stores take by themselves (printed beside the GEMM's time; see main).
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) void store_c_avx512(float* c, int m, int n) {
+  const __m512 v = _mm512_set1_ps(1.0f);
+  for (int j = 0; j + 32 <= n; j += 32)
+    for (int i = 0; i < m; ++i) {
+      _mm512_storeu_ps(c + static_cast<long>(i) * n + j, v);
+      _mm512_storeu_ps(c + static_cast<long>(i) * n + j + 16, v);
+    }
+}
+__attribute__((target("avx2"))) void store_c_avx2(float* c, int m, int n) {
+  const __m256 v = _mm256_set1_ps(1.0f);
+  for (int j = 0; j + 16 <= n; j += 16)
+    for (int i = 0; i < m; ++i) {
+      _mm256_storeu_ps(c + static_cast<long>(i) * n + j, v);
+      _mm256_storeu_ps(c + static_cast<long>(i) * n + j + 8, v);
+    }
+}
+#endif
+
+double store_c_seconds(CpuKernels path, float* c, int m, int n, double budget) {
+#if defined(__x86_64__)
+  if (path == CpuKernels::Avx512) return seconds_per_call(budget, [&] { store_c_avx512(c, m, n); });
+  if (path == CpuKernels::Avx2) return seconds_per_call(budget, [&] { store_c_avx2(c, m, n); });
+#endif
+  (void)c, (void)m, (void)n, (void)budget, (void)path;
+  return 0;
+}
+
 double peak_gflops(CpuKernels path, double budget) {
   volatile float sink = 0;
   const long iters = 20000;  // about 0.25 ms a call
@@ -95,6 +129,19 @@ double peak_gflops(CpuKernels path, double budget) {
   (void)sink;
   return 0;  // the portable path: no vector peak of its own to compare with
 }
+
+// 64-byte aligned floats, as kernels/cpu/scratch.cpp gives the step's products.
+struct AlignedFloats {
+  explicit AlignedFloats(std::size_t n)
+      : p(static_cast<float*>(::operator new[](n * sizeof(float), std::align_val_t(64)))) {
+    std::fill(p, p + n, 0.0f);
+  }
+  ~AlignedFloats() { ::operator delete[](p, std::align_val_t(64)); }
+  AlignedFloats(const AlignedFloats&) = delete;
+  AlignedFloats& operator=(const AlignedFloats&) = delete;
+  float* data() { return p; }
+  float* p;
+};
 
 struct Shape {
   const char* what;
@@ -192,6 +239,7 @@ int main(int argc, char** argv) {
   struct Row {
     const Shape* shape;
     std::vector<double> gflops;  // per path, then OpenBLAS where built
+    std::vector<double> c_alone;  // per path: C's stores alone, seconds per call
   };
   std::vector<Row> rows;
   for (const Shape& s : shapes) {
@@ -200,7 +248,8 @@ int main(int argc, char** argv) {
     const int a_rows = s.ta == Trans::No ? s.m : s.k, a_cols = s.ta == Trans::No ? s.k : s.m;
     const int b_rows = s.tb == Trans::No ? s.k : s.n, b_cols = s.tb == Trans::No ? s.n : s.k;
     std::vector<float> a(static_cast<std::size_t>(a_rows) * a_cols, 0.5f), b(static_cast<std::size_t>(b_rows) * b_cols, 0.25f),
-        c(static_cast<std::size_t>(s.m) * s.n, 0.0f), bias(static_cast<std::size_t>(std::max(s.m, s.n)), 0.125f);
+        bias(static_cast<std::size_t>(std::max(s.m, s.n)), 0.125f);
+    AlignedFloats c(static_cast<std::size_t>(s.m) * s.n);  // as the step's scratch (kernels/cpu/scratch.cpp)
     const double flop = 2.0 * s.m * s.n * s.k;
     Row row{&s, {}};
     const Operands ops = step_operands(s, a, b);
@@ -214,6 +263,7 @@ int main(int argc, char** argv) {
         gemm_with(paths[i], s.m, s.n, s.k, ops.a, ops.b, s.start, bias.data(), c.data(), s.n, done);
       });
       row.gflops.push_back(flop / t / 1e9);
+      row.c_alone.push_back(store_c_seconds(paths[i], c.data(), s.m, s.n, budget / 2));
     }
 #if defined(ENGINE_BENCH_OPENBLAS)
     const double t = seconds_per_call(budget, [&] {
@@ -242,6 +292,24 @@ int main(int argc, char** argv) {
       const double pk = i < peak.size() ? peak[i] : (peak.empty() ? 0.0 : peak[0]);
       if (pk > 0) std::printf(" %10.1f (%3.0f%%)", row.gflops[i], 100.0 * row.gflops[i] / pk);
       else std::printf(" %18.1f", row.gflops[i]);
+    }
+    std::printf("\n");
+  }
+  // Where each vector path's time goes at a short K: C's stores alone and the
+  // multiply-adds alone at peak, each as a share of the GEMM's time. Near 100 % together
+  // with the GEMM at their sum, the two do not overlap (conv1's forward, K = 9:
+  // docs/benchmarks.md).
+  std::printf("\nshare of the GEMM's time: C's stores alone + the multiply-adds alone at peak\n");
+  for (const Row& row : rows) {
+    std::printf("%-14s %-16s", row.shape->what, "");
+    for (std::size_t i = 0; i < paths.size(); ++i) {
+      const double gemm_s = 2.0 * row.shape->m * row.shape->n * row.shape->k / (row.gflops[i] * 1e9);
+      if (peak[i] <= 0 || row.c_alone[i] <= 0) {
+        std::printf(" %18s", "-");
+        continue;
+      }
+      const double fma_s = 2.0 * row.shape->m * row.shape->n * row.shape->k / (peak[i] * 1e9);
+      std::printf("      %3.0f%% + %3.0f%%", 100.0 * row.c_alone[i] / gemm_s, 100.0 * fma_s / gemm_s);
     }
     std::printf("\n");
   }
