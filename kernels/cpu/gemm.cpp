@@ -12,7 +12,6 @@
 #include "kernels/cpu/gemm.h"
 
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <new>
@@ -406,13 +405,14 @@ bool rows_spread_over_l1(const int64_t* rows, int kc, int row_floats) {
   constexpr int kSets = 64, kLinesPerSet = 4;
   const int64_t lines_per_row = (row_floats * 4 + 63) / 64 + 1;  // any alignment
   int per_set[kSets] = {};
-  // The offsets never decrease (rows, taps, channels in order), so the lines counted so
-  // far that a row's lines can meet end at `counted`: a line is new past it.
-  int64_t counted = INT64_MIN;
+  // The offsets are >= 0 and never decrease (rows, taps, channels in order), so the
+  // lines counted so far that a row's lines can meet end at `counted`: a line is new
+  // past it.
+  int64_t counted = -1;
   for (int kk = 0; kk < kc; ++kk) {
     const int64_t first = rows[kk] * 4 / 64, last = first + lines_per_row - 1;
     for (int64_t line = std::max(first, counted + 1); line <= last; ++line)
-      if (++per_set[((line % kSets) + kSets) % kSets] > kLinesPerSet) return false;
+      if (++per_set[line % kSets] > kLinesPerSet) return false;
     counted = std::max(counted, last);
   }
   return true;
