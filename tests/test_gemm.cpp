@@ -150,7 +150,7 @@ TEST_CASE("the GEMM paths this CPU runs include the portable one, and the chosen
 TEST_CASE("every path is the definition bit for bit: ragged shapes, transposes, beta 0 and 1, offsets") {
   // Around the tiles (MR 4/6/8 and AVX-512's 9-12, NR 16/32) and blocks (KC 256, MC 96, NC 2048), primes.
   const int sizes[] = {1, 2, 3, 5, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17, 31, 33, 47, 97};
-  const int ks[] = {1, 2, 9, 31, 255, 256, 257, 600};
+  const int ks[] = {1, 2, 9, 12, 13, 31, 255, 256, 257, 600};
   uint64_t seed = 1;
   int problems = 0;
   for (Trans ta : {Trans::No, Trans::Yes})

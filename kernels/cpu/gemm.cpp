@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm_microkernels.h"
@@ -458,6 +459,64 @@ float* pack_buffer(int which, std::size_t floats) {
   return b.data;
 }
 
+#if defined(__x86_64__)
+// How many columns from `first` on lie in one stretch of op(B)'s rows read in place (as
+// in_place_sliver): the rest of an image's, or all of a stored matrix's.
+int64_t in_place_run(const Operand& o, int64_t first) {
+  switch (o.source) {
+    case Operand::Source::Dense:
+      return INT32_MAX;
+    case Operand::Source::Patches: {
+      const int64_t per_image = static_cast<int64_t>(o.images.out_h) * o.images.wp;
+      return per_image - first % per_image;
+    }
+    case Operand::Source::ImageRows:
+      return o.pixels - first % o.pixels;
+  }
+  return 0;
+}
+
+// A product with a short K (at most Short::kMaxK: conv1's forward, K = 9) by the
+// strip kernels (gemm_microkernels.h): op(A) as stored rows, in place or copied once
+// (M x K floats), op(B) read in place in runs of whole strips where it can be, a strip
+// packed where it cannot (one crossing images, the last ragged one).
+template <class Short, bool Avx>
+void gemm_short_k(int m, int n, int k, const Operand& a, const Operand& b, ChainStart start, const float* values,
+                  float* c, int ldc, const ColumnsDone& done) {
+  constexpr int W = Short::W;
+  ShortKStrips s;
+  s.ldc = ldc, s.m = m, s.k = k, s.start = start;
+  // op(A)'s rows kMaxK floats apart, so that the kernels' broadcasts are at fixed
+  // offsets from a group's first row (with a run-time row length the 16 rows' addresses
+  // took the integer registers, and the product ran at 57 % of peak).
+  constexpr int kA = Short::kMaxK;
+  float* rows = pack_buffer<Short>(1, static_cast<std::size_t>(m) * kA);
+  pack<1, false>(a, Role::A, 0, m, 0, k, rows);  // 1-wide slivers: the rows one after another, k apart
+  for (int r = m - 1; r > 0; --r) std::memmove(rows + static_cast<int64_t>(r) * kA, rows + static_cast<int64_t>(r) * k, sizeof(float) * k);
+  s.a = rows;
+  int64_t b_rows[kKc], packed_rows[kKc];
+  for (int kk = 0; kk < k; ++kk) packed_rows[kk] = static_cast<int64_t>(kk) * W;
+  const bool in_place = in_place_rows(b, 0, k, b_rows);
+  float* packed = pack_buffer<Short>(0, static_cast<std::size_t>(W) * k);
+  for (int j = 0; j < n;) {
+    const int cols = std::min(W, n - j);
+    s.c = c + j;
+    s.values = start == ChainStart::RowValues ? values : start == ChainStart::ColumnValues ? values + j : nullptr;
+    const float* first = in_place && cols == W ? in_place_sliver(b, j, W) : nullptr;
+    if (first) {
+      s.b = first, s.b_off = b_rows, s.cols = W;
+      s.strips = static_cast<int>(std::min<int64_t>(n - j, in_place_run(b, j)) / W);
+    } else {
+      pack<W, Avx>(b, Role::B, j, cols, 0, k, packed);
+      s.b = packed, s.b_off = packed_rows, s.cols = cols, s.strips = 1;
+    }
+    Short::strips(s);
+    j += s.strips * W;
+  }
+  if (done.call) done.call(done.context, n);
+}
+#endif
+
 // Kernel: MR, NR, kAvx, kInPlace, and
 //   template <AForm kA, bool kRowsB>
 //   static void tile(int kc, const TileSource& src, float* c, int ldc, ChainStart start, const float* init)
@@ -483,6 +542,11 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
     if (done.call) done.call(done.context, n);
     return;
   }
+#if defined(__x86_64__)
+  using Short = typename ShortKOf<Kernel>::type;
+  if constexpr (!std::is_void_v<Short>)
+    if (k <= Short::kMaxK) return gemm_short_k<Short, Kernel::kAvx>(m, n, k, a, b, start, values, c, ldc, done);
+#endif
   // K in equal blocks of at most kKc (288 as 144 + 144, not 256 + 32): a short last
   // block would reload and store the whole of C for a few multiply-adds.
   const int k_blocks = (k + kKc - 1) / kKc, k_step = (k + k_blocks - 1) / k_blocks;
@@ -539,7 +603,45 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
           const float* b_in_place = b_rows_in_place && cols == NR ? in_place_sliver(b, j0 + js * NR, NR) : nullptr;
           float* b_packed = bp + static_cast<int64_t>(js) * kc * NR;
           if (!b_in_place && i0 == 0) pack<NR, Kernel::kAvx>(b, Role::B, j0 + js * NR, cols, k0, kc, b_packed);
-          for (int is = 0; is * MR < mc; ++is) {
+          // The sliver's whole row tiles in one call where op(A) moves by a fixed stride
+          // from one tile to the next (packed, or stored rows or columns in place): a call
+          // and its setup per tile cost a sixth of a short product's time (conv1's forward,
+          // K = 9: 144 multiply-adds a tile).
+          int is_first = 0;
+          if constexpr (Kernel::kInPlace) {
+            const int whole = mc / MR;
+            if (cols == NR && whole > 1 && !a_gathered) {
+              TileSource src;
+              long a_next = 0;
+              if (full == 0) {
+                src.a = ap, src.a_step = MR, a_next = static_cast<long>(kc) * MR;
+              } else if (a_rows_in_place) {
+                src.a = a.data + static_cast<int64_t>(i0) * a.ld + k0, src.lda = a.ld;
+                a_next = static_cast<long>(MR) * a.ld;
+              } else {  // a transposed stored matrix's columns in place
+                src.a = a.data + static_cast<int64_t>(k0) * a.ld + i0, src.a_step = a.ld, a_next = MR;
+              }
+              if (b_in_place)
+                src.b = b_in_place, src.b_rows = b_rows;
+              else
+                src.b = b_packed;
+              float* ct = c + static_cast<int64_t>(i0) * ldc + j0 + js * NR;
+              const float* init = from == ChainStart::RowValues      ? values + i0
+                                  : from == ChainStart::ColumnValues ? values + j0 + js * NR
+                                                                     : nullptr;
+              const bool rows_form = full > 0 && a_rows_in_place;
+              if (rows_form && b_in_place)
+                Kernel::template tiles<AForm::Rows, true>(whole, kc, src, a_next, ct, ldc, from, init);
+              else if (rows_form)
+                Kernel::template tiles<AForm::Rows, false>(whole, kc, src, a_next, ct, ldc, from, init);
+              else if (b_in_place)
+                Kernel::template tiles<AForm::Sliver, true>(whole, kc, src, a_next, ct, ldc, from, init);
+              else
+                Kernel::template tiles<AForm::Sliver, false>(whole, kc, src, a_next, ct, ldc, from, init);
+              is_first = whole;
+            }
+          }
+          for (int is = is_first; is * MR < mc; ++is) {
             const int rows = std::min(MR, mc - is * MR);
             const bool a_in_place = is * MR < full;
             const AForm a_form = !a_in_place        ? AForm::Sliver

@@ -136,6 +136,16 @@ struct Avx512TileT {
   static void tile(int kc, const TileSource& src, float* c, int ldc, ChainStart start, const float* init) {
     run<kA, kRowsB>(kc, src, c, ldc, start, init);
   }
+  // `count` whole tiles down a column sliver in one call, op(A) a_next floats further
+  // and C MR rows lower for each (Sliver and Rows forms; init: as for the first tile).
+  template <AForm kA, bool kRowsB>
+  ENGINE_X86_TARGET("avx512f")
+  static void tiles(int count, int kc, TileSource src, long a_next, float* c, int ldc, ChainStart start,
+                    const float* init) {
+    static_assert(kA != AForm::Gathered, "a gathered op(A) has its own row offsets per tile");
+    for (int t = 0; t < count; ++t, src.a += a_next, c += static_cast<long>(MR) * ldc)
+      run<kA, kRowsB>(kc, src, c, ldc, start, start == ChainStart::RowValues ? init + t * MR : init);
+  }
   // The first `rows` (< MR) rows of a tile: a product's last rows, by a kernel of that
   // height, on C itself (a packed sliver keeps its MR stride: a_step).
   template <AForm kA, bool kRowsB>
@@ -222,6 +232,16 @@ struct Avx2TileT {
   static void tile(int kc, const TileSource& src, float* c, int ldc, ChainStart start, const float* init) {
     run<kA, kRowsB>(kc, src, c, ldc, start, init);
   }
+  // `count` whole tiles down a column sliver in one call, op(A) a_next floats further
+  // and C MR rows lower for each (Sliver and Rows forms; init: as for the first tile).
+  template <AForm kA, bool kRowsB>
+  ENGINE_X86_TARGET("avx2,fma")
+  static void tiles(int count, int kc, TileSource src, long a_next, float* c, int ldc, ChainStart start,
+                    const float* init) {
+    static_assert(kA != AForm::Gathered, "a gathered op(A) has its own row offsets per tile");
+    for (int t = 0; t < count; ++t, src.a += a_next, c += static_cast<long>(MR) * ldc)
+      run<kA, kRowsB>(kc, src, c, ldc, start, start == ChainStart::RowValues ? init + t * MR : init);
+  }
   template <AForm kA, bool kRowsB>  // as Avx512TileT's
   static void top_rows(int rows, int kc, const TileSource& src, float* c, int ldc, ChainStart start,
                        const float* init) {
@@ -229,6 +249,156 @@ struct Avx2TileT {
   }
 };
 using Avx2Tile = Avx2TileT<6>;
+
+// A short K (conv1's forward: 9 taps), the other way round: op(B)'s K rows of a strip
+// of W columns held in registers, and C's rows taken G at a time, each element's chain
+// fed op(A)'s values broadcast from memory. The tiles above hold C in registers and
+// stream op(B): at K = 9 their set-up, loads and stores per 9 multiply-adds kept the
+// AVX-512 product at 64 % of peak, and this form runs it near 90 %. Each element is
+// still one chain from its start over kk = 0..K-1 in order: the same bits.
+struct ShortKStrips {
+  const float* a = nullptr;  // op(A) as rows kMaxK apart: a[r * kMaxK + kk]
+  const float* b = nullptr;  // the first strip's row kk: b + b_off[kk]; the next strip W floats on
+  const int64_t* b_off = nullptr;
+  float* c = nullptr;
+  long ldc = 0;
+  int m = 0, k = 0;
+  int strips = 1, cols = 0;  // cols: columns of each strip (fewer than W: the last, alone)
+  ChainStart start = ChainStart::Zero;
+  const float* values = nullptr;  // RowValues: row 0's; ColumnValues: the first strip's column 0's
+};
+
+// Row r's start values, for RowValues.
+inline const float* row_values(const ShortKStrips& s, int r) {
+  return s.start == ChainStart::RowValues ? s.values + r : nullptr;
+}
+
+template <int KMax>
+struct Avx512ShortK {
+  static constexpr int W = 16, G = 8, kMaxK = KMax;  // KMax op(B) and G accumulators: 28 of 32 ZMM
+  template <int Rows, bool Whole>  // Whole: all W columns (plain stores; masked ones ran slower)
+  __attribute__((always_inline)) ENGINE_X86_TARGET("avx512f") static void rows(const __m512* bv, int k, ChainStart start,
+                                                                           const float* a, float* c, long ldc,
+                                                                           const float* row_values, __m512 column_start,
+                                                                           __mmask16 mask) {
+    __m512 acc[Rows];
+#pragma GCC unroll 16
+    for (int r = 0; r < Rows; ++r)
+      acc[r] = start == ChainStart::RowValues ? _mm512_set1_ps(row_values[r])
+               : start == ChainStart::C ? (Whole ? _mm512_loadu_ps(c + r * ldc) : _mm512_maskz_loadu_ps(mask, c + r * ldc))
+                                                : column_start;
+#pragma GCC unroll 16
+    for (int kk = 0; kk < KMax; ++kk) {
+      if (kk == k) break;
+#pragma GCC unroll 16
+      for (int r = 0; r < Rows; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * KMax + kk]), bv[kk], acc[r]);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < Rows; ++r, c += ldc)
+      if constexpr (Whole)
+        _mm512_storeu_ps(c, acc[r]);
+      else
+        _mm512_mask_storeu_ps(c, mask, acc[r]);
+  }
+  // The fields in locals: the compiler cannot tell that C's stores leave `in` alone, and
+  // reloaded ldc after every store.
+  ENGINE_X86_TARGET("avx512f") static void strips(const ShortKStrips& in) {
+    const ShortKStrips s = in;
+    const int k = s.k, m = s.m;
+    const long ldc = s.ldc;
+    const ChainStart start = s.start;
+    const __mmask16 mask = s.cols >= W ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << s.cols) - 1);
+    const float* b = s.b;
+    float* c = s.c;
+    for (int t = 0; t < s.strips; ++t, b += W, c += W) {
+      __m512 bv[KMax];
+#pragma GCC unroll 16
+      for (int kk = 0; kk < KMax; ++kk) bv[kk] = kk < k ? _mm512_loadu_ps(b + s.b_off[kk]) : _mm512_setzero_ps();
+      const __m512 column_start =
+          start == ChainStart::ColumnValues ? _mm512_maskz_loadu_ps(mask, s.values + t * W) : _mm512_setzero_ps();
+      int r = 0;
+      for (; r + G <= m; r += G)
+        s.cols == W ? rows<G, true>(bv, k, start, s.a + r * KMax, c + r * ldc, ldc, row_values(s, r), column_start, mask)
+                    : rows<G, false>(bv, k, start, s.a + r * KMax, c + r * ldc, ldc, row_values(s, r), column_start, mask);
+      for (; r < m; ++r)
+        s.cols == W ? rows<1, true>(bv, k, start, s.a + r * KMax, c + r * ldc, ldc, row_values(s, r), column_start, mask)
+                    : rows<1, false>(bv, k, start, s.a + r * KMax, c + r * ldc, ldc, row_values(s, r), column_start, mask);
+    }
+  }
+};
+
+template <int KMax>
+struct Avx2ShortK {
+  static constexpr int W = 8, G = 4, kMaxK = KMax;  // KMax op(B), G accumulators and a broadcast of 16 YMM
+  template <int Rows, bool Whole>
+  __attribute__((always_inline)) ENGINE_X86_TARGET("avx2,fma") static void rows(const __m256* bv, int k, ChainStart start,
+                                                                            const float* a, float* c, long ldc,
+                                                                            const float* row_values, __m256 column_start,
+                                                                            __m256i mask) {
+    __m256 acc[Rows];
+#pragma GCC unroll 8
+    for (int r = 0; r < Rows; ++r)
+      acc[r] = start == ChainStart::RowValues ? _mm256_set1_ps(row_values[r])
+               : start == ChainStart::C ? (Whole ? _mm256_loadu_ps(c + r * ldc) : _mm256_maskload_ps(c + r * ldc, mask))
+                                                : column_start;
+#pragma GCC unroll 16
+    for (int kk = 0; kk < KMax; ++kk) {
+      if (kk == k) break;
+#pragma GCC unroll 8
+      for (int r = 0; r < Rows; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + r * KMax + kk), bv[kk], acc[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < Rows; ++r, c += ldc)
+      if constexpr (Whole)
+        _mm256_storeu_ps(c, acc[r]);
+      else
+        _mm256_maskstore_ps(c, mask, acc[r]);
+  }
+  ENGINE_X86_TARGET("avx2,fma") static void strips(const ShortKStrips& in) {  // as Avx512ShortK's
+    const ShortKStrips s = in;
+    const int k = s.k, m = s.m;
+    const long ldc = s.ldc;
+    const ChainStart start = s.start;
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(s.cols), lanes);  // lane < cols: all ones
+    const float* b = s.b;
+    float* c = s.c;
+    for (int t = 0; t < s.strips; ++t, b += W, c += W) {
+      __m256 bv[KMax];
+#pragma GCC unroll 16
+      for (int kk = 0; kk < KMax; ++kk) bv[kk] = kk < k ? _mm256_loadu_ps(b + s.b_off[kk]) : _mm256_setzero_ps();
+      const __m256 column_start =
+          start == ChainStart::ColumnValues ? _mm256_maskload_ps(s.values + t * W, mask) : _mm256_setzero_ps();
+      int r = 0;
+      for (; r + G <= m; r += G)
+        s.cols == W ? rows<G, true>(bv, k, start, s.a + r * KMax, c + r * ldc, ldc, row_values(s, r), column_start, mask)
+                    : rows<G, false>(bv, k, start, s.a + r * KMax, c + r * ldc, ldc, row_values(s, r), column_start, mask);
+      for (; r < m; ++r)
+        s.cols == W ? rows<1, true>(bv, k, start, s.a + r * KMax, c + r * ldc, ldc, row_values(s, r), column_start, mask)
+                    : rows<1, false>(bv, k, start, s.a + r * KMax, c + r * ldc, ldc, row_values(s, r), column_start, mask);
+    }
+  }
+};
+
+// The short-K kernel each tile kernel's path has (void: none, the tiles run every K),
+// and the longest K it takes.
+template <class Tile>
+struct ShortKOf {
+  using type = void;
+};
+template <int MRows>
+struct ShortKOf<Avx512TileT<MRows>> {
+  using type = Avx512ShortK<12>;
+};
+template <int MRows>
+struct ShortKOf<Avx2TileT<MRows>> {
+  using type = Avx2ShortK<9>;
+};
+#else
+template <class Tile>
+struct ShortKOf {
+  using type = void;
+};
 #endif
 
 // Any CPU: std::fma, one correctly rounded multiply-add. The body is written once;
