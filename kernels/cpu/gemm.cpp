@@ -477,9 +477,9 @@ int64_t in_place_run(const Operand& o, int64_t first) {
 }
 
 // A product with a short K (at most Short::kMaxK: conv1's forward, K = 9) by the
-// strip kernels (gemm_microkernels.h): op(A) as stored rows, in place or copied once
-// (M x K floats), op(B) read in place in runs of whole strips where it can be, a strip
-// packed where it cannot (one crossing images, the last ragged one).
+// strip kernels (gemm_microkernels.h): op(A) copied once into rows kMaxK apart
+// (M x kMaxK floats), op(B) read in place in runs of whole strips where it can be, a
+// strip packed where it cannot (one crossing images, the last ragged one).
 template <class Short, bool Avx>
 void gemm_short_k(int m, int n, int k, const Operand& a, const Operand& b, ChainStart start, const float* values,
                   float* c, int ldc, const ColumnsDone& done) {
@@ -489,10 +489,11 @@ void gemm_short_k(int m, int n, int k, const Operand& a, const Operand& b, Chain
   // op(A)'s rows kMaxK floats apart, so that the kernels' broadcasts are at fixed
   // offsets from a group's first row (with a run-time row length the 16 rows' addresses
   // took the integer registers, and the product ran at 57 % of peak).
-  constexpr int kA = Short::kMaxK;
-  float* rows = pack_buffer<Short>(1, static_cast<std::size_t>(m) * kA);
+  constexpr int a_stride = Short::kMaxK;
+  float* rows = pack_buffer<Short>(1, static_cast<std::size_t>(m) * a_stride);
   pack<1, false>(a, Role::A, 0, m, 0, k, rows);  // 1-wide slivers: the rows one after another, k apart
-  for (int r = m - 1; r > 0; --r) std::memmove(rows + static_cast<int64_t>(r) * kA, rows + static_cast<int64_t>(r) * k, sizeof(float) * k);
+  for (int r = m - 1; r > 0; --r)  // then spread, from the last row down
+    std::memmove(rows + static_cast<int64_t>(r) * a_stride, rows + static_cast<int64_t>(r) * k, sizeof(float) * k);
   s.a = rows;
   int64_t b_rows[kKc], packed_rows[kKc];
   for (int kk = 0; kk < k; ++kk) packed_rows[kk] = static_cast<int64_t>(kk) * W;

@@ -254,7 +254,7 @@ using Avx2Tile = Avx2TileT<6>;
 // of W columns held in registers, and C's rows taken G at a time, each element's chain
 // fed op(A)'s values broadcast from memory. The tiles above hold C in registers and
 // stream op(B): at K = 9 their set-up, loads and stores per 9 multiply-adds kept the
-// AVX-512 product at 64 % of peak, and this form runs it near 90 %. Each element is
+// AVX-512 product at 64 % of peak, and this form runs it above 80 %. Each element is
 // still one chain from its start over kk = 0..K-1 in order: the same bits.
 struct ShortKStrips {
   const float* a = nullptr;  // op(A) as rows kMaxK apart: a[r * kMaxK + kk]
@@ -276,7 +276,7 @@ inline const float* row_values(const ShortKStrips& s, int r) {
 template <int KMax>
 struct Avx512ShortK {
   static constexpr int W = 16, G = 8, kMaxK = KMax;  // KMax op(B) and G accumulators: 28 of 32 ZMM
-  template <int Rows, bool Whole>  // Whole: all W columns (plain stores; masked ones ran slower)
+  template <int Rows, bool Whole>  // Whole: all W columns, so plain loads and stores
   __attribute__((always_inline)) ENGINE_X86_TARGET("avx512f") static void rows(const __m512* bv, int k, ChainStart start,
                                                                            const float* a, float* c, long ldc,
                                                                            const float* row_values, __m512 column_start,
