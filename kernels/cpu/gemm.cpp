@@ -14,11 +14,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <new>
 #include <type_traits>
 
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm_microkernels.h"
+#include "kernels/cpu/scratch.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -343,7 +343,8 @@ void image_rows_pack(bool w_along_rows, const float* src, int rows, int64_t pixe
 // in_place_sliver(first column) + rows[kk]. in_place_rows fills rows[0..kc) for the k
 // block at k0 and says whether the operand is of that kind; in_place_sliver gives
 // nullptr for a sliver that does not lie in one stretch (one crossing images), which is
-// packed instead.
+// packed instead, and where `run` is given, how many columns from `first` on lie in the
+// stretch (the rest of an image's, or all of a stored matrix's).
 bool in_place_rows(const Operand& o, int k0, int kc, int64_t* rows) {
   if (o.trans != Trans::No) return false;  // op(B)'s rows run across the stored rows
   switch (o.source) {
@@ -361,21 +362,25 @@ bool in_place_rows(const Operand& o, int k0, int kc, int64_t* rows) {
   return false;
 }
 
-const float* in_place_sliver(const Operand& o, int64_t first, int width) {
+const float* in_place_sliver(const Operand& o, int64_t first, int width, int64_t* run = nullptr) {
+  int64_t per_image = INT32_MAX, image = 0, pixel = first;  // a stored matrix: one stretch
+  const float* base = o.data;
   switch (o.source) {
     case Operand::Source::Dense:
-      return o.data + first;
-    case Operand::Source::Patches: {
-      const int64_t per_image = static_cast<int64_t>(o.images.out_h) * o.images.wp;
-      const int64_t image = first / per_image, pixel = first % per_image;
-      return pixel + width <= per_image ? o.images.data + image * o.images.image_floats() + pixel : nullptr;
-    }
-    case Operand::Source::ImageRows: {
-      const int64_t image = first / o.pixels, pixel = first % o.pixels;
-      return pixel + width <= o.pixels ? o.data + image * o.rows * o.pixels + pixel : nullptr;
-    }
+      break;
+    case Operand::Source::Patches:
+      per_image = static_cast<int64_t>(o.images.out_h) * o.images.wp;
+      image = first / per_image, pixel = first % per_image;
+      base = o.images.data + image * o.images.image_floats();
+      break;
+    case Operand::Source::ImageRows:
+      per_image = o.pixels;
+      image = first / per_image, pixel = first % per_image;
+      base = o.data + image * o.rows * o.pixels;
+      break;
   }
-  return nullptr;
+  if (run) *run = per_image - pixel;
+  return pixel + width <= per_image ? base + pixel : nullptr;
 }
 
 // op(A) = the patches matrix read in place (AForm::Gathered): the offset of each column
@@ -440,42 +445,7 @@ void pack(const Operand& o, Role role, int first, int count, int k0, int kc, flo
   }
 }
 
-// Per-thread packing buffers, grown as needed (the GEMM runs inside the callers'
-// OpenMP regions, one call per thread at a time).
-template <class Kernel>
-float* pack_buffer(int which, std::size_t floats) {
-  struct Buffer {
-    float* data = nullptr;
-    std::size_t size = 0;
-    ~Buffer() { ::operator delete[](data, std::align_val_t(64)); }
-  };
-  thread_local Buffer buffers[2];
-  Buffer& b = buffers[which];
-  if (b.size < floats) {
-    ::operator delete[](b.data, std::align_val_t(64));
-    b.data = static_cast<float*>(::operator new[](floats * sizeof(float), std::align_val_t(64)));
-    b.size = floats;
-  }
-  return b.data;
-}
-
 #if defined(__x86_64__)
-// How many columns from `first` on lie in one stretch of op(B)'s rows read in place (as
-// in_place_sliver): the rest of an image's, or all of a stored matrix's.
-int64_t in_place_run(const Operand& o, int64_t first) {
-  switch (o.source) {
-    case Operand::Source::Dense:
-      return INT32_MAX;
-    case Operand::Source::Patches: {
-      const int64_t per_image = static_cast<int64_t>(o.images.out_h) * o.images.wp;
-      return per_image - first % per_image;
-    }
-    case Operand::Source::ImageRows:
-      return o.pixels - first % o.pixels;
-  }
-  return 0;
-}
-
 // A product with a short K (at most Short::kMaxK: conv1's forward, K = 9) by the
 // strip kernels (gemm_microkernels.h): op(A) copied once into rows kMaxK apart
 // (M x kMaxK floats), op(B) read in place in runs of whole strips where it can be, a
@@ -490,7 +460,7 @@ void gemm_short_k(int m, int n, int k, const Operand& a, const Operand& b, Chain
   // offsets from a group's first row (with a run-time row length the 16 rows' addresses
   // took the integer registers, and the product ran at 57 % of peak).
   constexpr int a_stride = Short::kMaxK;
-  float* rows = pack_buffer<Short>(1, static_cast<std::size_t>(m) * a_stride);
+  float* rows = thread_scratch(Scratch::PackedA, static_cast<std::size_t>(m) * a_stride);
   pack<1, false>(a, Role::A, 0, m, 0, k, rows);  // 1-wide slivers: the rows one after another, k apart
   for (int r = m - 1; r > 0; --r)  // then spread, from the last row down
     std::memmove(rows + static_cast<int64_t>(r) * a_stride, rows + static_cast<int64_t>(r) * k, sizeof(float) * k);
@@ -498,15 +468,16 @@ void gemm_short_k(int m, int n, int k, const Operand& a, const Operand& b, Chain
   int64_t b_rows[kKc], packed_rows[kKc];
   for (int kk = 0; kk < k; ++kk) packed_rows[kk] = static_cast<int64_t>(kk) * W;
   const bool in_place = in_place_rows(b, 0, k, b_rows);
-  float* packed = pack_buffer<Short>(0, static_cast<std::size_t>(W) * k);
+  float* packed = thread_scratch(Scratch::PackedB, static_cast<std::size_t>(W) * k);
   for (int j = 0; j < n;) {
     const int cols = std::min(W, n - j);
     s.c = c + j;
     s.values = start == ChainStart::RowValues ? values : start == ChainStart::ColumnValues ? values + j : nullptr;
-    const float* first = in_place && cols == W ? in_place_sliver(b, j, W) : nullptr;
+    int64_t run = 0;
+    const float* first = in_place && cols == W ? in_place_sliver(b, j, W, &run) : nullptr;
     if (first) {
       s.b = first, s.b_off = b_rows, s.cols = W;
-      s.strips = static_cast<int>(std::min<int64_t>(n - j, in_place_run(b, j)) / W);
+      s.strips = static_cast<int>(std::min<int64_t>(n - j, run) / W);
     } else {
       pack<W, Avx>(b, Role::B, j, cols, 0, k, packed);
       s.b = packed, s.b_off = packed_rows, s.cols = cols, s.strips = 1;
@@ -559,8 +530,8 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
   // col2im it lets run on cached columns gains more).
   const int m_step = done.call ? std::max(kMc, kMcKc / k_step / MR * MR) : kMc;
   const int nc_max = std::min(n, kNc), mc_max = std::min(m, m_step);
-  float* bp = pack_buffer<Kernel>(0, static_cast<std::size_t>((nc_max + NR - 1) / NR) * NR * k_step);
-  float* ap = pack_buffer<Kernel>(1, static_cast<std::size_t>((mc_max + MR - 1) / MR) * MR * k_step);
+  float* bp = thread_scratch(Scratch::PackedB, static_cast<std::size_t>((nc_max + NR - 1) / NR) * NR * k_step);
+  float* ap = thread_scratch(Scratch::PackedA, static_cast<std::size_t>((mc_max + MR - 1) / MR) * MR * k_step);
   alignas(64) float edge[MR * NR];
   int64_t b_rows[kKc], a_cols[kKc];
   // op(A) stored with its rows along k (a plain matrix, not transposed): its full
@@ -604,45 +575,7 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
           const float* b_in_place = b_rows_in_place && cols == NR ? in_place_sliver(b, j0 + js * NR, NR) : nullptr;
           float* b_packed = bp + static_cast<int64_t>(js) * kc * NR;
           if (!b_in_place && i0 == 0) pack<NR, Kernel::kAvx>(b, Role::B, j0 + js * NR, cols, k0, kc, b_packed);
-          // The sliver's whole row tiles in one call where op(A) moves by a fixed stride
-          // from one tile to the next (packed, or stored rows or columns in place): a call
-          // and its setup per tile cost a sixth of a short product's time (conv1's forward,
-          // K = 9: 144 multiply-adds a tile).
-          int is_first = 0;
-          if constexpr (Kernel::kInPlace) {
-            const int whole = mc / MR;
-            if (cols == NR && whole > 1 && !a_gathered) {
-              TileSource src;
-              long a_next = 0;
-              if (full == 0) {
-                src.a = ap, src.a_step = MR, a_next = static_cast<long>(kc) * MR;
-              } else if (a_rows_in_place) {
-                src.a = a.data + static_cast<int64_t>(i0) * a.ld + k0, src.lda = a.ld;
-                a_next = static_cast<long>(MR) * a.ld;
-              } else {  // a transposed stored matrix's columns in place
-                src.a = a.data + static_cast<int64_t>(k0) * a.ld + i0, src.a_step = a.ld, a_next = MR;
-              }
-              if (b_in_place)
-                src.b = b_in_place, src.b_rows = b_rows;
-              else
-                src.b = b_packed;
-              float* ct = c + static_cast<int64_t>(i0) * ldc + j0 + js * NR;
-              const float* init = from == ChainStart::RowValues      ? values + i0
-                                  : from == ChainStart::ColumnValues ? values + j0 + js * NR
-                                                                     : nullptr;
-              const bool rows_form = full > 0 && a_rows_in_place;
-              if (rows_form && b_in_place)
-                Kernel::template tiles<AForm::Rows, true>(whole, kc, src, a_next, ct, ldc, from, init);
-              else if (rows_form)
-                Kernel::template tiles<AForm::Rows, false>(whole, kc, src, a_next, ct, ldc, from, init);
-              else if (b_in_place)
-                Kernel::template tiles<AForm::Sliver, true>(whole, kc, src, a_next, ct, ldc, from, init);
-              else
-                Kernel::template tiles<AForm::Sliver, false>(whole, kc, src, a_next, ct, ldc, from, init);
-              is_first = whole;
-            }
-          }
-          for (int is = is_first; is * MR < mc; ++is) {
+          for (int is = 0; is * MR < mc; ++is) {
             const int rows = std::min(MR, mc - is * MR);
             const bool a_in_place = is * MR < full;
             const AForm a_form = !a_in_place        ? AForm::Sliver
@@ -665,19 +598,29 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
               src.b = b_in_place, src.b_rows = b_rows;
             else
               src.b = b_packed;
-            auto run_tile = [&](float* to, int ld_to, ChainStart tile_from, const float* tile_init) {
+            // `count` whole tiles down the sliver from this one, op(A) a_next floats further
+            // for each (Kernel::tiles; the Gathered form has row offsets of its own per
+            // tile, and runs one at a time).
+            auto run_tiles = [&](int count, long a_next, float* to, int ld_to, ChainStart tile_from,
+                                 const float* tile_init) {
               if constexpr (Kernel::kInPlace) {
-                if (a_form == AForm::Rows)
-                  return b_in_place ? Kernel::template tile<AForm::Rows, true>(kc, src, to, ld_to, tile_from, tile_init)
-                                    : Kernel::template tile<AForm::Rows, false>(kc, src, to, ld_to, tile_from, tile_init);
                 if (a_form == AForm::Gathered)
                   return b_in_place
                              ? Kernel::template tile<AForm::Gathered, true>(kc, src, to, ld_to, tile_from, tile_init)
                              : Kernel::template tile<AForm::Gathered, false>(kc, src, to, ld_to, tile_from, tile_init);
-                if (b_in_place)
-                  return Kernel::template tile<AForm::Sliver, true>(kc, src, to, ld_to, tile_from, tile_init);
+                if (a_form == AForm::Rows)
+                  return b_in_place ? Kernel::template tiles<AForm::Rows, true>(count, kc, src, a_next, to, ld_to,
+                                                                                tile_from, tile_init)
+                                    : Kernel::template tiles<AForm::Rows, false>(count, kc, src, a_next, to, ld_to,
+                                                                                 tile_from, tile_init);
+                return b_in_place ? Kernel::template tiles<AForm::Sliver, true>(count, kc, src, a_next, to, ld_to,
+                                                                                tile_from, tile_init)
+                                  : Kernel::template tiles<AForm::Sliver, false>(count, kc, src, a_next, to, ld_to,
+                                                                                 tile_from, tile_init);
+              } else {
+                (void)count, (void)a_next;
+                Kernel::template tile<AForm::Sliver, false>(kc, src, to, ld_to, tile_from, tile_init);
               }
-              Kernel::template tile<AForm::Sliver, false>(kc, src, to, ld_to, tile_from, tile_init);
             };
             float* ct = c + static_cast<int64_t>(i0 + is * MR) * ldc + j0 + js * NR;
             const int row0 = i0 + is * MR, col0 = j0 + js * NR;
@@ -685,7 +628,20 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
                                 : from == ChainStart::ColumnValues ? values + col0
                                                                    : nullptr;
             if (rows == MR && cols == NR) {
-              run_tile(ct, ldc, from, init);
+              // The whole tiles from here that op(A) reaches by a fixed stride (packed, or
+              // stored rows or columns in place), in one call: a call and its set-up per
+              // tile cost a sixth of a short product's time (conv1's forward, K = 9: 144
+              // multiply-adds a tile).
+              int count = 1;
+              long a_next = 0;
+              if (Kernel::kInPlace && a_form != AForm::Gathered) {
+                count = (a_in_place ? full : mc) / MR - is;
+                a_next = !a_in_place                ? static_cast<long>(kc) * MR
+                         : a_form == AForm::Rows ? static_cast<long>(MR) * a.ld
+                                                 : MR;
+              }
+              run_tiles(count, a_next, ct, ldc, from, init);
+              is += count - 1;
               continue;
             }
             if constexpr (Kernel::kInPlace) {
@@ -709,7 +665,7 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
                                                          : 0.0f;
                 edge[r * NR + q] = v;
               }
-            run_tile(edge, NR, ChainStart::C, nullptr);
+            run_tiles(1, 0, edge, NR, ChainStart::C, nullptr);
             for (int r = 0; r < rows; ++r)
               std::memcpy(ct + static_cast<int64_t>(r) * ldc, edge + r * NR, sizeof(float) * cols);
           }
