@@ -1,9 +1,10 @@
 // The GEMM's micro-kernels (kernels/cpu/gemm.cpp): one MR x NR tile of C, run over a
 // k block of its operands (TileSource: packed slivers, or read in place). Each element
-// is its own chain: acc = fma(a, b, acc) for kk in order, from where `start` says (kernels/cpu/gemm.h: +0, C, or `init`, the tile's
-// first row or first column value). The paths differ only in how many chains a vector
-// holds, so they give the same bits. Compiled for their instruction sets by function
-// attributes; the driver calls the one the CPU supports (kernels/cpu/cpu_features.h).
+// is its own chain: acc = fma(a, b, acc) for kk in order, from where `start` says
+// (kernels/cpu/gemm.h: +0, C, or `init`, the tile's first row or first column value).
+// The paths differ only in how many chains a vector holds, so they give the same bits.
+// Compiled for their instruction sets by function attributes; the driver calls the one
+// the CPU supports (kernels/cpu/cpu_features.h).
 #pragma once
 #include <cmath>
 
