@@ -248,6 +248,11 @@ TEST_CASE("implicit-GEMM operands are the im2col and image matrices, bit for bit
   const Case cases[] = {
       {1, 1, 1, 1, 1, 1, 0, 1},  {3, 2, 5, 7, 3, 3, 1, 5},  {2, 3, 6, 5, 5, 5, 2, 9},  {4, 1, 9, 4, 3, 1, 0, 8},
       {5, 2, 3, 3, 3, 3, 2, 3},  {2, 1, 28, 28, 3, 3, 1, 32}, {3, 32, 14, 14, 3, 3, 1, 17}, {17, 2, 7, 7, 3, 3, 1, 33},
+      // One channel, 3 x 3, 8 to 32 rows of dy: conv1's weight gradient kernel
+      // (TapsByChannels), with images of fewer pixels than a block, ragged last
+      // blocks, rows shorter than a block, and pads 0 and 2.
+      {3, 1, 5, 7, 3, 3, 1, 16}, {2, 1, 6, 5, 3, 3, 2, 8},  {4, 1, 7, 7, 3, 3, 0, 32}, {2, 1, 9, 20, 3, 3, 1, 24},
+      {3, 1, 12, 12, 3, 3, 1, 16},
   };
   uint64_t seed = 7;
   for (const Case& t : cases) {
@@ -333,6 +338,10 @@ TEST_CASE("implicit-GEMM operands are the im2col and image matrices, bit for bit
         // As the step runs the weight gradient (kernels/cpu/conv.cpp): the patches as
         // op(A), broadcast from the padded images in place (AForm::Gathered).
         {"weight gradient as the step runs it: P * D^T", taps, t.m, pixels,
+         Operand::patches(Trans::No, padded, cpu::PatchColumns::Pixels), Operand::image_rows(Trans::Yes, images.data(), t.m, ohw),
+         Trans::No, Trans::Yes, patches.data(), rows.data(), pixels, pixels},
+        // A K that ends inside the last image.
+        {"weight gradient to part of the last image: P * D^T", taps, t.m, pixels - (ohw + 1) / 2,
          Operand::patches(Trans::No, padded, cpu::PatchColumns::Pixels), Operand::image_rows(Trans::Yes, images.data(), t.m, ohw),
          Trans::No, Trans::Yes, patches.data(), rows.data(), pixels, pixels},
         {"at the padded width as op(A): P_wide * P_wide^T", taps, taps, wide,

@@ -676,6 +676,26 @@ void gemm_blocked(int m, int n, int k, const Operand& a, const Operand& b, Chain
   }
 }
 
+#if defined(__x86_64__)
+// Whether the product is conv1's weight gradient as TapsByChannels runs it
+// (gemm_microkernels.h): op(A) the patches of one-channel images with a 3 x 3 kernel
+// (9 rows), op(B) the N channels of dy as image rows, transposed; chains from +0 or C.
+// If so, `s` says where everything is (N is for the caller to check).
+bool taps_by_channels(int m, int n, int k, const Operand& a, const Operand& b, ChainStart start, float* c, int ldc,
+                      TapsByChannels& s) {
+  const PaddedImages& im = a.images;
+  if (a.source != Operand::Source::Patches || a.trans != Trans::No || a.columns != PatchColumns::Pixels) return false;
+  if (b.source != Operand::Source::ImageRows || b.trans != Trans::Yes || b.rows != n) return false;
+  if (m != 9 || im.c != 1 || im.r != 3 || im.s != 3 || k <= 0) return false;
+  if (b.pixels != static_cast<int64_t>(im.out_h) * im.out_w) return false;
+  if (start != ChainStart::Zero && start != ChainStart::C) return false;
+  s.images = im.data, s.image_floats = im.image_floats();
+  s.wp = im.wp, s.out_w = im.out_w, s.ohw = static_cast<int>(b.pixels);
+  s.dy = b.data, s.n = n, s.k = k, s.c = c, s.ldc = ldc, s.from_c = start == ChainStart::C;
+  return true;
+}
+#endif
+
 }  // namespace
 
 void gemm_with(CpuKernels path, int m, int n, int k, const Operand& a, const Operand& b, ChainStart start,
@@ -683,6 +703,11 @@ void gemm_with(CpuKernels path, int m, int n, int k, const Operand& a, const Ope
   switch (path) {
 #if defined(__x86_64__)
     case CpuKernels::Avx512:
+      if (TapsByChannels s; taps_by_channels(m, n, k, a, b, start, c, ldc, s) && (n == 16 || n == 32)) {
+        n == 16 ? Avx512TapsByChannels<1>::run(s) : Avx512TapsByChannels<2>::run(s);
+        if (done.call) done.call(done.context, n);
+        return;
+      }
       switch (m) {  // 9 to 12 rows: one tile of that height (gemm_microkernels.h)
         case 9:
           return gemm_blocked<Avx512TileT<9>>(m, n, k, a, b, start, values, c, ldc, done);
@@ -696,6 +721,16 @@ void gemm_with(CpuKernels path, int m, int n, int k, const Operand& a, const Ope
           return gemm_blocked<Avx512Tile>(m, n, k, a, b, start, values, c, ldc, done);
       }
     case CpuKernels::Avx2:
+      if (TapsByChannels s; taps_by_channels(m, n, k, a, b, start, c, ldc, s) && n % 8 == 0 && n <= 32) {
+        switch (n / 8) {
+          case 1: Avx2TapsByChannels<1>::run(s); break;
+          case 2: Avx2TapsByChannels<2>::run(s); break;
+          case 3: Avx2TapsByChannels<3>::run(s); break;
+          default: Avx2TapsByChannels<4>::run(s); break;
+        }
+        if (done.call) done.call(done.context, n);
+        return;
+      }
       gemm_blocked<Avx2Tile>(m, n, k, a, b, start, values, c, ldc, done);
       return;
     case CpuKernels::Portable:

@@ -6,6 +6,7 @@
 // Compiled for their instruction sets by function attributes; the driver calls the one
 // the CPU supports (kernels/cpu/cpu_features.h).
 #pragma once
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/gemm.h"
@@ -395,6 +396,182 @@ template <int MRows>
 struct ShortKOf<Avx2TileT<MRows>> {
   using type = Avx2ShortK<9>;
 };
+
+// conv1's weight gradient, dW^T[9, N] = P[9, K] * dy^T[K, N] (kernels/cpu/conv.cpp): the
+// patches of one-channel images and a 3 x 3 kernel, dy's N channels stored as rows of
+// each image's pixels. The tiles would pack both operands across (the 9 taps of a pixel
+// lie in 3 rows of the padded image, its N channels one image row apart), which held the
+// product at 36 % of peak. Here the lanes run over channels: each pixel's taps are
+// broadcast straight from the padded image (3 rows, 3 offsets), and dy is transposed 4
+// channels x a block of pixels at a time (two shuffle levels, then each 4-channel
+// piece stored where its pixel's row is) into a small buffer, the next block's while the
+// current one's multiply-adds run (shuffles and multiply-adds share a port on AVX-512).
+// Each element is one chain over the pixels in order, from +0 or C: the same bits.
+// GCC 12 warns that the unpack and extract intrinsics' own undefined first operand
+// "may be used uninitialized" once inlined here (a false positive in its headers).
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+struct TapsByChannels {
+  const float* images = nullptr;  // the padded images, image_floats apart
+  int64_t image_floats = 0;
+  int wp = 0, out_w = 0, ohw = 0;  // the padded width; output pixels per row and per image
+  const float* dy = nullptr;       // per image, n rows of ohw pixels
+  int n = 0;
+  int64_t k = 0;                   // pixels in all, image after image
+  float* c = nullptr;              // C[tap][channel], rows ldc apart
+  long ldc = 0;
+  bool from_c = false;  // the chains start from C (else +0)
+};
+
+template <int G>  // N = 16 G channels: 9 G accumulators
+struct Avx512TapsByChannels {
+  static constexpr int N = 16 * G, kUnits = N / 4;
+  // Channels 4u..4u+3 of pixels p0..p0+15 (lanes from `count` on: zeros) into
+  // buf[pixel * N + 4u ..]: after two shuffle levels a vector's 128-bit lane L holds the
+  // 4 channels of pixel 4L + m.
+  __attribute__((always_inline)) ENGINE_X86_TARGET("avx512f") static void unit(const float* d, int64_t ohw, int u,
+                                                                           __mmask16 mask, float* buf) {
+    const float* row = d + static_cast<int64_t>(4 * u) * ohw;
+    const __m512 r0 = _mm512_maskz_loadu_ps(mask, row), r1 = _mm512_maskz_loadu_ps(mask, row + ohw);
+    const __m512 r2 = _mm512_maskz_loadu_ps(mask, row + 2 * ohw), r3 = _mm512_maskz_loadu_ps(mask, row + 3 * ohw);
+    const __m512 t0 = _mm512_unpacklo_ps(r0, r1), t1 = _mm512_unpackhi_ps(r0, r1);
+    const __m512 t2 = _mm512_unpacklo_ps(r2, r3), t3 = _mm512_unpackhi_ps(r2, r3);
+    const __m512 v[4] = {_mm512_shuffle_ps(t0, t2, 0x44), _mm512_shuffle_ps(t0, t2, 0xEE),
+                         _mm512_shuffle_ps(t1, t3, 0x44), _mm512_shuffle_ps(t1, t3, 0xEE)};
+    float* to = buf + 4 * u;
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; ++m) {
+      _mm_storeu_ps(to + m * N, _mm512_castps512_ps128(v[m]));
+      _mm_storeu_ps(to + (4 + m) * N, _mm512_extractf32x4_ps(v[m], 1));
+      _mm_storeu_ps(to + (8 + m) * N, _mm512_extractf32x4_ps(v[m], 2));
+      _mm_storeu_ps(to + (12 + m) * N, _mm512_extractf32x4_ps(v[m], 3));
+    }
+  }
+  // One pixel: its 9 taps (rows b, b + wp, b + 2 wp) times its N channels.
+  __attribute__((always_inline)) ENGINE_X86_TARGET("avx512f") static void pixel(const float* b, long wp,
+                                                                            const float* channels, __m512 (&acc)[9][G]) {
+    __m512 v[G];
+#pragma GCC unroll 2
+    for (int g = 0; g < G; ++g) v[g] = _mm512_load_ps(channels + 16 * g);
+    const float* rows[3] = {b, b + wp, b + 2 * wp};
+#pragma GCC unroll 9
+    for (int t = 0; t < 9; ++t) {
+      const __m512 a = _mm512_set1_ps(rows[t / 3][t % 3]);
+#pragma GCC unroll 2
+      for (int g = 0; g < G; ++g) acc[t][g] = _mm512_fmadd_ps(a, v[g], acc[t][g]);
+    }
+  }
+  ENGINE_X86_TARGET("avx512f") static void run(const TapsByChannels& in) {
+    const TapsByChannels s = in;
+    const long wp = s.wp, skip = s.wp - s.out_w;
+    const int64_t ohw = s.ohw;
+    __m512 acc[9][G];
+    for (int t = 0; t < 9; ++t)
+      for (int g = 0; g < G; ++g)
+        acc[t][g] = s.from_c ? _mm512_loadu_ps(s.c + t * s.ldc + 16 * g) : _mm512_setzero_ps();
+    alignas(64) float buf[2][16 * N];
+    for (int64_t j = 0; j * ohw < s.k; ++j) {
+      const int np = static_cast<int>(std::min<int64_t>(ohw, s.k - j * ohw));
+      const float* d = s.dy + j * N * ohw;
+      const float* b = s.images + j * s.image_floats;
+      int ow = 0;
+      auto mask_of = [](int count) { return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1); };
+      for (int u = 0; u < kUnits; ++u) unit(d, ohw, u, mask_of(np), buf[0]);
+      for (int p0 = 0, block = 0; p0 < np; p0 += 16, ++block) {
+        const float* cur = buf[block & 1];
+        float* next = buf[(block + 1) & 1];
+        const int count = std::min(16, np - p0);
+        if (count == 16) {
+          const int ahead = np - p0 - 16;  // pixels of the next block, if any
+          const __mmask16 next_mask = mask_of(ahead);
+#pragma GCC unroll 16
+          for (int i = 0; i < 16; ++i) {
+            if (ahead > 0 && i % (16 / kUnits) == 0) unit(d + p0 + 16, ohw, i / (16 / kUnits), next_mask, next);
+            pixel(b, wp, cur + i * N, acc);
+            ++b;
+            if (++ow == s.out_w) ow = 0, b += skip;
+          }
+        } else {  // the image's last, ragged block: nothing after it to transpose
+          for (int i = 0; i < count; ++i) {
+            pixel(b, wp, cur + i * N, acc);
+            ++b;
+            if (++ow == s.out_w) ow = 0, b += skip;
+          }
+        }
+      }
+    }
+    for (int t = 0; t < 9; ++t)
+      for (int g = 0; g < G; ++g) _mm512_storeu_ps(s.c + t * s.ldc + 16 * g, acc[t][g]);
+  }
+};
+
+template <int G>  // N = 8 G channels, run 8 at a time: 9 accumulators of 16 YMM
+struct Avx2TapsByChannels {
+  static constexpr int N = 8 * G, kBlock = 32;
+  // Channels 4u..4u+3 of pixels p0..p0+7 (from `count` on: zeros) into buf[pixel * N + 4u ..].
+  __attribute__((always_inline)) ENGINE_X86_TARGET("avx2,fma") static void unit(const float* d, int64_t ohw, int u,
+                                                                            int count, float* buf) {
+    const float* row = d + static_cast<int64_t>(4 * u) * ohw;
+    __m256 r[4];
+    if (count >= 8) {
+      for (int i = 0; i < 4; ++i) r[i] = _mm256_loadu_ps(row + i * ohw);
+    } else {
+      const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      for (int i = 0; i < 4; ++i) r[i] = _mm256_maskload_ps(row + i * ohw, mask);
+    }
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 v[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
+                         _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xEE)};
+    float* to = buf + 4 * u;
+    for (int m = 0; m < 4; ++m) {
+      _mm_storeu_ps(to + m * N, _mm256_castps256_ps128(v[m]));
+      _mm_storeu_ps(to + (4 + m) * N, _mm256_extractf128_ps(v[m], 1));
+    }
+  }
+  ENGINE_X86_TARGET("avx2,fma") static void run(const TapsByChannels& in) {
+    const TapsByChannels s = in;
+    const long wp = s.wp, skip = s.wp - s.out_w;
+    const int64_t ohw = s.ohw;
+    alignas(32) float sums[9][N];  // the chains between blocks
+    for (int t = 0; t < 9; ++t)
+      for (int q = 0; q < N; ++q) sums[t][q] = s.from_c ? s.c[t * s.ldc + q] : 0.0f;
+    alignas(32) float buf[kBlock * N];
+    for (int64_t j = 0; j * ohw < s.k; ++j) {
+      const int np = static_cast<int>(std::min<int64_t>(ohw, s.k - j * ohw));
+      const float* d = s.dy + j * N * ohw;
+      const float* image = s.images + j * s.image_floats;
+      for (int p0 = 0; p0 < np; p0 += kBlock) {
+        const int count = std::min(kBlock, np - p0);
+        for (int p = 0; p < count; p += 8)
+          for (int u = 0; u < N / 4; ++u) unit(d + p0 + p, ohw, u, count - p, buf + p * N);
+        const int oh0 = p0 / s.out_w, ow0 = p0 % s.out_w;
+        for (int g = 0; g < G; ++g) {
+          __m256 acc[9];
+          for (int t = 0; t < 9; ++t) acc[t] = _mm256_load_ps(&sums[t][8 * g]);
+          const float* b = image + oh0 * wp + ow0;
+          int ow = ow0;
+          for (int i = 0; i < count; ++i) {
+            const __m256 v = _mm256_load_ps(buf + i * N + 8 * g);
+            const float* rows[3] = {b, b + wp, b + 2 * wp};
+#pragma GCC unroll 9
+            for (int t = 0; t < 9; ++t) acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(rows[t / 3] + t % 3), v, acc[t]);
+            ++b;
+            if (++ow == s.out_w) ow = 0, b += skip;
+          }
+          for (int t = 0; t < 9; ++t) _mm256_store_ps(&sums[t][8 * g], acc[t]);
+        }
+      }
+    }
+    for (int t = 0; t < 9; ++t)
+      for (int q = 0; q < N; ++q) s.c[t * s.ldc + q] = sums[t][q];
+  }
+};
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #else
 template <class Tile>
 struct ShortKOf {
