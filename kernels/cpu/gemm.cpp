@@ -704,7 +704,10 @@ void gemm_with(CpuKernels path, int m, int n, int k, const Operand& a, const Ope
 #if defined(__x86_64__)
     case CpuKernels::Avx512:
       if (TapsByChannels s; taps_by_channels(m, n, k, a, b, start, c, ldc, s) && (n == 16 || n == 32)) {
-        n == 16 ? Avx512TapsByChannels<1>::run(s) : Avx512TapsByChannels<2>::run(s);
+        if (n == 32 && s.wp == 30 && s.out_w == 28 && s.ohw == 784)  // the model's conv1
+          Avx512TapsByChannels<2, 30, 28, 784>::run(s);
+        else
+          n == 16 ? Avx512TapsByChannels<1>::run(s) : Avx512TapsByChannels<2>::run(s);
         if (done.call) done.call(done.context, n);
         return;
       }
