@@ -729,7 +729,12 @@ void gemm_with(CpuKernels path, int m, int n, int k, const Operand& a, const Ope
           case 1: Avx2TapsByChannels<1>::run(s); break;
           case 2: Avx2TapsByChannels<2>::run(s); break;
           case 3: Avx2TapsByChannels<3>::run(s); break;
-          default: Avx2TapsByChannels<4>::run(s); break;
+          default:
+            if (s.wp == 30 && s.out_w == 28 && s.ohw == 784)  // the model's conv1
+              Avx2TapsByChannels<4, 30, 28, 784>::run(s);
+            else
+              Avx2TapsByChannels<4>::run(s);
+            break;
         }
         if (done.call) done.call(done.context, n);
         return;
