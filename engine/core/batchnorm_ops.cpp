@@ -8,11 +8,12 @@
 // which is the identity for one block in one process. Between the sums, the per-channel
 // arithmetic runs on the host with kernels/batchnorm_math.h, so every device and world
 // size takes the same steps. With nothing to complete, the backend's fused op does the
-// same steps in one pass over memory per channel, with the same bits. With completions,
-// the CPU takes the channels in groups of about 512 KiB, each group's steps and
-// exchanges in turn, so that the passes between two exchanges find the group in cache
-// (a whole layer's x is 6.4 MB at conv1 of a 2-rank step): more exchanges, of a few
-// hundred bytes each, and about the time of the fused op (kernel_bench --ranks 2).
+// same steps with the same bits. With completions, the CPU's forward takes the channels
+// in groups of about 512 KiB, each group's steps and exchanges in turn, so that the
+// passes between two exchanges find the group in cache (a whole layer's x is 6.4 MB at
+// conv1 of a 2-rank step): more exchanges, of a few hundred bytes each. The backward
+// takes the whole layer, as the fused op does: its sums go image by image over every
+// channel, and one channel at a time read its planes one image apart.
 #include <algorithm>
 #include <functional>
 #include <optional>
@@ -158,7 +159,10 @@ void backward_steps(const BatchNormShape& s, const BatchChunks& plan, const Comp
   Tensor factors = host_floats(5 * c);  // k, mean_dy, proj, dgamma, dbeta
   float* v = factors.f32();
   Tensor on_d;  // the factors where the op runs: after the last group, every channel's
-  const int group = channels_per_group(d, plan, s, 2);
+  // The whole layer in one group, one exchange, on every device: the CPU's sums and dx
+  // run image by image (a group of a few channels read each plane one image apart, and
+  // a 2-rank epoch took about 1.2x the one-process one, which ran image by image).
+  const int group = s.c;
   for (int c0 = 0; c0 < s.c; c0 += group) {
     const int c1 = std::min(s.c, c0 + group);
     const int64_t n = c1 - c0;

@@ -538,35 +538,48 @@ void bn_channel_scale_shift(const BatchNormShape& s, const float* x, int c, floa
   }
 }
 
-void bn_channel_backward_sums(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
-                              const float* dy, int c, float mean, double& sum_dy_tree, double& sum_dy_xc_tree) {
-  double p_dy[kTreeChunks] = {}, p_xc[kTreeChunks] = {};
-  for (int k = 0; k < chunks; ++k) {
-    double sum_dy = 0.0, sum_dy_xc = 0.0;
-    for (int n = bounds[k]; n < bounds[k + 1]; ++n) {
-      const float* dp = bn_plane(s, dy, n, c);
-      sum_dy += bn_plane_sum(s.hw, dp);
-      sum_dy_xc += bn_plane_dy_xc(s.hw, dp, bn_plane(s, x, n, c), mean);
-    }
-    p_dy[k] = sum_dy;
-    p_xc[k] = sum_dy_xc;
-  }
-  sum_dy_tree = tree_sum(p_dy, chunks);
-  sum_dy_xc_tree = tree_sum(p_xc, chunks);
-}
-
 // dx of one plane (BnBackwardFactors: dx = k * (dy - mean_dy - (x - mean) * proj)).
 void bn_plane_backward_apply(int hw, const float* x, const float* dy, float mean, float k, float mean_dy, float proj,
                              float* dx) {
   for (int i = 0; i < hw; ++i) dx[i] = k * (dy[i] - mean_dy - (x[i] - mean) * proj);
 }
 
-void bn_channel_backward_apply(const BatchNormShape& s, const float* x, const float* dy, int c, float mean,
-                               float k, float mean_dy, float proj, float* dx) {
-  for (int n = 0; n < s.n; ++n) {
-    const int64_t off = (static_cast<int64_t>(n) * s.c + c) * s.hw;
-    bn_plane_backward_apply(s.hw, x + off, dy + off, mean, k, mean_dy, proj, dx + off);
+// The backward's two sums of channels [c_begin, c_end), per (chunk, channel), then the
+// tree over the chunks: sum_dy[c], sum_dy_xc[c]. Image by image, an image's channels
+// (one contiguous stretch) before the next, the chunks in parallel: a channel at a time
+// read its planes (3 KB, 0.8 KB) one image apart from beyond L2. Each (chunk, channel)
+// sum still takes its images in order, each plane's 16-lane sum added from +0.
+void bn_backward_sums(const BatchNormShape& s, int chunks, const int* bounds, const float* x, const float* dy,
+                      const float* mean, double* sum_dy, double* sum_dy_xc) {
+  const int c0 = s.c_begin, c1 = s.channel_end(), width = c1 - c0;
+  if (width <= 0) return;
+  std::vector<double> parts(static_cast<std::size_t>(2) * chunks * width, 0.0);  // [chunk][c]: dy, then dy * (x - mean)
+  double* p_dy = parts.data();
+  double* p_xc = parts.data() + static_cast<std::size_t>(chunks) * width;
+#pragma omp parallel for schedule(static)
+  for (int k = 0; k < chunks; ++k)
+    for (int n = bounds[k]; n < bounds[k + 1]; ++n)
+      for (int c = c0; c < c1; ++c) {
+        const float* dp = bn_plane(s, dy, n, c);
+        p_dy[k * width + c - c0] += bn_plane_sum(s.hw, dp);
+        p_xc[k * width + c - c0] += bn_plane_dy_xc(s.hw, dp, bn_plane(s, x, n, c), mean[c]);
+      }
+  for (int c = c0; c < c1; ++c) {
+    sum_dy[c] = tree_sum(p_dy + c - c0, chunks, width);
+    sum_dy_xc[c] = tree_sum(p_xc + c - c0, chunks, width);
   }
+}
+
+// dx of channels [c_begin, c_end), image by image (images in parallel).
+void bn_backward_apply(const BatchNormShape& s, const float* x, const float* dy, const float* mean, const float* k,
+                       const float* mean_dy, const float* proj, float* dx) {
+  const int c0 = s.c_begin, c1 = s.channel_end();
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < s.n; ++n)
+    for (int c = c0; c < c1; ++c) {
+      const int64_t off = (static_cast<int64_t>(n) * s.c + c) * s.hw;
+      bn_plane_backward_apply(s.hw, x + off, dy + off, mean[c], k[c], mean_dy[c], proj[c], dx + off);
+    }
 }
 
 }  // namespace
@@ -602,16 +615,13 @@ void batchnorm_scale_shift(const BatchNormShape& s, const float* x, const float*
 void batchnorm_backward_chunk_sums(const BatchNormShape& s, int chunks, const int* bounds,
                                    const float* x, const float* dy, const float* mean,
                                    double* sum_dy_tree, double* sum_dy_xc_tree) {
-#pragma omp parallel for schedule(static)
-  for (int c = s.c_begin; c < s.channel_end(); ++c)
-    bn_channel_backward_sums(s, chunks, bounds, x, dy, c, mean[c], sum_dy_tree[c], sum_dy_xc_tree[c]);
+  bn_backward_sums(s, chunks, bounds, x, dy, mean, sum_dy_tree, sum_dy_xc_tree);
 }
 
 void batchnorm_backward_apply(const BatchNormShape& s, const float* x, const float* dy,
                               const float* mean, const float* k, const float* mean_dy,
                               const float* proj, float* dx) {
-#pragma omp parallel for schedule(static)
-  for (int c = s.c_begin; c < s.channel_end(); ++c) bn_channel_backward_apply(s, x, dy, c, mean[c], k[c], mean_dy[c], proj[c], dx);
+  bn_backward_apply(s, x, dy, mean, k, mean_dy, proj, dx);
 }
 
 void batchnorm_forward_train_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
@@ -637,37 +647,25 @@ void batchnorm_forward_train_chunks(const BatchNormShape& s, int chunks, const i
 void batchnorm_backward_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
                                const float* dy, const float* gamma, const float* save_mean,
                                const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
-  // Image by image, all of an image's channels (one contiguous stretch) before the next,
-  // the sums over the chunks in parallel, then dx over the images: a channel at a time
-  // read its planes (3 KB, 0.8 KB) one image apart from beyond L2 (kernel_bench, 2
-  // threads: bn1's backward 1.41-1.44 -> 1.27-1.29 ms, bn2's 0.72-0.74 -> 0.59-0.62).
-  // Each (chunk, channel) sum is still bn_channel_backward_sums's, its images in order,
-  // then the tree over the chunks: the same bits as the data-parallel steps.
+  // The data-parallel steps' sums and dx with nothing exchanged in between: the same bits.
+  // Image by image (kernel_bench, 2 threads: bn1's backward 1.41-1.44 -> 1.27-1.29 ms,
+  // bn2's 0.72-0.74 -> 0.59-0.62, against a channel at a time).
   const double m = static_cast<double>(s.n) * s.hw;
-  std::vector<double> parts(static_cast<std::size_t>(2) * chunks * s.c, 0.0);  // [chunk][c]: dy, then dy * (x - mean)
-  double* p_dy = parts.data();
-  double* p_xc = parts.data() + static_cast<std::size_t>(chunks) * s.c;
-#pragma omp parallel for schedule(static)
-  for (int k = 0; k < chunks; ++k)
-    for (int n = bounds[k]; n < bounds[k + 1]; ++n)
-      for (int c = 0; c < s.c; ++c) {
-        const float* dp = bn_plane(s, dy, n, c);
-        p_dy[k * s.c + c] += bn_plane_sum(s.hw, dp);
-        p_xc[k * s.c + c] += bn_plane_dy_xc(s.hw, dp, bn_plane(s, x, n, c), save_mean[c]);
-      }
-  std::vector<BnBackwardFactors> f(static_cast<std::size_t>(s.c));
+  BatchNormShape all = s;
+  all.c_begin = 0;
+  all.c_end = -1;
+  std::vector<double> sum_dy(static_cast<std::size_t>(s.c)), sum_dy_xc(static_cast<std::size_t>(s.c));
+  bn_backward_sums(all, chunks, bounds, x, dy, save_mean, sum_dy.data(), sum_dy_xc.data());
+  std::vector<float> k(static_cast<std::size_t>(s.c)), mean_dy(k.size()), proj(k.size());
   for (int c = 0; c < s.c; ++c) {
-    f[c] = bn_backward_finish(tree_sum(p_dy + c, chunks, s.c), tree_sum(p_xc + c, chunks, s.c), m, gamma[c],
-                              save_invstd[c]);
-    dgamma[c] = f[c].dgamma;
-    dbeta[c] = f[c].dbeta;
+    const BnBackwardFactors f = bn_backward_finish(sum_dy[c], sum_dy_xc[c], m, gamma[c], save_invstd[c]);
+    k[c] = f.k;
+    mean_dy[c] = f.mean_dy;
+    proj[c] = f.proj;
+    dgamma[c] = f.dgamma;
+    dbeta[c] = f.dbeta;
   }
-#pragma omp parallel for schedule(static)
-  for (int n = 0; n < s.n; ++n)
-    for (int c = 0; c < s.c; ++c) {
-      const int64_t off = (static_cast<int64_t>(n) * s.c + c) * s.hw;
-      bn_plane_backward_apply(s.hw, x + off, dy + off, save_mean[c], f[c].k, f[c].mean_dy, f[c].proj, dx + off);
-    }
+  bn_backward_apply(all, x, dy, save_mean, k.data(), mean_dy.data(), proj.data(), dx);
 }
 
 }  // namespace engine::kernels::cpu

@@ -148,10 +148,10 @@ print(f"ratio engine {W} ranks / pytorch DDP: {r2:.3f}   (target <= 0.6: {'met' 
 #     rank's piece for rank s being s's shard of them, times the most blocks a rank holds;
 #   one allgather of the updated parameter shards (P/W floats, the largest shard);
 #   BatchNorm2d (synchronised): forward sum(x), sum((x-mean)^2), C doubles each, and
-#     backward [sum(dy) | sum(dy*(x-mean))], 2C doubles, in allgathers of channel
-#     groups (ranks on one host, engine/core/batchnorm_ops.cpp: 512 KiB of x, or of x
-#     and dy, of a rank's even share of the batch; 2 forward and 1 backward exchange per
-#     group); the bytes do not depend on the grouping;
+#     backward [sum(dy) | sum(dy*(x-mean))], 2C doubles, in allgathers: the forward's
+#     of channel groups (ranks on one host, engine/core/batchnorm_ops.cpp: 512 KiB of x
+#     of a rank's even share of the batch; 2 exchanges per group), the backward's of the
+#     whole layer (1 exchange); the bytes do not depend on the grouping;
 #   the per-sample losses: the largest rank's sample count of floats: 1 allgather;
 #   the stop agreement (RunProtocol::agree): 5 int64: 1 allgather.
 # PyTorch DDP allreduces the gradients only (per-rank BN); gloo's ring allreduce sends
@@ -177,7 +177,7 @@ for m in model.modules():
     elif isinstance(m, torch.nn.BatchNorm2d):
         layout += [(m.weight.numel(), F32, False), (m.bias.numel(), F32, False)]
         bn += 4 * m.num_features * F64
-        exchanges += 2 * groups(m.num_features, plane[m], 1) + groups(m.num_features, plane[m], 2)
+        exchanges += 2 * groups(m.num_features, plane[m], 1) + 1
     grads += sum(p.numel() for p in m.parameters(recurse=False))
 def tree_blocks(b, e):  # kernels/chunk_tree.h
     out, p = 0, b

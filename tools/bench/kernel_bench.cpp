@@ -160,16 +160,11 @@ int main(int argc, char** argv) {
                                      invstd.data(), dx.data(), dgamma.data(), dbeta.data());
       return;
     }
-    const int group = cpu::batchnorm_channel_group(s, 2);
-    for (int c0 = 0; c0 < s.c; c0 += group) {
-      BatchNormShape gs = s;
-      gs.c_begin = c0;
-      gs.c_end = std::min(s.c, c0 + group);
-      cpu::batchnorm_backward_chunk_sums(gs, chunks, bounds, in.data(), dy.data(), mean.data(), bn_dy.data(),
-                                         bn_dyxc.data());
-      cpu::batchnorm_backward_apply(gs, in.data(), dy.data(), mean.data(), ones.data(), zeros.data(),
-                                    zeros.data(), dx.data());
-    }
+    // The whole layer, one exchange (engine/core/batchnorm_ops.cpp, backward_steps).
+    cpu::batchnorm_backward_chunk_sums(s, chunks, bounds, in.data(), dy.data(), mean.data(), bn_dy.data(),
+                                       bn_dyxc.data());
+    cpu::batchnorm_backward_apply(s, in.data(), dy.data(), mean.data(), ones.data(), zeros.data(), zeros.data(),
+                                  dx.data());
   };
 
   Bench b{iters, {}};
