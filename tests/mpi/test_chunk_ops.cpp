@@ -376,6 +376,80 @@ TEST_CASE("batchnorm chunked sums, scale/shift and backward: cpu matches ref; ra
   }
 }
 
+// The cpu batch norm's summation order, spelled out (kernels/cpu/elementwise_ops.cpp):
+// a plane's terms in 16 float lanes (the tail straight into double, then the lanes in
+// order), each (chunk, channel) sum its images' plane sums in order from +0, then the
+// fixed tree over the chunks. Whichever loop order the kernels take, these bits.
+template <class Term>
+double sixteen_lane_plane_sum(int hw, Term term) {
+  float lanes[16] = {};
+  int i = 0;
+  for (; i + 16 <= hw; i += 16)
+    for (int j = 0; j < 16; ++j) lanes[j] += term(i + j);
+  double total = 0.0;
+  for (; i < hw; ++i) total += term(i);
+  for (float l : lanes) total += l;
+  return total;
+}
+
+template <class Term>  // Term(n, c, i): the term of image n, channel c, pixel i
+std::vector<double> channel_sums_in_order(const BatchNormShape& s, const Share& sh, Term term) {
+  std::vector<double> out(s.c);
+  for (int c = 0; c < s.c; ++c) {
+    std::vector<double> part(kTreeChunks, 0.0);
+    for (int k = 0; k < sh.chunks; ++k)
+      for (int n = sh.bounds[k]; n < sh.bounds[k + 1]; ++n)
+        part[k] += sixteen_lane_plane_sum(s.hw, [&](int i) { return term(n, c, i); });
+    out[c] = engine::kernels::tree_sum(part.data(), sh.chunks);
+  }
+  return out;
+}
+
+TEST_CASE("cpu batch-norm sums: each channel's planes in image order within a chunk, 16 lanes a plane, then the tree") {
+  // Plane sums of a few float terms add exactly in double unless their magnitudes are far
+  // apart, so each image gets its own power-of-two scale: then the order shows in the bits.
+  std::mt19937 g(29);
+  std::vector<BatchNormShape> shapes(std::begin(kBn), std::end(kBn));
+  shapes.push_back({64, 3, 20});  // 8 images a chunk
+  for (const BatchNormShape& s : shapes) {
+    CAPTURE(s.n);
+    CAPTURE(s.c);
+    CAPTURE(s.hw);
+    const std::size_t nx = static_cast<std::size_t>(s.n) * s.c * s.hw;
+    auto x = uniform(nx, g, -1, 3), dy = uniform(nx, g, -1, 1);
+    const auto mean = uniform(s.c, g, 0, 1);
+    for (std::size_t e = 0; e < nx; ++e) {
+      const int n = static_cast<int>(e / (static_cast<std::size_t>(s.c) * s.hw));
+      x[e] = std::ldexp(x[e], (n * 13) % 41 - 20);
+      dy[e] = std::ldexp(dy[e], (n * 11) % 41 - 20);
+    }
+    auto at = [&](const std::vector<float>& t, int n, int c, int i) {
+      return t[(static_cast<std::size_t>(n) * s.c + c) * s.hw + i];
+    };
+    for (int world : {1, 2}) {
+      CAPTURE(world);
+      const Share sh = share(s.n, 0, world);
+      BatchNormShape sl = s;
+      sl.n = sh.count;
+      std::vector<double> sum(s.c), sq(s.c), sdy(s.c), sxc(s.c);
+      cpu::batchnorm_chunk_sums(sl, sh.chunks, sh.bounds.data(), x.data(), sum.data());
+      cpu::batchnorm_chunk_centered_squares(sl, sh.chunks, sh.bounds.data(), x.data(), mean.data(), sq.data());
+      cpu::batchnorm_backward_chunk_sums(sl, sh.chunks, sh.bounds.data(), x.data(), dy.data(), mean.data(),
+                                         sdy.data(), sxc.data());
+      check_bits("bn sums in order", sum, channel_sums_in_order(sl, sh, [&](int n, int c, int i) { return at(x, n, c, i); }));
+      check_bits("bn centred squares in order", sq, channel_sums_in_order(sl, sh, [&](int n, int c, int i) {
+                   const float d = at(x, n, c, i) - mean[c];
+                   return d * d;
+                 }));
+      check_bits("bn sums of dy in order", sdy,
+                 channel_sums_in_order(sl, sh, [&](int n, int c, int i) { return at(dy, n, c, i); }));
+      check_bits("bn sums of dy * (x - mean) in order", sxc, channel_sums_in_order(sl, sh, [&](int n, int c, int i) {
+                   return at(dy, n, c, i) * (at(x, n, c, i) - mean[c]);
+                 }));
+    }
+  }
+}
+
 TEST_CASE("batchnorm steps over channel ranges: the range's channels bit for bit as over every channel, the rest untouched") {
   // A rank's driver walks the channels in groups that stay in cache between its
   // exchanges (engine/core/batchnorm_ops.cpp); any grouping must give the same bits.
