@@ -157,9 +157,9 @@ inline bool dataset_available() {
          std::filesystem::exists(data_dir() + "/train-images-idx3-ubyte");
 }
 
-// A small, quick run: 1024 training images, 4 epochs.
-inline std::string small_run(const std::string& run_dir) {
-  return "train \"" + source_dir() + "/configs/mnist.json\" --device cpu --run-dir \"" + run_dir +
+// A small, quick run: 1024 training images, 4 epochs, on `device` (cpu, cuda).
+inline std::string small_run(const std::string& run_dir, const std::string& device = "cpu") {
+  return "train \"" + source_dir() + "/configs/mnist.json\" --device " + device + " --run-dir \"" + run_dir +
          "\" --set data.dir=\"" + data_dir() + "\" --set data.train_limit=1024 --set data.val_split=512 --set data.test_limit=512"
          " --set data.batch_size=64 --set train.epochs=4 --set checkpoint.every_n_epochs=2";
 }

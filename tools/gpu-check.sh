@@ -276,12 +276,11 @@ if stage_begin sanitize; then
     # Each of the 8 runs gets an even share of what is left of the stage.
     share() { if [ $DRY_RUN -eq 1 ]; then echo $((BUDGET[sanitize] / 8)); else echo $(($(left) / (8 - i))); fi; }
     for tool in memcheck racecheck initcheck synccheck; do
-      extra=()
       filter=$OPS_FILTER
       # (initcheck's --track-unused-memory is off by default; CUDA 13's compute-sanitizer
       # takes it as a switch, and "--track-unused-memory no" ran "no" as the program.)
       case "$tool" in racecheck | synccheck) filter=$SYNC_FILTER ;; esac
-      sanitizer=(compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 3 --print-limit 20)
+      sanitizer=(compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 20)
       # memcheck through tools/gpu-memcheck.sh: the leak check, less the CUDA context's
       # handles and buffers, which live as long as the process on purpose.
       [ "$tool" = memcheck ] && sanitizer=(bash "$ROOT/tools/gpu-memcheck.sh")

@@ -28,15 +28,8 @@ struct SkipWithoutGpu {
   }
 } skip_without_gpu;
 
-// small_run's command with --device cuda in place of its --device cpu (the CLI refuses
-// an option given twice).
 std::string gpu_run(const std::string& dir, const std::string& extra = "") {
-  std::string cmd = small_run(dir);
-  const std::string cpu = " --device cpu";
-  const std::size_t at = cmd.find(cpu);
-  REQUIRE(at != std::string::npos);
-  cmd.replace(at, cpu.size(), " --device cuda");
-  return cmd + extra;
+  return small_run(dir, "cuda") + extra;
 }
 
 void expect_identical(const std::string& a, const std::string& b) {
