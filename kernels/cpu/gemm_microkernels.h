@@ -402,12 +402,16 @@ struct ShortKOf<Avx2TileT<MRows>> {
 // each image's pixels. The tiles would pack both operands across (the 9 taps of a pixel
 // lie in 3 rows of the padded image, its N channels one image row apart), which held the
 // product at 36 % of peak. Here the lanes run over channels: each pixel's taps are
-// broadcast straight from the padded image (3 rows, 3 offsets), and dy is transposed 4
-// channels x a block of pixels at a time (two shuffle levels, then each 4-channel
-// piece stored where its pixel's row is) into a small buffer, the next block's while the
-// current one's multiply-adds run (shuffles and multiply-adds share a port on AVX-512).
-// Each element is one chain over the pixels in order, from +0 or C: the same bits.
-// GCC 12 warns that the unpack and extract intrinsics' own undefined first operand
+// broadcast straight from the padded image (3 rows, 3 offsets), and dy is transposed in
+// registers, 4 pixels at a time: each vector is put together from 128-bit pieces of 4
+// (AVX2: 2) channel rows, loaded into its lanes without a shuffle; then one 4 x 4
+// transposition inside the lanes (two shuffle levels) leaves each pixel's channels in
+// order in a vector. Transposing through a buffer instead (the shuffles, then each
+// 4-channel piece extracted and stored where its pixel's row is) held the product at
+// 65 % of peak on Zen 4 on both paths; in registers it runs at 87-88 % (AVX-512) and 77 %
+// (AVX2) (docs/benchmarks.md). Each element is one chain over the pixels in order, from
+// +0 or C: the same bits.
+// GCC 12 warns that the unpack intrinsics' own undefined first operand
 // "may be used uninitialized" once inlined here (a false positive in its headers).
 #if !defined(__clang__)
 #pragma GCC diagnostic push
@@ -425,48 +429,48 @@ struct TapsByChannels {
   bool from_c = false;  // the chains start from C (else +0)
 };
 
+// An image's last pixels, fewer than 4: lane L (of kLanes) gets pixels 0..count-1 of the
+// row r + L * row_floats, then zeros (nothing is read past the image's pixels).
+template <int kLanes>
+inline void gather_pixel_quads(const float* r, int64_t row_floats, int count, float* to) {
+  for (int lane = 0; lane < kLanes; ++lane)
+    for (int i = 0; i < 4; ++i) to[4 * lane + i] = i < count ? r[lane * row_floats + i] : 0.0f;
+}
+
+// 4 x 4 transposition inside each 128-bit lane: lane L of w[k] holds channel 4L + k (of
+// the vectors' channels) at pixels 0..3; then lane L of v[m] holds channels 4L..4L+3 at
+// pixel m, so v[m] is pixel m's channels in order.
+#define ENGINE_TRANSPOSE_QUADS(PS, w, v)                                                        \
+  do {                                                                                          \
+    const auto t0 = _##PS##_unpacklo_ps(w[0], w[1]), t1 = _##PS##_unpackhi_ps(w[0], w[1]);     \
+    const auto t2 = _##PS##_unpacklo_ps(w[2], w[3]), t3 = _##PS##_unpackhi_ps(w[2], w[3]);     \
+    v[0] = _##PS##_shuffle_ps(t0, t2, 0x44), v[1] = _##PS##_shuffle_ps(t0, t2, 0xEE);          \
+    v[2] = _##PS##_shuffle_ps(t1, t3, 0x44), v[3] = _##PS##_shuffle_ps(t1, t3, 0xEE);          \
+  } while (0)
+
 // kWp, kOutW, kOhw (here and on AVX2): the image geometry fixed at compile time (0:
 // the run-time values), for the model's own (conv1 on 28 x 28: 30, 28, 784). Offsets
 // the compiler knows become the instructions' displacements; computed at run time they
-// took the integer ports the multiply-adds share (gemm_bench: AVX-512 48-50 % of peak
-// at run time, 54-58 % fixed; AVX2 58 %, 60-61 %).
-template <int G, int kWp = 0, int kOutW = 0, int kOhw = 0>  // N = 16 G channels: 9 G accumulators
+// took the integer ports the multiply-adds share.
+//
+// AVX-512: all 9 taps times all N channels in registers (9 G accumulators); for each 4
+// pixels and 16 channels, 4 vectors of 4 inserted 128-bit pieces, 8 shuffles, and 36
+// multiply-adds whose broadcasts are memory operands.
+template <int G, int kWp = 0, int kOutW = 0, int kOhw = 0>  // N = 16 G channels
 struct Avx512TapsByChannels {
-  static constexpr int N = 16 * G, kUnits = N / 4;
-  // Channels 4u..4u+3 of pixels p0..p0+15 (lanes from `count` on: zeros) into
-  // buf[pixel * N + 4u ..]: after two shuffle levels a vector's 128-bit lane L holds the
-  // 4 channels of pixel 4L + m.
-  __attribute__((always_inline)) ENGINE_X86_TARGET("avx512f") static void unit(const float* d, int64_t ohw, int u,
-                                                                           __mmask16 mask, float* buf) {
-    const float* row = d + static_cast<int64_t>(4 * u) * ohw;
-    const __m512 r0 = _mm512_maskz_loadu_ps(mask, row), r1 = _mm512_maskz_loadu_ps(mask, row + ohw);
-    const __m512 r2 = _mm512_maskz_loadu_ps(mask, row + 2 * ohw), r3 = _mm512_maskz_loadu_ps(mask, row + 3 * ohw);
-    const __m512 t0 = _mm512_unpacklo_ps(r0, r1), t1 = _mm512_unpackhi_ps(r0, r1);
-    const __m512 t2 = _mm512_unpacklo_ps(r2, r3), t3 = _mm512_unpackhi_ps(r2, r3);
-    const __m512 v[4] = {_mm512_shuffle_ps(t0, t2, 0x44), _mm512_shuffle_ps(t0, t2, 0xEE),
-                         _mm512_shuffle_ps(t1, t3, 0x44), _mm512_shuffle_ps(t1, t3, 0xEE)};
-    float* to = buf + 4 * u;
-#pragma GCC unroll 4
-    for (int m = 0; m < 4; ++m) {
-      _mm_storeu_ps(to + m * N, _mm512_castps512_ps128(v[m]));
-      _mm_storeu_ps(to + (4 + m) * N, _mm512_extractf32x4_ps(v[m], 1));
-      _mm_storeu_ps(to + (8 + m) * N, _mm512_extractf32x4_ps(v[m], 2));
-      _mm_storeu_ps(to + (12 + m) * N, _mm512_extractf32x4_ps(v[m], 3));
+  static constexpr int N = 16 * G;
+  // Lane L: channel c + 4 L, pixels p..p+3 (d points at channel c, pixel p).
+  __attribute__((always_inline)) ENGINE_X86_TARGET("avx512f") static __m512 quads(const float* d, int64_t ohw,
+                                                                              int count) {
+    if (count == 4) {
+      __m512 v = _mm512_castps128_ps512(_mm_loadu_ps(d));
+      v = _mm512_insertf32x4(v, _mm_loadu_ps(d + 4 * ohw), 1);
+      v = _mm512_insertf32x4(v, _mm_loadu_ps(d + 8 * ohw), 2);
+      return _mm512_insertf32x4(v, _mm_loadu_ps(d + 12 * ohw), 3);
     }
-  }
-  // One pixel: its 9 taps (rows b, b + wp, b + 2 wp) times its N channels.
-  __attribute__((always_inline)) ENGINE_X86_TARGET("avx512f") static void pixel(const float* b, long wp,
-                                                                            const float* channels, __m512 (&acc)[9][G]) {
-    __m512 v[G];
-#pragma GCC unroll 2
-    for (int g = 0; g < G; ++g) v[g] = _mm512_load_ps(channels + 16 * g);
-    const float* rows[3] = {b, b + wp, b + 2 * wp};
-#pragma GCC unroll 9
-    for (int t = 0; t < 9; ++t) {
-      const __m512 a = _mm512_set1_ps(rows[t / 3][t % 3]);
-#pragma GCC unroll 2
-      for (int g = 0; g < G; ++g) acc[t][g] = _mm512_fmadd_ps(a, v[g], acc[t][g]);
-    }
+    alignas(64) float piece[16];
+    gather_pixel_quads<4>(d, 4 * ohw, count, piece);
+    return _mm512_load_ps(piece);
   }
   ENGINE_X86_TARGET("avx512f") static void run(const TapsByChannels& in) {
     const TapsByChannels s = in;
@@ -476,33 +480,32 @@ struct Avx512TapsByChannels {
     for (int t = 0; t < 9; ++t)
       for (int g = 0; g < G; ++g)
         acc[t][g] = s.from_c ? _mm512_loadu_ps(s.c + t * s.ldc + 16 * g) : _mm512_setzero_ps();
-    alignas(64) float buf[2][16 * N];
     for (int64_t j = 0; j * ohw < s.k; ++j) {
       const int np = static_cast<int>(std::min<int64_t>(ohw, s.k - j * ohw));
       const float* d = s.dy + j * N * ohw;
       const float* b = s.images + j * s.image_floats;
       int ow = 0;
-      auto mask_of = [](int count) { return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1); };
-      for (int u = 0; u < kUnits; ++u) unit(d, ohw, u, mask_of(np), buf[0]);
-      for (int p0 = 0, block = 0; p0 < np; p0 += 16, ++block) {
-        const float* cur = buf[block & 1];
-        float* next = buf[(block + 1) & 1];
-        const int count = std::min(16, np - p0);
-        if (count == 16) {
-          const int ahead = np - p0 - 16;  // pixels of the next block, if any
-          const __mmask16 next_mask = mask_of(ahead);
-#pragma GCC unroll 16
-          for (int i = 0; i < 16; ++i) {
-            if (ahead > 0 && i % (16 / kUnits) == 0) unit(d + p0 + 16, ohw, i / (16 / kUnits), next_mask, next);
-            pixel(b, wp, cur + i * N, acc);
+      for (int p0 = 0; p0 < np; p0 += 4) {
+        const int count = std::min(4, np - p0);
+        const float* at[4];  // each pixel's first tap
+        for (int m = 0; m < 4; ++m) {
+          at[m] = b;
+          if (m < count) {
             ++b;
             if (++ow == out_w) ow = 0, b += skip;
           }
-        } else {  // the image's last, ragged block: nothing after it to transpose
-          for (int i = 0; i < count; ++i) {
-            pixel(b, wp, cur + i * N, acc);
-            ++b;
-            if (++ow == out_w) ow = 0, b += skip;
+        }
+#pragma GCC unroll 2
+        for (int g = 0; g < G; ++g) {
+          __m512 w[4], v[4];
+          for (int k = 0; k < 4; ++k) w[k] = quads(d + (16 * g + k) * ohw + p0, ohw, count);
+          ENGINE_TRANSPOSE_QUADS(mm512, w, v);
+#pragma GCC unroll 4
+          for (int m = 0; m < 4; ++m) {
+            if (m == count) break;
+#pragma GCC unroll 9
+            for (int t = 0; t < 9; ++t)
+              acc[t][g] = _mm512_fmadd_ps(_mm512_set1_ps(at[m][(t / 3) * wp + t % 3]), v[m], acc[t][g]);
           }
         }
       }
@@ -512,80 +515,59 @@ struct Avx512TapsByChannels {
   }
 };
 
-// AVX2 has 16 YMM registers: a pass takes one row of the kernel (3 taps) times all N
-// channels, 3 G accumulators, so each pixel's 3 broadcasts and G channel loads feed 3 G
-// multiply-adds (the 9 taps times 8 channels of one pass before: 10 loads for 9, and 9
-// chains, about the 8 that keep two FMA pipes of latency 4 busy). gemm_bench, AMD EPYC
-// (Zen 4): 58-59 % of peak -> 64-66 %.
+// AVX2 has 16 YMM registers: a pass takes 8 channels over an image's pixels (9
+// accumulators, 4 transposed pixels, a broadcast); for each 4 pixels, 4 vectors of a
+// load and an inserted 128-bit piece, 8 shuffles and 36 multiply-adds. Between passes
+// the chains wait in `sums`.
 template <int G, int kWp = 0, int kOutW = 0, int kOhw = 0>  // N = 8 G channels
 struct Avx2TapsByChannels {
-  static constexpr int N = 8 * G, kBlock = 32;
-  // Channels 4u..4u+3 of pixels p0..p0+7 (from `count` on: zeros) into buf[pixel * N + 4u ..].
-  __attribute__((always_inline)) ENGINE_X86_TARGET("avx2,fma") static void unit(const float* d, int64_t ohw, int u,
-                                                                            int count, float* buf) {
-    const float* row = d + static_cast<int64_t>(4 * u) * ohw;
-    __m256 r[4];
-    if (count >= 8) {
-      for (int i = 0; i < 4; ++i) r[i] = _mm256_loadu_ps(row + i * ohw);
-    } else {
-      const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-      for (int i = 0; i < 4; ++i) r[i] = _mm256_maskload_ps(row + i * ohw, mask);
-    }
-    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    const __m256 v[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
-                         _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xEE)};
-    float* to = buf + 4 * u;
-    for (int m = 0; m < 4; ++m) {
-      _mm_storeu_ps(to + m * N, _mm256_castps256_ps128(v[m]));
-      _mm_storeu_ps(to + (4 + m) * N, _mm256_extractf128_ps(v[m], 1));
-    }
+  static constexpr int N = 8 * G;
+  // Lane L: channel c + 4 L, pixels p..p+3 (d points at channel c, pixel p).
+  __attribute__((always_inline)) ENGINE_X86_TARGET("avx2,fma") static __m256 quads(const float* d, int64_t ohw,
+                                                                               int count) {
+    if (count == 4) return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(d)), _mm_loadu_ps(d + 4 * ohw), 1);
+    alignas(32) float piece[8];
+    gather_pixel_quads<2>(d, 4 * ohw, count, piece);
+    return _mm256_load_ps(piece);
   }
   ENGINE_X86_TARGET("avx2,fma") static void run(const TapsByChannels& in) {
     const TapsByChannels s = in;
     const long wp = kWp ? kWp : s.wp, out_w = kOutW ? kOutW : s.out_w, skip = wp - out_w;
     const int64_t ohw = kOhw ? kOhw : s.ohw;
-    alignas(32) float sums[9][N];  // the chains between blocks
+    alignas(32) float sums[9][N];  // the chains between passes
     for (int t = 0; t < 9; ++t)
       for (int q = 0; q < N; ++q) sums[t][q] = s.from_c ? s.c[t * s.ldc + q] : 0.0f;
-    alignas(32) float buf[kBlock * N];
     for (int64_t j = 0; j * ohw < s.k; ++j) {
       const int np = static_cast<int>(std::min<int64_t>(ohw, s.k - j * ohw));
-      const float* d = s.dy + j * N * ohw;
-      const float* image = s.images + j * s.image_floats;
-      for (int p0 = 0; p0 < np; p0 += kBlock) {
-        const int count = std::min(kBlock, np - p0);
-        for (int p = 0; p < count; p += 8)
-          for (int u = 0; u < N / 4; ++u) unit(d + p0 + p, ohw, u, count - p, buf + p * N);
-        const int oh0 = static_cast<int>(p0 / out_w), ow0 = static_cast<int>(p0 % out_w);
-        for (int r = 0; r < 3; ++r) {  // the kernel's row r: taps 3r..3r+2, 3 G chains
-          __m256 acc[3][G];
-          for (int t = 0; t < 3; ++t)
-            for (int g = 0; g < G; ++g) acc[t][g] = _mm256_load_ps(&sums[3 * r + t][8 * g]);
-          const float* b = image + (oh0 + r) * wp + ow0;
-          int ow = ow0;
-          for (int i = 0; i < count; ++i) {
-            const __m256 a0 = _mm256_broadcast_ss(b), a1 = _mm256_broadcast_ss(b + 1), a2 = _mm256_broadcast_ss(b + 2);
-            const float* v = buf + i * N;
+      for (int g = 0; g < G; ++g) {
+        const float* d = s.dy + (j * N + 8 * g) * ohw;
+        __m256 acc[9];
+        for (int t = 0; t < 9; ++t) acc[t] = _mm256_load_ps(&sums[t][8 * g]);
+        const float* b = s.images + j * s.image_floats;
+        int ow = 0;
+        for (int p0 = 0; p0 < np; p0 += 4) {
+          const int count = std::min(4, np - p0);
+          __m256 w[4], v[4];
+          for (int k = 0; k < 4; ++k) w[k] = quads(d + k * ohw + p0, ohw, count);
+          ENGINE_TRANSPOSE_QUADS(mm256, w, v);
 #pragma GCC unroll 4
-            for (int g = 0; g < G; ++g) {
-              const __m256 x = _mm256_load_ps(v + 8 * g);
-              acc[0][g] = _mm256_fmadd_ps(a0, x, acc[0][g]);
-              acc[1][g] = _mm256_fmadd_ps(a1, x, acc[1][g]);
-              acc[2][g] = _mm256_fmadd_ps(a2, x, acc[2][g]);
-            }
+          for (int m = 0; m < 4; ++m) {
+            if (m == count) break;
+#pragma GCC unroll 9
+            for (int t = 0; t < 9; ++t)
+              acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(b + (t / 3) * wp + t % 3), v[m], acc[t]);
             ++b;
             if (++ow == out_w) ow = 0, b += skip;
           }
-          for (int t = 0; t < 3; ++t)
-            for (int g = 0; g < G; ++g) _mm256_store_ps(&sums[3 * r + t][8 * g], acc[t][g]);
         }
+        for (int t = 0; t < 9; ++t) _mm256_store_ps(&sums[t][8 * g], acc[t]);
       }
     }
     for (int t = 0; t < 9; ++t)
       for (int q = 0; q < N; ++q) s.c[t * s.ldc + q] = sums[t][q];
   }
 };
+#undef ENGINE_TRANSPOSE_QUADS
 #if !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
