@@ -680,6 +680,7 @@ std::string version_text() {
     const std::string v = nccl_version();  // opened at run time: may be missing here
     out += "nccl: " + (v.empty() ? std::string("built, but libnccl.so.2 does not load here") : v) + "\n";
   }
+  out += "checkpoint parser: " + checkpoint_parser_confinement().summary + "\n";
   return out;
 }
 
@@ -733,6 +734,12 @@ const Command kCommands[] = {
      [](const Commands& c) {
        verify_checkpoint_file(c.verify_path);
        std::cout << c.verify_path << ": OK\n";
+       // A sound verdict from a parser that ran unconfined is still sound, but the user
+       // is told the file was parsed with less protection than docs/security.md describes.
+       const CheckpointParserConfinement parser = checkpoint_parser_confinement();
+       if (!parser.seccomp_filter)
+         std::cerr << "engine: warning: " << c.verify_path << " was parsed without the parser's seccomp filter ("
+                   << parser.reason << "); ENGINE_PARSER_SECCOMP=require refuses instead (docs/security.md)\n";
        return 0;
      }},
     {"diff", "Compares two checkpoints tensor by tensor, scalar by scalar.", ParsesCheckpoints::No, diff_options,

@@ -208,6 +208,25 @@ using namespace checkpoint_internal;
 
 void start_checkpoint_parser() { hdf5_sandbox::prepare(); }
 
+CheckpointParserConfinement checkpoint_parser_confinement() {
+  const hdf5_sandbox::Confinement c = hdf5_sandbox::confinement();
+  CheckpointParserConfinement out;
+  if (!c.known) {
+    out.reason = c.start_error;
+    out.summary = "not started (" + c.start_error + ")";
+  } else if (c.seccomp_errno == 0) {
+    out.seccomp_filter = true;
+    out.summary = "seccomp filter";
+  } else {
+    out.reason = "prctl(PR_SET_SECCOMP): " + std::string(std::strerror(c.seccomp_errno));
+    out.summary = "no seccomp filter (" + out.reason + "): " +
+                  (c.required ? "ENGINE_PARSER_SECCOMP=require refuses every checkpoint"
+                              : "files are parsed without it (ENGINE_PARSER_SECCOMP=require refuses them)");
+  }
+  if (!c.policy_error.empty()) out.summary += "; " + c.policy_error + ": every checkpoint is refused";
+  return out;
+}
+
 // Reading a checkpoint: the header, then the HDF5 metadata (metadata_bytes after the
 // header) and its checksum. libhdf5 never parses the file in this process: the parser
 // process (io/hdf5_sandbox.h) walks the metadata into a manifest while this thread

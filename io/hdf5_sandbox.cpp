@@ -50,6 +50,14 @@ constexpr double kDefaultWallSeconds = 20.0;
 
 enum class Status : uint8_t { Parsed = 0, Refused = 1, NeedsData = 2, Failed = 3 };
 
+// The parser's first message, once it is set up: whether its seccomp filter is in place.
+constexpr uint64_t kGreetingMagic = 0x4f4c4c4548464645;  // "EFFHELLO"
+struct Greeting {
+  uint64_t magic;
+  int32_t seccomp_errno;  // 0: the filter is installed; else prctl's errno
+  int32_t reserved;
+};
+
 struct Request {
   uint64_t magic;
   uint64_t image_size;
@@ -138,14 +146,17 @@ int isolate(int sock) {
 // After setup the parser needs only memory, its socket and its own limits. A seccomp
 // filter makes every other system call fail with EPERM, so a parser subverted by a
 // file cannot open files or sockets, start programs or signal other processes.
-// Best effort: where the kernel refuses filters the parser runs without one.
-void confine() {
+// Best effort: where the kernel refuses filters (qemu-user, an old kernel, a container
+// that forbids them) the parser runs without one and says so in its greeting, and
+// ENGINE_PARSER_SECCOMP=require makes the caller refuse to send it a file.
+// Returns 0, or the errno of the refusal (ENOSYS: no filter for this architecture).
+int confine() {
 #if defined(__x86_64__)
   constexpr uint32_t kArch = AUDIT_ARCH_X86_64;
 #elif defined(__aarch64__)
   constexpr uint32_t kArch = AUDIT_ARCH_AARCH64;
 #else
-  return;
+  return ENOSYS;
 #endif
   const int allowed[] = {
     __NR_read, __NR_write, __NR_readv, __NR_writev, __NR_recvfrom, __NR_sendto, __NR_recvmsg, __NR_sendmsg,
@@ -178,7 +189,7 @@ void confine() {
   f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
   f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)));
   sock_fprog prog{static_cast<unsigned short>(f.size()), f.data()};
-  prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0);
+  return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) == 0 ? 0 : errno;
 }
 
 void reply(int sock, Status status, const std::string& body) {
@@ -192,7 +203,8 @@ void reply(int sock, Status status, const std::string& body) {
   sock = isolate(sock);
   const uint64_t inherited = address_space_bytes();
   H5open();  // before the filter: initialising libhdf5 may read its environment's files
-  confine();
+  const Greeting hello{kGreetingMagic, confine(), 0};
+  if (!write_full(sock, &hello, sizeof hello)) _exit(0);
   for (;;) {
     Request rq{};
     if (!read_full(sock, &rq, sizeof rq)) _exit(0);  // the caller closed the socket or exited
@@ -243,7 +255,12 @@ struct Parser {
   pid_t pid = -1;
   int sock = -1;
   pid_t owner = -1;  // the process that started it
+  bool greeted = false;  // its Greeting has been read
 };
+
+// What the last parser's greeting said (under g_mutex).
+bool g_known = false;
+int g_seccomp_errno = 0;
 
 constexpr char kCpuLimitExceeded[] = "parser exceeded its CPU time limit";
 
@@ -450,6 +467,45 @@ std::string one_line(const std::string& s) {
   return out;
 }
 
+// ENGINE_PARSER_SECCOMP: "require" refuses to send a file to a parser without its
+// filter; "best-effort" (the default, also when unset) parses without it.
+enum class SeccompPolicy { BestEffort, Require, Invalid };
+SeccompPolicy seccomp_policy() {
+  const char* v = std::getenv("ENGINE_PARSER_SECCOMP");
+  if (!v || !*v || std::strcmp(v, "best-effort") == 0) return SeccompPolicy::BestEffort;
+  if (std::strcmp(v, "require") == 0) return SeccompPolicy::Require;
+  return SeccompPolicy::Invalid;
+}
+
+// Reads the greeting of a parser that has not sent it yet (within g_pending's deadline).
+Io read_greeting() {
+  if (g_parser.greeted) return Io::Done;
+  Greeting hello{};
+  const Io io = recv_all(&hello, sizeof hello);
+  if (io != Io::Done) return io;
+  if (hello.magic != kGreetingMagic) return Io::Closed;
+  g_parser.greeted = true;
+  g_known = true;
+  g_seccomp_errno = hello.seccomp_errno;
+  return Io::Done;
+}
+
+// Why this parser may not be sent a file ("" when it may).
+std::string policy_refusal() {
+  switch (seccomp_policy()) {
+    case SeccompPolicy::BestEffort:
+      return "";
+    case SeccompPolicy::Invalid:
+      return std::string("ENGINE_PARSER_SECCOMP='") + one_line(std::getenv("ENGINE_PARSER_SECCOMP")) +
+             "' is not 'require' or 'best-effort'";
+    case SeccompPolicy::Require:
+      if (g_seccomp_errno == 0) return "";
+      return "not parsed: the parser's seccomp filter could not be installed (" +
+             std::string(std::strerror(g_seccomp_errno)) + ") and ENGINE_PARSER_SECCOMP=require forbids parsing without it";
+  }
+  return "";
+}
+
 // Sends the pending request, to a new parser if none runs or the last one has gone.
 void send_request() {
   g_pending.failed = g_pending.died = false;
@@ -478,8 +534,21 @@ void send_request() {
       return;
     }
   }
+  // The untrusted bytes go only to a parser that has said how it is confined.
+  Io io = read_greeting();
+  if (io != Io::Done) {
+    fail_pending(io);
+    return;
+  }
+  const std::string refusal = policy_refusal();
+  if (!refusal.empty()) {
+    retire(true);
+    g_pending.failed = true;
+    g_pending.failure = refusal;
+    return;
+  }
   const Request rq{kRequestMagic, g_pending.image_size, g_pending.sent, g_pending.content, g_pending.tag};
-  Io io = send_all(&rq, sizeof rq);
+  io = send_all(&rq, sizeof rq);
   if (io == Io::Done) io = send_all(g_pending.image, g_pending.sent);
   if (io != Io::Done) fail_pending(io);
 }
@@ -592,6 +661,36 @@ void prepare() {
     g_parser = Parser{};
     spawn(ignored);
   }
+}
+
+Confinement confinement() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  Confinement out;
+  out.policy_error = seccomp_policy() == SeccompPolicy::Invalid ? policy_refusal() : "";
+  out.required = seccomp_policy() == SeccompPolicy::Require;
+  if (g_parser.pid >= 0 && g_parser.owner != ::getpid()) {
+    ::close(g_parser.sock);
+    g_parser = Parser{};
+  }
+  std::string why;
+  if (g_parser.pid < 0 && !spawn(why)) {
+    out.start_error = why;
+    return out;
+  }
+  g_pending = Pending{};
+  g_pending.wall_seconds = kDefaultWallSeconds;
+  g_pending.deadline = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(g_pending.wall_seconds));
+  const Io io = read_greeting();
+  if (io != Io::Done) {
+    out.start_error = retire(true);
+    if (out.start_error.empty()) out.start_error = "the parser ended before it was ready";
+    return out;
+  }
+  out.known = true;
+  out.seccomp_errno = g_seccomp_errno;
+  return out;
 }
 
 Reply parse(const unsigned char* image, std::size_t sent, std::size_t image_size, ImageContent content) {

@@ -65,6 +65,18 @@ class ImageParser {
 // parser process, forked with the previous one, is replaced. `parser` must outlive its use.
 void use_parser(ImageParser* parser);
 
+// How the parser process is confined: its seccomp filter is installed where the kernel
+// allows (not under qemu-user, for one). Starts the parser if none runs and waits for it
+// to say. ENGINE_PARSER_SECCOMP=require makes every parse without the filter fail.
+struct Confinement {
+  bool known = false;         // the parser started and said
+  int seccomp_errno = 0;      // 0: the filter is installed; else why not (prctl's errno)
+  bool required = false;      // ENGINE_PARSER_SECCOMP=require
+  std::string start_error;    // why the parser could not be started (known == false)
+  std::string policy_error;   // ENGINE_PARSER_SECCOMP holds another value (every parse fails)
+};
+Confinement confinement();
+
 // The parser process's id, or -1 when none runs.
 int parser_pid();
 

@@ -6,6 +6,7 @@
 
 #include "cli_util.h"
 #include "engine/core/build_info.h"
+#include "engine/io/checkpoint.h"
 
 using namespace test_util;
 
@@ -44,6 +45,10 @@ TEST_CASE("engine --version and engine version print the build") {
     CHECK(has_line(r.output, "HDF5: " + info.hdf5));
     CHECK(has_line(r.output, "cpu kernels: " + std::regex_replace(info.cpu_kernels, std::regex(R"([()])"), R"(\$&)")));
     CHECK(has_line(r.output, "OpenMP: .+"));
+    // The parser's confinement as this machine gives it (test_crafted checks the filter
+    // itself; tests/aarch64.sh the line without it, under qemu-user).
+    const engine::CheckpointParserConfinement parser = engine::checkpoint_parser_confinement();
+    CHECK(r.output.find("\ncheckpoint parser: " + parser.summary + "\n") != std::string::npos);
 #if defined(ENGINE_WITH_CUDA)
     CHECK(has_line(r.output, R"(CUDA backend: on \(built against CUDA runtime \d+\.\d+\))"));
     CHECK(has_line(r.output, R"(cuDNN: \d+\.\d+\.\d+ \(headers \d+\.\d+\.\d+\))"));

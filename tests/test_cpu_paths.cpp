@@ -4,6 +4,8 @@
 // the slow one: a minute or two).
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -51,4 +53,42 @@ TEST_CASE("every CPU-kernel path and thread count trains to the same bits") {
     }
   }
   CHECK(runs >= 2);  // the portable path runs everywhere
+}
+
+// The flags the bits depend on (-ffp-contract=off, the target's baseline) are set for
+// every build type: a Debug build (-O0, CPU-only; CTest builds it in the fixture
+// cpu_paths_debug_build and names it in $ENGINE_DEBUG_BIN) trains to the Release build's
+// bits, on every path this CPU can run.
+TEST_CASE("a Debug build trains to the same bits as the Release build") {
+  if (!dataset_available()) return;
+  const char* debug_bin = std::getenv("ENGINE_DEBUG_BIN");
+  if (!debug_bin) {
+    MESSAGE("ENGINE_DEBUG_BIN is not set (CTest sets it): skipped");
+    return;
+  }
+  REQUIRE(std::filesystem::exists(debug_bin));
+  const std::string base = fresh_dir("cpu_paths_debug");
+  const std::string args = "train \"" + source_dir() + "/configs/mnist.json\" --device cpu --set data.dir=\"" +
+                           data_dir() + "\" --set data.train_limit=500 --set data.val_split=100" +
+                           " --set data.test_limit=200 --set train.epochs=2 --set logging.tensorboard=false";
+  const RunResult version = run_program("", debug_bin, "--version");
+  INFO(version.output);
+  REQUIRE(version.exit_code == 0);
+  for (cpu::CpuKernels path : {cpu::CpuKernels::Avx512, cpu::CpuKernels::Avx2, cpu::CpuKernels::Portable}) {
+    const std::string name = cpu::cpu_kernels_name(path);
+    if (!cpu::cpu_supports(path)) continue;
+    const std::string env = "ENGINE_CPU_KERNELS=" + name + " OMP_NUM_THREADS=2";
+    const RunResult release = run_with_env(env, args + " --run-dir \"" + base + "/release_" + name + "\"");
+    INFO(release.output);
+    REQUIRE(release.exit_code == 0);
+    const RunResult debug = run_program(env, debug_bin, args + " --run-dir \"" + base + "/debug_" + name + "\"");
+    INFO(debug.output);
+    REQUIRE(debug.exit_code == 0);
+    const RunResult d =
+        run("diff \"" + base + "/release_" + name + "/last.h5\" \"" + base + "/debug_" + name + "/last.h5\"");
+    CAPTURE(name);
+    INFO(d.output);
+    CHECK(d.exit_code == 0);
+    CHECK(d.output.find("verdict: identical") != std::string::npos);
+  }
 }

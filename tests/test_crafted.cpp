@@ -105,6 +105,29 @@ TEST_CASE("the parser runs under a seccomp filter") {
   while (std::getline(status, line))
     if (line.rfind("Seccomp:", 0) == 0) seccomp = line;
   CHECK(seccomp == "Seccomp:\t2");
+  const CheckpointParserConfinement c = checkpoint_parser_confinement();
+  CHECK(c.seccomp_filter);
+  CHECK(c.summary == "seccomp filter");
+}
+
+// ENGINE_PARSER_SECCOMP=require parses where the filter is in place (tests/aarch64.sh
+// checks the refusal under qemu-user, where it is not); any other value refuses, naming it.
+TEST_CASE("ENGINE_PARSER_SECCOMP: require parses under the filter, a bad value refuses every load") {
+  ::setenv("ENGINE_PARSER_SECCOMP", "require", 1);
+  CHECK_NOTHROW((void)load_checkpoint(fixture()));
+  ::setenv("ENGINE_PARSER_SECCOMP", "always", 1);
+  std::string msg;
+  try {
+    (void)load_checkpoint(fixture());
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  ::unsetenv("ENGINE_PARSER_SECCOMP");
+  INFO(msg);
+  CHECK(msg.find("ENGINE_PARSER_SECCOMP='always' is not 'require' or 'best-effort'") != std::string::npos);
+  CHECK(msg.find('\n') == std::string::npos);
+  CHECK(checkpoint_parser_confinement().summary == "seccomp filter");
+  CHECK_NOTHROW((void)load_checkpoint(fixture()));
 }
 
 TEST_CASE("a parser that crashes is a one-line refusal, and the next load gets a new parser") {

@@ -21,11 +21,17 @@ install_tensorboard() {
   echo "setup-debian: installing tensorboard (pip) for /usr/bin/python3"
   "${as_root[@]}" /usr/bin/python3 -m pip install --quiet --break-system-packages tensorboard
 }
+# The arm64 builds of HDF5 and zlib for the aarch64 cross build's test (tests/aarch64.sh),
+# downloaded into .deps/ without installing them. Not fatal: without them that test skips.
+fetch_arm64_libs() {
+  tools/fetch-arm64-libs.sh || echo "setup-debian: the arm64 libraries could not be fetched: the aarch64 test will skip" >&2
+}
 as_root=()
 if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then as_root=(sudo); fi
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup-debian: all ${#packages[@]} packages of .ci/packages.txt are installed"
   install_tensorboard
+  fetch_arm64_libs
   exit 0
 fi
 
@@ -40,3 +46,4 @@ echo "setup-debian: installing ${missing[*]}"
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "${packages[@]}"
 install_tensorboard
+fetch_arm64_libs

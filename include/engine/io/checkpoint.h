@@ -82,6 +82,18 @@ Checkpoint load_checkpoint(const std::string& path, Device device, Env* env = nu
 // is reported by the next load.
 void start_checkpoint_parser();
 
+// How the checkpoint parser is confined (docs/security.md). Its seccomp filter, which
+// keeps a parser subverted by a file from opening files, starting programs or signalling
+// others, is installed where the kernel allows it; under qemu-user, or a container that
+// forbids filters, the parser runs without it unless ENGINE_PARSER_SECCOMP=require, which
+// makes every load refuse instead. Starts the parser if none runs.
+struct CheckpointParserConfinement {
+  bool seccomp_filter = false;  // the filter is installed in the parser process
+  std::string reason;           // why not: "prctl(PR_SET_SECCOMP): Invalid argument", ...
+  std::string summary;          // one line: "seccomp filter", or what is missing and why
+};
+CheckpointParserConfinement checkpoint_parser_confinement();
+
 // Everything load_checkpoint checks, without keeping the result.
 void verify_checkpoint_file(const std::string& path, Env* env = nullptr);
 
