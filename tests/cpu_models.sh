@@ -11,11 +11,13 @@
 # resumed on another node does. Emulated floating point is slow (about 1 minute per run
 # here), so the run is tiny: 32 training images in batches of 12 (a ragged last batch), a
 # validation of 16 and a test of 16.
+# The golden table of the engine's transcendentals (test_det_math's "golden table" case)
+# runs on each emulated CPU too: its portable code without AVX or FMA on the Nehalem.
 # CTest label `cpu_models`; skipped (77) without qemu-x86_64 (Debian's qemu-user), off
 # x86-64, or without the data set.
-#   cpu_models.sh ENGINE CONFIG DATA_DIR TMP
+#   cpu_models.sh ENGINE CONFIG DATA_DIR TMP TEST_DET_MATH
 set -euo pipefail
-engine="$1" config="$2" data="$3" tmp="$4"
+engine="$1" config="$2" data="$3" tmp="$4" det_test="$5"
 [[ "$(uname -m)" == x86_64 ]] || { echo "not an x86-64 machine: skipped"; exit 77; }
 qemu="$(command -v qemu-x86_64 || true)"
 [[ -n "$qemu" ]] || { echo "no qemu-x86_64 (Debian's qemu-user): skipped"; exit 77; }
@@ -59,5 +61,8 @@ for m in "${models[@]}"; do
   grep -q '^verdict: identical' "$tmp/$m.diff" || { cat "$tmp/$m.diff"; fail "emulated $m: no identical verdict"; }
   diff <(grep '^test:' "$tmp/native.log") <(grep '^test:' "$tmp/$m.log") || fail "emulated $m: test metrics differ"
   echo "emulated $m: last.h5 and test metrics identical to this machine's"
+  "$qemu" -cpu "$m" "$det_test" -tc='golden table*' >"$tmp/$m.det" 2>&1 || { cat "$tmp/$m.det"; fail "emulated $m: det:: differs from its golden table"; }
+  grep -q 'test cases: 1 | 1 passed' "$tmp/$m.det" || { cat "$tmp/$m.det"; fail "emulated $m: the golden-table case did not run"; }
+  echo "emulated $m: det:: golden table identical"
 done
 rm -rf "$tmp"
