@@ -85,6 +85,20 @@ std::string config_differences(const nlohmann::json& mine, const nlohmann::json&
   return out;
 }
 
+// What identifies this build for the start agreement, in words: the version, the
+// compiler, the MPI library and whether the CUDA backend is in. Its hash is compared;
+// the words name both builds when they differ.
+std::string build_description() {
+  std::string mpi = mpi_library_version();
+  if (const auto end = mpi.find_first_of(",\n"); end != std::string::npos) mpi.resize(end);  // Open MPI's first line
+#ifdef ENGINE_WITH_CUDA
+  const char* cuda = "CUDA backend on";
+#else
+  const char* cuda = "CPU-only";
+#endif
+  return std::string("engine ") + ENGINE_VERSION + " (" + cuda + ", compiler " + __VERSION__ + ", " + mpi + ")";
+}
+
 uint64_t build_hash() {
   Hash64 h;
   h.add(std::string(ENGINE_VERSION));
@@ -202,9 +216,20 @@ StartAgreement agree_on_start(Collective& comm, const Config& cfg, Dataset& data
     for (const int r : differ[kConfig])
       message += " on rank " + std::to_string(r) + ": " + std::string(notes.data() + r * kNote) + ";";
   }
-  if (!differ[kBuild].empty())
-    message += " " + rank_list(differ[kBuild]) + " run another engine build than rank 0 (version, compiler or MPI "
-               "library; `engine --version` on each node);";
+  if (!differ[kBuild].empty()) {
+    // Every rank's build in words, so that the line names both builds.
+    constexpr std::size_t kWords = 240;
+    std::string words = build_description();
+    if (words.size() >= kWords) words = words.substr(0, kWords - 4) + "...";
+    std::vector<char> send(kWords, '\0'), all_words(kWords * static_cast<std::size_t>(w));
+    std::memcpy(send.data(), words.data(), words.size());
+    comm.allgather(send.data(), kWords, all_words.data());
+    message += " the engine build of " + rank_list(differ[kBuild]) +
+               " differs from rank 0's (`engine --version` on each node): rank 0 runs " + std::string(all_words.data());
+    for (const int r : differ[kBuild])
+      message += ", rank " + std::to_string(r) + " runs " + std::string(all_words.data() + r * kWords);
+    message += ";";
+  }
   if (!differ[kData].empty())
     message += " the data of " + rank_list(differ[kData]) +
                " differs from rank 0's (data.dir holds other bytes, or data.* limits differ);";

@@ -187,5 +187,36 @@ check_tree "$tmp/prefix-cpu" OFF
 consumer "$tmp/prefix-cpu" embed-installed-cpu OFF
 pc_check "$tmp/prefix-cpu" OFF
 
+step "3. two builds as the ranks of one job: refused at start, naming both, nothing written"
+# The installed build of step 1 as rank 0, step 2's CPU-only one as rank 1. Two CPU-only
+# builds of the same compiler and MPI are one build to the start agreement.
+mpirun=${MPIEXEC:-$(command -v mpirun || true)}
+if [ "$with_cuda" != ON ]; then
+  echo "mixed builds: skipped (both builds are CPU-only)"
+elif [ -z "$mpirun" ] || ! "$tmp/prefix-cpu/bin/engine" --version | grep -q '^mpi: Open MPI'; then
+  echo "mixed builds: skipped (no mpirun, or the engine was built without MPI)"
+else
+  mixed=$tmp/mixed
+  mixed_data=()
+  if [ -n "${ENGINE_DATA_DIR:-}" ]; then mixed_data=(--set "data.dir=$ENGINE_DATA_DIR"); fi
+  rc=0
+  env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none \
+    OMP_NUM_THREADS=1 timeout -s KILL 120 "$mpirun" --oversubscribe --bind-to none \
+    -np 1 "$tmp/prefix-moved/bin/engine" train "$src/configs/mnist.json" --device cpu --run-dir "$mixed/run" \
+      --set data.train_limit=64 --set data.val_split=16 --set data.test_limit=16 "${mixed_data[@]}" \
+    : -np 1 "$tmp/prefix-cpu/bin/engine" train "$src/configs/mnist.json" --device cpu --run-dir "$mixed/run" \
+      --set data.train_limit=64 --set data.val_split=16 --set data.test_limit=16 "${mixed_data[@]}" \
+    >"$tmp/mixed.log" 2>&1 || rc=$?
+  [ "$rc" = 2 ] || { cat "$tmp/mixed.log"; fail "mixed builds: exit $rc, expected 2 (137: the job hung)"; }
+  for r in 0 1; do
+    grep -q "^engine: rank $r: .*the engine build of rank 1 differs from rank 0's.*rank 0 runs engine $version (CUDA backend on, .*rank 1 runs engine $version (CPU-only, " "$tmp/mixed.log" \
+      || { cat "$tmp/mixed.log"; fail "mixed builds: rank $r gave no line naming both builds"; }
+  done
+  # Nothing but the run directory's lock (taken before the ranks agree).
+  left=$(cd "$mixed/run" && find . -mindepth 1 ! -name .lock | sort)
+  [ -z "$left" ] || fail "mixed builds: the refused job wrote $left"
+  echo "mixed builds: refused by both ranks, exit 2: $(grep -m1 '^engine: rank 0' "$tmp/mixed.log" | cut -c1-400)"
+fi
+
 echo
-echo "embed: the package works (CUDA backend $with_cuda, then OFF; find_package, FetchContent, pkg-config)"
+echo "embed: the package works (CUDA backend $with_cuda, then OFF; find_package, FetchContent, pkg-config; mixed builds refused)"

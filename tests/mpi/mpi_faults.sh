@@ -2,8 +2,9 @@
 # Faults under mpirun (docs/distributed.md "Faults"), 2 CPU ranks on 600 images:
 #  - a rank SIGKILLed mid-run: the job ends within a bound, last.h5 is sound, and
 #    `engine resume` to the end gives the straight run's last.h5 bit for bit;
-#  - a rank SIGSTOPped with dist.timeout_s=3: the watchdog ends every rank within
-#    timeout + 10 s, its line names the rank and the timeout; resume bit-exact;
+#  - a rank SIGSTOPped with dist.timeout_s=6: the watchdog ends every rank no sooner
+#    than the timeout and within timeout + roll call + 3 s (below), its line names the
+#    rank and the timeout; resume bit-exact;
 #  - a rank that fails (data.dir=/nonexistent on rank 1 only): the job ends at once,
 #    one line naming rank 1 and data.dir; a save that fails on rank 0 (a file size
 #    limit): exit 3 on every rank, or with on_error=continue a warning naming rank 0;
@@ -77,6 +78,7 @@ fault_run() {
   [[ "$(ps -o stat= -p "$victim" 2>/dev/null)" =~ ^[^Z] ]] && { kill -9 "$victim"; fail "$name: rank 1 (pid $victim) outlived the job by 5 s"; }
   [[ $rc != 0 ]] || { cat "$tmp/$name.log"; fail "$name: exit status 0 after SIG$sig to rank 1"; }
   echo "$name: SIG$sig to rank 1 after step $hold_step: every rank ended ${took} s later (bound $bound s), mpirun exit $rc"
+  last_took=$took
 }
 
 # NAME: last.h5 of the faulted run is sound, and resuming it under 2 ranks ends with the
@@ -95,10 +97,20 @@ resume_matches() {
 fault_run killed KILL 30
 resume_matches killed
 
-# A stopped rank: nothing dies, so only the watchdog ends the job.
-fault_run stopped STOP 13 --set dist.timeout_s=3
-grep -aq 'rank 1 did not answer' "$tmp/stopped.log" && grep -aq 'within 3 s (dist.timeout_s)' "$tmp/stopped.log" \
-  || { cat "$tmp/stopped.log"; fail "stopped: no watchdog line naming rank 1 and the 3 s"; }
+# A stopped rank: nothing dies, so only the watchdog ends the job. Rank 0, let go on,
+# enters its next collective within a step (milliseconds here) and waits dist.timeout_s
+# for it; then the roll call listens min(2 s, timeout) for the other ranks, which the
+# stopped one never answers; then rank 0 prints its line and MPI_Abort ends the job. So
+# the job ends between timeout and timeout + 2 s + slack after the SIGSTOP, where the slack
+# (3 s) covers that step, mpirun's teardown of a stopped process and this loop's 0.1 s
+# polling on a loaded machine. A timeout of 6 s leaves a doubled deadline (12 + 2 s) or
+# a doubled roll call well outside the bound of 11 s, and a halved one below 6 s.
+timeout_s=6 roll_call_s=2 slack_s=3
+fault_run stopped STOP $((timeout_s + roll_call_s + slack_s)) --set dist.timeout_s=$timeout_s
+within "$timeout_s" "$last_took" \
+  || { cat "$tmp/stopped.log"; fail "stopped: the job ended $last_took s after the SIGSTOP, before dist.timeout_s ($timeout_s s)"; }
+grep -aq 'rank 1 did not answer' "$tmp/stopped.log" && grep -aq "within $timeout_s s (dist.timeout_s)" "$tmp/stopped.log" \
+  || { cat "$tmp/stopped.log"; fail "stopped: no watchdog line naming rank 1 and the $timeout_s s"; }
 echo "stopped: $(grep -am1 'watchdog' "$tmp/stopped.log")"
 resume_matches stopped
 
