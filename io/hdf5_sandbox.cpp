@@ -258,8 +258,7 @@ struct Parser {
   bool greeted = false;  // its Greeting has been read
 };
 
-// What the last parser's greeting said (under g_mutex).
-bool g_known = false;
+// What the running parser's greeting said (under g_mutex).
 int g_seccomp_errno = 0;
 
 constexpr char kCpuLimitExceeded[] = "parser exceeded its CPU time limit";
@@ -485,7 +484,6 @@ Io read_greeting() {
   if (io != Io::Done) return io;
   if (hello.magic != kGreetingMagic) return Io::Closed;
   g_parser.greeted = true;
-  g_known = true;
   g_seccomp_errno = hello.seccomp_errno;
   return Io::Done;
 }

@@ -17,17 +17,7 @@ namespace det = engine::kernels::det;
 
 namespace {
 
-struct GoldenEntry {
-  DetFn fn;
-  uint64_t input;
-  long long n;
-  uint64_t output;
-  double error_ulps;  // against the exact value; -1: a special value
-};
-
-const GoldenEntry kGolden[] = {
-#include "data/det_golden.inc"
-};
+#include "data/det_golden.inc"  // kDetGolden[], kDetGoldenStreams[]
 
 double from_bits(uint64_t b) {
   double x;
@@ -45,7 +35,7 @@ uint64_t to_bits(double x) {
 __attribute__((flatten)) DetGoldenResult DET_GOLDEN_CHECK() {
   DetGoldenResult r;
   std::ostringstream report;
-  for (const GoldenEntry& e : kGolden) {
+  for (const DetGoldenEntry& e : kDetGolden) {
     const double x = from_bits(e.input);
     double y = 0;
     switch (e.fn) {
@@ -61,6 +51,23 @@ __attribute__((flatten)) DetGoldenResult DET_GOLDEN_CHECK() {
       ++r.mismatches;
       report << "fn " << static_cast<int>(e.fn) << " input 0x" << std::hex << e.input << std::dec << " n " << e.n
              << ": got 0x" << std::hex << to_bits(y) << ", the table says 0x" << e.output << std::dec << "\n";
+    }
+  }
+  for (const DetGoldenStream& st : kDetGoldenStreams) {
+    const uint64_t h = det_stream_hash(st, [](DetFn fn, double x, long long n) {
+      switch (fn) {
+        case DetFn::Exp: return det::exp(x);
+        case DetFn::Log: return det::log(x);
+        case DetFn::Cos: return det::cos(x);
+        case DetFn::PowInt: return det::pow_int(x, n);
+      }
+      return 0.0;
+    });
+    ++r.streams;
+    if (h != st.hash) {
+      ++r.mismatches;
+      report << "stream fn " << static_cast<int>(st.fn) << " [" << st.lo << ", " << st.hi << ") x " << st.count
+             << ": hash 0x" << std::hex << h << ", the table says 0x" << st.hash << std::dec << "\n";
     }
   }
   r.report = report.str();

@@ -72,6 +72,21 @@ for beta in [0.9, 0.999]:
 inputs += [("pow_int", 0.5, 0), ("pow_int", 2.0, 10), ("pow_int", 0.99, 5000)]
 
 
+# Hashed streams (tests/det_golden.h): a million inputs each, pinned by one hash of the
+# outputs, so that a change moving one result in a million shows (a last-digit change of
+# det::exp's 1/6 moves about 0.2 % of its results; the table above alone may miss it).
+# (function, draw, lo, hi, n_max, count, seed, what)
+streams = [
+    ("exp", "uniform", -50.0, 0.0, 1, 1000000, 1, "the cross-entropy's range"),
+    ("exp", "uniform", -745.2, 709.8, 1, 1000000, 2, "the whole domain"),
+    ("log", "binades", -1073.0, 1024.0, 1, 1000000, 3, "every binade, subnormals included"),
+    ("log", "uniform", 1.0, 100.0, 1, 1000000, 4, "the cross-entropy's sums"),
+    ("cos", "uniform", 0.0, math.pi, 1, 1000000, 5, "the cosine schedule's range"),
+    ("cos", "uniform", -1e4, 1e4, 1, 1000000, 6, "beyond it"),
+    ("pow_int", "uniform", 0.9, 1.0, 100000, 200000, 7, "Adam's beta^t"),
+]
+
+
 def exact(fn, x, n):
     v = mpmath.mpf(x)
     if fn == "exp":
@@ -102,8 +117,16 @@ def main():
         sys.exit(__doc__)
     dump, out = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "tests/data/det_golden.inc"
     request = "".join(f"{fn} 0x{bits(x):016x} {n}\n" for fn, x, n in inputs)
+    request += "".join(f"stream {fn} {draw} {lo!r} {hi!r} {n_max} {count} {seed}\n"
+                       for fn, draw, lo, hi, n_max, count, seed, _ in streams)
     answer = subprocess.run([dump], input=request, capture_output=True, text=True, check=True).stdout.split("\n")
     rows, worst = [], {}
+    stream_rows = []
+    for (fn, draw, lo, hi, n_max, count, seed, what), line in zip(streams, answer[len(inputs):]):
+        word, h = line.split()
+        assert word == "stream", line
+        stream_rows.append(f"    {{DetFn::{'PowInt' if fn == 'pow_int' else fn.capitalize()}, DetDraw::{draw.capitalize()}, "
+                           f"{lo!r}, {hi!r}, {n_max}, {count}, {seed}ull, {h}ull}},  // {fn}: {what}")
     for (fn, x, n), line in zip(inputs, answer):
         name, xin, nn, yout = line.split()
         assert name == fn and int(xin, 16) == bits(x) and int(nn) == n, line
@@ -123,8 +146,11 @@ def main():
         f.write("// tests/test_det_math.cpp checks each on every CPU path. Columns: function, input bits,\n")
         f.write("// n (pow_int), output bits, error in ulps of the exact value (-1: a special value, exact).\n")
         f.write(f"// Largest error in this table, ulps: {summary}.\n")
-        f.write("\n".join(rows) + "\n")
-    print(f"det_golden: {len(rows)} entries written to {out}; largest error (ulps): {summary}")
+        f.write("const DetGoldenEntry kDetGolden[] = {\n" + "\n".join(rows) + "\n};\n\n")
+        f.write("// Hashed streams (tests/det_golden.h): function, draw, lo, hi, n_max, count, seed, hash.\n")
+        f.write("const DetGoldenStream kDetGoldenStreams[] = {\n" + "\n".join(stream_rows) + "\n};\n")
+    print(f"det_golden: {len(rows)} entries and {len(stream_rows)} streams written to {out}; "
+          f"largest error (ulps): {summary}")
 
 
 if __name__ == "__main__":
