@@ -129,8 +129,8 @@ engine_layer(nn
   SOURCES engine/nn/*.cpp models/*.cpp
   PREFIXES nn=engine/nn models=models)
 
-# The trainer: the loop, evaluation, inference, run control; until the run directory
-# leaves the Trainer (issue 13), also the run lock, the time budget and TensorBoard.
+# The trainer: the loop, evaluation, inference, run control, the time budget and the
+# ranks' start agreement. The run lock and TensorBoard's writer live in the run layer.
 engine_layer(train
   SOURCES engine/train/*.cpp
   PREFIXES train=engine/train)

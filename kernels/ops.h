@@ -1,5 +1,5 @@
 // Backends of every op. `ref` is the readable reference (double accumulation, no
-// tricks), `cpu` the fast CPU path (im2col + BLAS, OpenMP), `cuda` the GPU path
+// tricks), `cpu` the fast CPU path (the engine's own GEMM, kernels/cpu/gemm.h, with implicit-GEMM convolutions; OpenMP), `cuda` the GPU path
 // (device pointers; present only in CUDA builds, stubs that throw otherwise).
 // Tests compare cpu and cuda against ref, never a path against itself.
 #pragma once

@@ -167,8 +167,8 @@ Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, Traine
     if (device_.is_cuda() && !cuda_ranks_enabled())
       throw std::invalid_argument("data-parallel training on " + std::to_string(collective_->size()) +
                                   " ranks runs on the CPU only for now (device " + device_.str() +
-                                  ": CUDA ranks are wired but have not yet run on a GPU; ENGINE_CUDA_RANKS=1 "
-                                  "tries them, tools/gpu-check.sh stage ranks checks them)");
+                                  ": CUDA ranks are opt-in until the GPU work makes them the default; ENGINE_CUDA_RANKS=1 "
+                                  "turns them on, tools/gpu-check.sh stage ranks checks them)");
     if (device_.is_cuda() && !cfg_.cuda.batch_chunks)
       throw std::invalid_argument("data-parallel training on CUDA ranks needs cuda.batch_chunks=true (the "
                                   "whole-batch CUDA ops compute in one process only)");

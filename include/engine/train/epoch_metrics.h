@@ -1,5 +1,5 @@
 // What an epoch and an evaluation measure: plain data, below the trainer, so that the
-// writers of metrics.jsonl and TensorBoard (io/) and the report take them from here.
+// writers of metrics.jsonl and TensorBoard (engine/run/) and the report take them from here.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -1,7 +1,7 @@
 // The models a config can name (model.name): what the CLI and the inference API build
 // (through make_model, engine/train/model_factory.h).
-// Models sit above engine/: the trainer receives its model from the caller, so a host
-// can equally pass a model of its own (any engine::Model).
+// Models (models/) are part of the nn layer, below the trainer, which receives its model
+// from the caller, so a host can equally pass a model of its own (any engine::Model).
 #pragma once
 #include <memory>
 #include <string>
