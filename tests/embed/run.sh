@@ -193,7 +193,7 @@ step "3. two builds as the ranks of one job: refused at start, naming both, noth
 mpirun=${MPIEXEC:-$(command -v mpirun || true)}
 if [ "$with_cuda" != ON ]; then
   echo "mixed builds: skipped (both builds are CPU-only)"
-elif [ -z "$mpirun" ] || ! "$tmp/prefix-cpu/bin/engine" --version | grep -q '^mpi: Open MPI'; then
+elif [ -z "$mpirun" ] || ! grep -q '^mpi: Open MPI' <<<"$("$tmp/prefix-cpu/bin/engine" --version)"; then
   echo "mixed builds: skipped (no mpirun, or the engine was built without MPI)"
 else
   mixed=$tmp/mixed
