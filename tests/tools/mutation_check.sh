@@ -8,8 +8,9 @@
 # to date (incrementally: one build directory for all), the named CTest tests run, and
 # the patch is reverted. A bug that every named test passes is reported as NOT CAUGHT
 # and the script exits 1. Not part of CI: it rebuilds for every bug (about 20-30 min
-# with the whole list on 2 cores).
-#   tests/tools/mutation_check.sh [--keep] [PATTERN]   (PATTERN: a part of the patch names)
+# with the whole list on 2 cores). The scratch worktree and its build stay for the next
+# run unless it ends clean (or --keep), so a second run builds only what changed.
+#   tests/tools/mutation_check.sh [--keep] [REGEX]   (REGEX: picks patches by name, e.g. '^0[25]-')
 set -euo pipefail
 keep=no
 if [[ "${1:-}" == --keep ]]; then keep=yes; shift; fi
@@ -18,9 +19,18 @@ src="$(cd "$(dirname "$0")/../.." && pwd)"
 scratch="${MUTATION_DIR:-${TMPDIR:-/tmp}/engine-mutants}"
 jobs="${MUTATION_JOBS:-2}"
 
-git -C "$src" worktree remove --force "$scratch" 2>/dev/null || rm -rf "$scratch"
-git -C "$src" worktree add --detach "$scratch" HEAD >/dev/null
-cleanup() { [[ $keep == yes ]] || git -C "$src" worktree remove --force "$scratch" 2>/dev/null || true; }
+head="$(git -C "$src" rev-parse HEAD)"
+if git -C "$scratch" rev-parse --git-dir >/dev/null 2>&1; then
+  # The last run's worktree: to HEAD, touching only the files that differ.
+  git -C "$scratch" checkout --quiet --force --detach "$head"
+else
+  rm -rf "$scratch"
+  git -C "$src" worktree add --detach "$scratch" "$head" >/dev/null
+fi
+finished=no
+cleanup() {
+  if [[ $keep == no && $finished == yes ]]; then git -C "$src" worktree remove --force "$scratch" 2>/dev/null || true; fi
+}
 trap cleanup EXIT
 echo "mutation check of $(git -C "$src" rev-parse --short HEAD) in $scratch"
 if [[ -n "$(git -C "$src" status --porcelain --untracked-files=no)" ]]; then
@@ -37,7 +47,7 @@ rows=()
 not_caught=0
 for patch in "$src"/tests/tools/mutations/*.patch; do
   name="$(basename "$patch" .patch)"
-  [[ -z "$pattern" || "$name" == *"$pattern"* ]] || continue
+  [[ -z "$pattern" || "$name" =~ $pattern ]] || continue
   bug="$(sed -n 's/^# bug: //p' "$patch")"
   tests="$(sed -n 's/^# tests: //p' "$patch")"
   [[ -n "$bug" && -n "$tests" ]] || { echo "$patch: no '# bug:' or '# tests:' line"; exit 2; }
@@ -77,7 +87,8 @@ echo "|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 echo
 if [[ $not_caught -gt 0 ]]; then
-  echo "mutation check: $not_caught bug(s) not caught"
+  echo "mutation check: $not_caught bug(s) not caught (the worktree stays: $scratch)"
   exit 1
 fi
+finished=yes
 echo "mutation check: every bug was caught"
