@@ -44,7 +44,7 @@ done < <(find "$sysroot" -type l -print0)
 build="$work/build"
 if [[ ! -f "$build/CMakeCache.txt" ]]; then
   cmake -S "$src" -B "$build" --toolchain "$src/cmake/toolchain-aarch64-linux-gnu.cmake" \
-    -DENGINE_AARCH64_SYSROOT="$sysroot" -DCMAKE_BUILD_TYPE=Release -DENGINE_CUDA=OFF -DENGINE_MPI=OFF \
+    -DENGINE_AARCH64_SYSROOT="$sysroot" -DCMAKE_BUILD_TYPE=Release -DENGINE_CUDA=OFF -DENGINE_MPI=OFF -DENGINE_ONNX=OFF \
     -DBUILD_TESTING=OFF -DENGINE_INSTALL=OFF >"$work/configure.log" 2>&1 \
     || { cat "$work/configure.log"; fail "configuring the arm64 build failed"; }
 fi
