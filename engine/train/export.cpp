@@ -588,10 +588,16 @@ std::vector<Step> from_onnx(const OnnxGraph& g, StateDict& state, const std::str
 
 // The shapes through the chain: refuses a graph whose layers do not fit together
 // before any layer runs.
-void check_chain(const std::vector<Step>& steps, const ImageShape& input, int classes, const std::string& origin) {
+// `max_elements` bounds every activation (per probe), so that a small file cannot make
+// the engine allocate or compute without bound.
+void check_chain(const std::vector<Step>& steps, const ImageShape& input, int classes, int64_t max_elements,
+                 const std::string& origin) {
   int64_t c = input.channels, h = input.height, w = input.width;
   bool flat = false;
   for (const Step& s : steps) {
+    if (c * h * w > max_elements)
+      throw ExportError(origin + ": layer " + s.name + " takes " + std::to_string(c * h * w) +
+                        " values per image, more than this file's size allows");
     const auto bad = [&](const std::string& why) { return ExportError(origin + ": layer " + s.name + ": " + why); };
     switch (s.kind) {
       case Step::Kind::Conv:
@@ -790,6 +796,13 @@ ExportCheck verify_export(const std::string& path) {
   if (safetensors) {
     shape = meta_shape;
     classes = static_cast<int>(meta_classes);
+    // Each registered model has at least a weight per input value and per class: a
+    // shape the file's tensors cannot hold is refused before a model is built for it.
+    int64_t stored = 0;
+    for (const auto& [name, t] : state.tensors) stored += t.numel();
+    if (shape.numel() + classes > stored + (int64_t{1} << 20))
+      throw ExportError(path + ": metadata input_shape " + shape.str() + " and classes " + std::to_string(classes) +
+                        " are larger than the file's tensors allow");
     ModelConfig mc;
     mc.name = check.model;
     try {
@@ -805,7 +818,8 @@ ExportCheck verify_export(const std::string& path) {
     if (shape != meta_shape || classes != meta_classes)
       throw ExportError(path + ": the graph takes " + shape.str() + " to " + std::to_string(classes) +
                         ", the metadata says " + meta_shape.str() + " to " + std::to_string(meta_classes));
-    check_chain(steps, shape, classes, path);
+    check_chain(steps, shape, classes, std::max<int64_t>(int64_t{1} << 22, 16 * static_cast<int64_t>(bytes.size())),
+                path);
     model = std::make_unique<LayerChain>(check.model, shape, classes, steps);
     const StateReport r = compare_state(model->state(), state);
     if (!r.clean()) throw ExportError(path + ": the graph's initializers do not fit its nodes: " + r.summary());
