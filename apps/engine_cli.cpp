@@ -29,6 +29,7 @@
 #include "engine/core/collective.h"
 #include "engine/train/config.h"
 #include "engine/io/dataset.h"
+#include "engine/train/export.h"
 #include "engine/train/inference.h"
 #include "engine/nn/models/registry.h"
 #include "engine/train/model_factory.h"
@@ -57,6 +58,8 @@ commands:
   verify CKPT.h5         integrity and structure check (exit 0 only when sound)
   diff A.h5 B.h5         compare two checkpoints tensor by tensor (exit 0 when identical)
   report RUN_DIR         one self-contained HTML page: curves, confusion matrix, config, checkpoints
+  export CKPT.h5         the model as ONNX or safetensors, with metadata and a self-test (docs/export.md)
+  verify-export FILE     runs an export's self-test through the engine (exit 0 only when it passes)
   version                the engine's version, its libraries' and the GPU's (also --version)
   keys                   every config key: type, default, valid values, meaning (docs/config.md)
 
@@ -118,7 +121,13 @@ struct ReportCliOptions {
   std::string run_dir, output, device, data_dir;
 };
 
+struct ExportOptionsCli {
+  std::string checkpoint, format, output, data_dir;
+};
+
 struct Commands {
+  ExportOptionsCli export_;
+  std::string verify_export_path;
   TrainOptions train;
   ResumeOptions resume;
   EvalOptions eval;
@@ -302,6 +311,32 @@ void report_options(CLI::App* report, Commands& c) {
   add_device_option(report, c.report.device, "where to evaluate best.h5 (default auto)");
   report->add_option("--data-dir", c.report.data_dir, "dataset directory (default: best.h5's data.dir)")
       ->type_name("DIR");
+}
+
+void export_options(CLI::App* c, Commands& cmds) {
+  ExportOptionsCli& o = cmds.export_;
+  c->add_option("CKPT.h5", o.checkpoint, "the checkpoint to export (any model, saved on any device)")
+      ->required()
+      ->type_name("");
+  c->add_option("--format", o.format, "onnx: an inference graph (opset 13); safetensors: PyTorch's state_dict")
+      ->required()
+      ->type_name("onnx|safetensors")
+      ->check(CLI::IsMember({"onnx", "safetensors"}));
+  c->add_option("-o,--output", o.output, "the file to write (atomically)")->required()->type_name("FILE");
+  c->add_option("--data-dir", o.data_dir, "dataset directory for the recorded test accuracy (default: the "
+                                          "checkpoint's data.dir)")
+      ->type_name("DIR");
+  c->footer("The file carries the engine version, the source checkpoint's path and CRC-32, epoch, global "
+            "step, the config's CRC-32, the test accuracy, the input normalisation, and probes: fixed inputs "
+            "with the engine's logits and per-logit tolerances (engine verify-export checks them). Exit "
+            "status: 0 written, 1 error, 2 usage.");
+}
+
+void verify_export_options(CLI::App* c, Commands& cmds) {
+  c->add_option("FILE", cmds.verify_export_path, "an .onnx or .safetensors file written by engine export")
+      ->required()
+      ->type_name("");
+  c->footer("Exit status: 0 when every probe's logits are within their tolerances, 1 otherwise.");
 }
 
 void no_options(CLI::App*, Commands&) {}
@@ -649,6 +684,46 @@ int cmd_eval(const EvalOptions& a) {
   return 0;
 }
 
+// ---- export ----------------------------------------------------------------------------
+
+std::string with_thousands(int64_t v) {
+  std::string digits = std::to_string(v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+int cmd_export(const ExportOptionsCli& a) {
+  const auto start = std::chrono::steady_clock::now();
+  ExportOptions options;
+  options.data_dir = a.data_dir;
+  const ExportSummary s = export_checkpoint(a.checkpoint, parse_export_format(a.format), a.output, options);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(2) << "exported " << s.model << " (" << with_thousands(s.parameters)
+    << " parameters) of " << a.checkpoint << " (epoch " << s.metadata.at("epoch") << ", step "
+    << s.metadata.at("global_step") << ") to " << s.path << ": " << to_string(s.format)
+    << (s.format == ExportFormat::Onnx ? " opset " + std::to_string(kExportOnnxOpset) : std::string()) << ", "
+    << with_thousands(static_cast<int64_t>(s.bytes)) << " bytes, test accuracy " << 100 * s.test_accuracy << " % on "
+    << s.test_count << " images, " << kExportProbes << " probes (tolerance <= " << std::setprecision(3)
+    << std::scientific << s.max_tolerance << "), " << std::fixed << std::setprecision(2) << seconds << " s\n";
+  std::cout << o.str();
+  return 0;
+}
+
+int cmd_verify_export(const std::string& path) {
+  const ExportCheck c = verify_export(path);
+  std::ostringstream o;
+  o << path << ": OK (" << to_string(c.format) << ", " << c.model << ", " << c.probes << " probes x " << c.classes
+    << " logits within their tolerances: max |diff| " << std::setprecision(3) << c.max_abs_diff << ", at most "
+    << std::fixed << std::setprecision(1) << 100 * c.worst_fraction << " % of a tolerance; tolerances "
+    << std::scientific << std::setprecision(2) << c.min_tolerance << " to " << c.max_tolerance << ")\n";
+  std::cout << o.str();
+  return 0;
+}
+
 // ---- the others ----------------------------------------------------------------------
 
 int cmd_diff(const std::string& a, const std::string& b) {
@@ -750,6 +825,15 @@ const Command kCommands[] = {
      "metrics of RUN_DIR/last.h5), the confusion matrix of best.h5 on the test set, the "
      "run's config, and the checkpoints present with their epoch, size and integrity.",
      ParsesCheckpoints::No, report_options, [](const Commands& c) { return cmd_report(c.report); }},
+    {"export",
+     "Writes the model of a checkpoint as an ONNX inference graph or a safetensors file of PyTorch's "
+     "state_dict, with its metadata and self-test probes (docs/export.md).",
+     ParsesCheckpoints::Yes, export_options, [](const Commands& c) { return cmd_export(c.export_); }},
+    {"verify-export",
+     "Runs an export's self-test: rebuilds the model from the file, runs its probe inputs through the "
+     "engine's CPU kernels and checks the logits against the recorded ones within their tolerances.",
+     ParsesCheckpoints::No, verify_export_options,
+     [](const Commands& c) { return cmd_verify_export(c.verify_export_path); }},
     {"version", "The engine's version, its libraries' and the GPU's.", ParsesCheckpoints::No, no_options,
      [](const Commands&) {
        std::cout << version_text();

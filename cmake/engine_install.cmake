@@ -77,6 +77,10 @@ endfunction()
 _engine_pc_dep(nlohmann_json)
 _engine_pc_dep(hdf5 ${HDF5_C_LIBRARIES})
 _engine_pc_dep(zlib ${ZLIB_LIBRARIES})
+if(ENGINE_WITH_ONNX)  # libonnx has no .pc file; protobuf has
+  _engine_pc_dep(protobuf protobuf)
+  string(APPEND _pc_libs " -lonnx -lonnx_proto")
+endif()
 if(ENGINE_WITH_MPI)  # cmake/engine_mpi.cmake
   _engine_pc_dep(ompi-cxx ${MPI_CXX_LIBRARIES})
 endif()

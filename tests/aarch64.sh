@@ -42,12 +42,11 @@ while IFS= read -r -d '' link; do
 done < <(find "$sysroot" -type l -print0)
 
 build="$work/build"
-if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  cmake -S "$src" -B "$build" --toolchain "$src/cmake/toolchain-aarch64-linux-gnu.cmake" \
-    -DENGINE_AARCH64_SYSROOT="$sysroot" -DCMAKE_BUILD_TYPE=Release -DENGINE_CUDA=OFF -DENGINE_MPI=OFF \
-    -DBUILD_TESTING=OFF -DENGINE_INSTALL=OFF >"$work/configure.log" 2>&1 \
-    || { cat "$work/configure.log"; fail "configuring the arm64 build failed"; }
-fi
+# Configured every time (a later run's options reach a kept build directory too).
+cmake -S "$src" -B "$build" --toolchain "$src/cmake/toolchain-aarch64-linux-gnu.cmake" \
+  -DENGINE_AARCH64_SYSROOT="$sysroot" -DCMAKE_BUILD_TYPE=Release -DENGINE_CUDA=OFF -DENGINE_MPI=OFF -DENGINE_ONNX=OFF \
+  -DBUILD_TESTING=OFF -DENGINE_INSTALL=OFF >"$work/configure.log" 2>&1 \
+  || { cat "$work/configure.log"; fail "configuring the arm64 build failed"; }
 cmake --build "$build" -j2 --target engine_cli >"$work/build.log" 2>&1 \
   || { tail -50 "$work/build.log"; fail "building the arm64 engine failed"; }
 arm_engine="$build/engine"

@@ -3,7 +3,7 @@
 #   tools/fuzz.sh TARGET SECONDS [LIBFUZZER_ARGS...]   fuzz one harness for SECONDS
 #   tools/fuzz.sh --replay [TARGET...]                 replay the regression corpus
 #   tools/fuzz.sh --pack-regressions                   fold new findings into the archive
-# TARGET: checkpoint, checkpoint_header, config, idx.
+# TARGET: checkpoint, checkpoint_header, config, idx, safetensors.
 # The regression corpus is committed as one archive, tests/fuzz/regressions.tar.xz
 # (TARGET/FILE inside; xz shares the bytes of the many near-copies of one checkpoint),
 # plus any loose new findings in tests/fuzz/regressions/TARGET/ until --pack-regressions
@@ -20,7 +20,7 @@ BUILD="${FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
 ARTIFACTS="${FUZZ_ARTIFACT_DIR:-$ROOT/tests/fuzz/regressions}"
 LOOSE="$ROOT/tests/fuzz/regressions"            # new findings, not yet in the archive
 ARCHIVE="$ROOT/tests/fuzz/regressions.tar.xz"   # the committed regression corpus
-TARGETS=(checkpoint checkpoint_header config idx)
+TARGETS=(checkpoint checkpoint_header config idx safetensors)
 JOBS="${FUZZ_BUILD_JOBS:-2}"
 
 usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
@@ -62,6 +62,7 @@ options_of() {
     checkpoint_header) echo "-max_len=1024 -dict=$ROOT/tests/fuzz/checkpoint_header.dict" ;;
     config) echo "-max_len=4096 -dict=$ROOT/tests/fuzz/config.dict" ;;
     idx) echo "-max_len=8192" ;;
+    safetensors) echo "-max_len=16384 -dict=$ROOT/tests/fuzz/safetensors.dict" ;;
   esac
 }
 valid_target() { local t; for t in "${TARGETS[@]}"; do [ "$t" = "$1" ] && return 0; done; return 1; }

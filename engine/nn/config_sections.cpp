@@ -21,6 +21,20 @@ const ConfigSection<ModelConfig>& model_config_keys() {
           R"doc(The network architecture (`engine/nn/models/registry.h`): `fashion_cnn`, the CNN of `engine/nn/models/fashion_cnn.h`; `mlp`, flatten → Linear(784, 128) → ReLU → dropout → Linear(128, 10) (`engine/nn/models/mlp.h`). The list is the registry's (`model_names()`); the CLI checks the name against it, and a program embedding the library may pass models of its own.)doc"),
       real_key("dropout", &S::dropout, [](double v) { return v >= 0 && v < 1; }, "must be in [0, 1)", "[0, 1)",
           R"doc(Dropout probability in the network. `0` disables dropout.)doc"),
+      {"init_from", "string, nullable", "a path",
+       R"doc(A safetensors file of the same model (written by `engine export --format safetensors`, or PyTorch's `safetensors.torch.save_file` of the reference module's `state_dict()`) whose weights a fresh run starts from instead of the random initialisation: fine-tuning, weights only, with a fresh optimizer, scheduler and counters. The file must hold exactly the model's state (every parameter and BatchNorm buffer, PyTorch's names, float32, `num_batches_tracked` int64); missing or unexpected tensors are refused as a strict load reports them. A run that resumes from its `last.h5` takes its weights from there. `null`: the random initialisation ([export.md](export.md)).)doc",
+       [](const ConfigReader& r, const std::string& dotted, S& s) {
+         const nlohmann::json* v = r.find(dotted);
+         if (!v) return;
+         if (v->is_null()) {
+           s.init_from.reset();
+           return;
+         }
+         std::string path;
+         r.nonempty_string(dotted, path);
+         s.init_from = path;
+       },
+       [](const S& s) { return s.init_from ? nlohmann::json(*s.init_from) : nlohmann::json(nullptr); }},
   };
   return keys;
 }

@@ -11,6 +11,7 @@
 
 #include "engine/core/batch_chunks.h"
 #include "engine/core/build_info.h"
+#include "engine/train/export.h"
 #include "train/run_protocol.h"
 #include "train/save_verification.h"
 #include "train/time_budget.h"
@@ -188,7 +189,13 @@ Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, Traine
   // Fail fast on missing or corrupt data, before any training.
   if (splits == SplitsNeeded::All) data_->get(Split::Train);
   else data_->get(Split::Test);
+  // The random initialisation runs either way, so the RNG's init stream is where a fresh
+  // run leaves it; model.init_from then replaces the weights (fine-tuning, weights only).
   model_->reset_parameters(rng_);
+  if (cfg_.model.init_from) {
+    model_->load_state(load_safetensors_state(*cfg_.model.init_from, *model_));
+    observer_->on_message("model initialised from " + *cfg_.model.init_from + " (model.init_from)");
+  }
   model_->to(device_);
   // fp16: conv and linear math on fp16 inputs with fp32 accumulation (CUDA only; the
   // CPU backend is fp32 and keeps the loss scaler's state unchanged).

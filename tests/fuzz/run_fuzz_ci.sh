@@ -24,13 +24,13 @@ mkdir -p "$BUILD"
 status=0
 start=$SECONDS
 echo "== build ($BUILD)"
-"$ROOT/tools/fuzz.sh" --replay checkpoint checkpoint_header config idx >"$BUILD/replay.txt" 2>&1
+"$ROOT/tools/fuzz.sh" --replay checkpoint checkpoint_header config idx safetensors >"$BUILD/replay.txt" 2>&1
 replay_rc=$?
 echo "build and replay: $((SECONDS - start))s"
 cat "$BUILD/replay.txt"
 [ $replay_rc -eq 0 ] || { echo "FAILED: the regression corpus does not replay cleanly"; status=1; }
 
-for t in checkpoint checkpoint_header config idx; do
+for t in checkpoint checkpoint_header config idx safetensors; do
   echo "== fuzz $t"
   "$ROOT/tools/fuzz.sh" "$t" "$SECONDS_EACH" || status=1
 done

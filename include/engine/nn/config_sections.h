@@ -24,6 +24,10 @@ struct ModelConfig {
   // (engine/nn/models/registry.h, model_names()) with require_choice; a host may bring more.
   std::string name = "fashion_cnn";
   double dropout = 0.25;
+  // A safetensors file of the same model (`engine export --format safetensors`) whose
+  // weights a fresh run starts from instead of the random initialisation (fine-tuning:
+  // weights only, fresh optimizer). Null: none.
+  std::optional<std::string> init_from;
 };
 
 struct OptimizerConfig {

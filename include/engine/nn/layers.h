@@ -18,6 +18,11 @@ class Conv2d : public Layer {
   void to(Device device) override;
   void set_precision(Precision p) { precision_ = p; }
   void release_workspaces() override { x_ = y_ = dx_ = Tensor(); }
+  // The shape, as an exporter describes the layer (stride 1, square kernel, zero padding).
+  int in_channels() const { return in_; }
+  int out_channels() const { return out_; }
+  int kernel() const { return kernel_; }
+  int pad() const { return pad_; }
 
  private:
   int in_, out_, kernel_, pad_;
@@ -37,6 +42,8 @@ class BatchNorm2d : public Layer {
   void load_buffers(const StateDict& in) override;
   void to(Device device) override;
   void release_workspaces() override { x_ = y_ = Tensor(); }
+  int channels() const { return channels_; }
+  float eps() const { return eps_; }
 
  private:
   int channels_;
@@ -118,6 +125,8 @@ class Linear : public Layer {
   void to(Device device) override;
   void set_precision(Precision p) { precision_ = p; }
   void release_workspaces() override { x_ = y_ = dx_ = Tensor(); }
+  int in_features() const { return in_; }
+  int out_features() const { return out_; }
 
  private:
   int in_, out_;

@@ -74,6 +74,8 @@ class SequentialModel : public Model {
   bool set_batch_chunks(const BatchChunks* chunks) override;
   StateDict state() const override;
   void load_state(const StateDict& in) override;
+  // The layers in forward order (what an exporter walks: engine/train/export.h).
+  const std::vector<Layer*>& layers() const { return layers_; }
 
  protected:
   SequentialModel() = default;
