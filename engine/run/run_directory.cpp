@@ -15,13 +15,18 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
+#include "engine/run/recovery.h"
 #include "train/save_verification.h"
+#include "io/checkpoint_copies.h"
 #include "io/atomic_file.h"
 #include "io/deferred_remove.h"
+#include "io/read_file.h"
 #include "kernels/cpu/bulk_copy.h"
 #include "kernels/cuda_runtime.h"
 #include "run/tfevents.h"
@@ -48,8 +53,17 @@ std::string file_for(CheckpointKind kind, int64_t epochs_done) {
     case CheckpointKind::MidEpoch: return run_files::kLast;
     case CheckpointKind::Best: return run_files::kBest;
     case CheckpointKind::Milestone: return run_files::milestone(epochs_done);
+    case CheckpointKind::KeepBest: return run_files::best_of_epoch(epochs_done);
   }
   return run_files::kLast;
+}
+
+// What kind of failure a replica's error is, so that each kind is reported once: the
+// system's reason at the end of the message ("No space left on device"), or "busy".
+std::string failure_kind(const std::string& what, bool busy) {
+  if (busy) return "busy";
+  const std::size_t colon = what.rfind(": ");
+  return colon == std::string::npos ? what : what.substr(colon + 2);
 }
 
 // The writer thread takes no asynchronous signal: the CLI's handlers run on the training
@@ -81,6 +95,19 @@ struct RunDirectory::Impl {
     std::optional<EvalResult> test;
     // What the state was taken at (see save()): equal keys, equal state.
     std::array<int64_t, 3> taken_at{};
+    // A KeepBest save: the epochs whose best_epoch_NNNN.h5 stay (checkpoint.keep_best).
+    std::vector<int64_t> keep_best;
+  };
+  // A second-tier directory (checkpoint.replicas): written on the writer thread, under
+  // its own lock, its failures reported once per kind on the training thread.
+  struct Replica {
+    std::string dir;
+    std::optional<RunDirLock> lock;  // taken when the directory first becomes usable
+    std::set<std::string> reported;  // training thread: the failure kinds told already
+  };
+  struct ReplicaFailure {
+    std::size_t replica;
+    std::string kind, message;
   };
   // A finished job, reported on the training thread (observer calls, warnings, errors).
   struct Outcome {
@@ -88,6 +115,8 @@ struct RunDirectory::Impl {
     CheckpointKind kind;
     bool checkpoint;
     std::exception_ptr error;
+    std::vector<ReplicaFailure> replica_failures;
+    std::vector<std::size_t> replicas_written;
   };
 
   Impl(Trainer& t, std::optional<RunDirLock> given)
@@ -97,7 +126,44 @@ struct RunDirectory::Impl {
     if (given && fs::equivalent(given->dir(), dir)) lock.emplace(std::move(*given));
     else lock.emplace(RunDirLock::acquire(dir, &env));
     sweep_dead_writers(env, dir, {std::string(run_files::kTensorBoard) + "/" + run_files::kEventsRewrite});
+    for (const std::string& r : cfg.checkpoint.replicas) replicas.push_back({r, std::nullopt, {}});
+    // A replica that is not usable now is reported, and tried again at every save.
+    for (std::size_t i = 0; i < replicas.size(); ++i)
+      if (std::optional<ReplicaFailure> f = make_ready(i)) report_replica_failure(*f);
     if (cfg.checkpoint.async) writer = std::thread([this] { writer_loop(); });
+  }
+
+  // The replica's directory made and locked (once); nothing, or why it cannot be written.
+  std::optional<ReplicaFailure> make_ready(std::size_t i) {
+    Replica& r = replicas[i];
+    if (r.lock) {
+      if (env.make_dirs(r.dir) == 0) return std::nullopt;  // removed meanwhile: made again
+      const int err = errno;
+      return ReplicaFailure{i, failure_kind(std::strerror(err), false),
+                            r.dir + ": cannot create the replica directory: " + std::strerror(err)};
+    }
+    if (env.make_dirs(r.dir) != 0) {
+      const int err = errno;
+      return ReplicaFailure{i, failure_kind(std::strerror(err), false),
+                            r.dir + ": cannot create the replica directory: " + std::strerror(err)};
+    }
+    try {
+      r.lock.emplace(RunDirLock::acquire(r.dir, &env));
+    } catch (const RunDirBusy& e) {
+      return ReplicaFailure{i, failure_kind(e.what(), true), e.what()};
+    } catch (const std::exception& e) {
+      return ReplicaFailure{i, failure_kind(e.what(), false), e.what()};
+    }
+    sweep_dead_writers(env, r.dir);
+    return std::nullopt;
+  }
+
+  // On the training thread: once per replica and kind of failure.
+  void report_replica_failure(const ReplicaFailure& f) {
+    Replica& r = replicas[f.replica];
+    if (!r.reported.insert(f.kind).second) return;
+    trainer.observer().on_message("warning: replica " + r.dir + " not written: " + f.message +
+                                  "; training goes on (reported once per kind of failure)");
   }
 
   ~Impl() {
@@ -133,9 +199,38 @@ struct RunDirectory::Impl {
     try {
       if (j.state) {
         kernels::cuda::wait_for(j.copies_done);
-        save_checkpoint(j.path, *j.state, &env);
+        // The run directory first, then each usable replica: one image, the same bytes.
+        std::vector<std::string> paths{j.path};
+        std::vector<std::size_t> targets;
+        for (std::size_t i = 0; i < replicas.size(); ++i) {
+          if (std::optional<ReplicaFailure> f = make_ready(i)) {
+            replica_failures.push_back(*f);
+            continue;
+          }
+          paths.push_back((fs::path(replicas[i].dir) / fs::path(j.path).filename()).string());
+          targets.push_back(i);
+        }
+        const std::vector<std::exception_ptr> errors = checkpoint_internal::save_checkpoint_copies(paths, *j.state, &env);
+        for (std::size_t k = 0; k < targets.size(); ++k) {
+          const std::size_t i = targets[k];
+          if (!errors[k + 1]) {
+            replicas_written.push_back(i);
+            try {
+              tidy(replicas[i].dir, j);
+            } catch (const std::exception& e) {
+              replica_failures.push_back({i, failure_kind(e.what(), false), e.what()});
+            }
+            continue;
+          }
+          try {
+            std::rethrow_exception(errors[k + 1]);
+          } catch (const std::exception& e) {
+            replica_failures.push_back({i, failure_kind(e.what(), false), e.what()});
+          }
+        }
+        if (errors.front()) std::rethrow_exception(errors.front());
         if (cfg.checkpoint.verify) verify_saved_checkpoint(j.path, *j.state, *prototype, env);
-        if (j.kind == CheckpointKind::Milestone) rotate_milestones();
+        tidy(dir, j);
       } else {
         // Replaced like a checkpoint: a crash leaves the old or the new file, never a torn one.
         write_file_atomically(env, j.path, j.text);
@@ -149,11 +244,33 @@ struct RunDirectory::Impl {
       records[j.record].total_seconds = seconds_since(env, j.requested);
       slowest_write = std::max(slowest_write, seconds_since(env, t0));
     }
-    outcomes.push_back({j.path, j.kind, j.state != nullptr, error});
+    outcomes.push_back({j.path, j.kind, j.state != nullptr, error, std::move(replica_failures),
+                        std::move(replicas_written)});
+    replica_failures.clear();
+    replicas_written.clear();
+  }
+
+  // After a save into `tier`: the milestones rotated, the best_epoch files pruned.
+  void tidy(const std::string& tier, const Job& j) {
+    if (j.kind == CheckpointKind::Milestone) rotate_milestones(tier);
+    if (j.kind == CheckpointKind::KeepBest) prune_best_epochs(tier, j.keep_best);
+  }
+
+  // Keep only the best_epoch_NNNN.h5 of the k best epochs.
+  void prune_best_epochs(const std::string& tier, const std::vector<int64_t>& keep) {
+    std::vector<std::string> names;
+    if (env.list_dir(tier, names) != 0) throw_filesystem_error("directory iterator cannot open directory", tier, errno);
+    for (const std::string& f : names) {
+      if (f.rfind("best_epoch_", 0) != 0 || !is_run_checkpoint(f)) continue;
+      const int64_t e = std::stoll(f.substr(11, 4));
+      if (std::count(keep.begin(), keep.end(), e) > 0) continue;
+      const std::string p = (fs::path(tier) / f).string();
+      if (env.remove(p) != 0 && errno != ENOENT) throw_filesystem_error("cannot remove", p, errno);
+    }
   }
 
   // Keep the newest keep_last milestones, plus those named in keep_epochs.
-  void rotate_milestones() {
+  void rotate_milestones(const std::string& dir) {
     std::vector<std::string> names;
     if (env.list_dir(dir, names) != 0) throw_filesystem_error("directory iterator cannot open directory", dir, errno);
     std::vector<std::pair<int64_t, fs::path>> milestones;
@@ -209,6 +326,8 @@ struct RunDirectory::Impl {
       done.swap(outcomes);
     }
     for (const Outcome& o : done) {
+      for (const ReplicaFailure& f : o.replica_failures) report_replica_failure(f);
+      for (const std::size_t i : o.replicas_written) replicas[i].reported.clear();  // a new failure is news again
       if (!o.error) {
         if (o.checkpoint) trainer.observer().on_checkpoint(o.path, o.kind);
         continue;
@@ -275,6 +394,9 @@ struct RunDirectory::Impl {
   const Config cfg;
   const std::string dir;
   std::optional<RunDirLock> lock;
+  std::vector<Replica> replicas;  // their locks: writer thread (and before it starts)
+  std::vector<ReplicaFailure> replica_failures;  // writer thread: the job's, until its outcome
+  std::vector<std::size_t> replicas_written;     // writer thread: likewise
   const std::unique_ptr<Model> prototype;  // the writer's: verification builds its instances from it
   std::map<std::string, std::map<std::string, Tensor>> buffers;  // training thread only
   std::optional<double> state_bytes;  // for the first save's estimate
@@ -337,6 +459,9 @@ void RunDirectory::save(Trainer& trainer, CheckpointKind kind) {
   job.copies_done = std::move(snap.copies_done);
   job.requested = t0;
   job.taken_at = taken_at;
+  if (kind == CheckpointKind::KeepBest)
+    job.keep_best = best_epochs(trainer.history(), trainer.config().train.early_stopping.monitor,
+                                trainer.config().checkpoint.keep_best);
   {
     std::lock_guard<std::mutex> g(m.mutex);
     job.record = m.records.size();
@@ -352,6 +477,65 @@ void RunDirectory::save(Trainer& trainer, CheckpointKind kind) {
 }
 
 void RunDirectory::after_step(Trainer&) { impl_->report_outcomes(); }
+
+std::vector<std::string> RunDirectory::tiers() const {
+  std::vector<std::string> out{impl_->dir};
+  for (const Impl::Replica& r : impl_->replicas) out.push_back(r.dir);
+  return out;
+}
+
+std::vector<std::string> RunDirectory::repair(const RunSurvey& survey) {
+  Impl& m = *impl_;
+  m.wait_until([&m] { return m.queue.empty(); });  // nothing in flight writes a tier meanwhile
+  std::vector<std::string> lines;
+  const CheckpointCopy* used = survey.chosen_copy();
+  if (!used) return lines;
+  // The tiers this process holds the lock of: only those are written.
+  std::vector<std::string> writable{m.dir};
+  for (const Impl::Replica& r : m.replicas)
+    if (r.lock) writable.push_back(r.dir);
+  // Each file name's reference: last.h5's is the copy resumed from; another name's, its
+  // newest sound copy in any tier.
+  std::map<std::string, const CheckpointCopy*> reference;
+  reference[run_files::kLast] = used;
+  for (const CheckpointCopy& c : survey.copies) {
+    if (c.verdict != CopyVerdict::Sound || c.file == run_files::kLast) continue;
+    const CheckpointCopy*& r = reference[c.file];
+    if (!r || c.global_step > r->global_step) r = &c;
+  }
+  for (const auto& [file, ref] : reference) {
+    for (const std::string& tier : writable) {
+      const CheckpointCopy* here = nullptr;
+      for (const CheckpointCopy& c : survey.copies)
+        if (c.dir == tier && c.file == file) here = &c;
+      std::string why;
+      if (!here) why = "missing";
+      else if (here->verdict == CopyVerdict::Damaged) why = "damaged: " + here->reason;
+      else if (here->verdict == CopyVerdict::OtherRun) continue;  // another run's: this run's next save replaces it
+      else if (here->global_step < ref->global_step)
+        why = "stale: global step " + std::to_string(here->global_step) + ", " + ref->path + " has " +
+              std::to_string(ref->global_step);
+      else continue;
+      if (here == ref) continue;
+      const std::string target = (fs::path(tier) / file).string();
+      std::string bytes;
+      if (read_whole_file(m.env, ref->path, bytes) != 0) {
+        const int err = errno;
+        lines.push_back("warning: cannot repair " + target + " (" + why + "): cannot read " + ref->path + ": " +
+                        std::strerror(err));
+        continue;
+      }
+      try {
+        if (m.env.make_dirs(tier) != 0) throw_filesystem_error("cannot create directories", tier, errno);
+        write_file_atomically(m.env, target, bytes);
+        lines.push_back("repaired " + target + " (" + why + ") from " + ref->path);
+      } catch (const std::exception& e) {
+        lines.push_back(std::string("warning: cannot repair ") + target + " (" + why + "): " + e.what());
+      }
+    }
+  }
+  return lines;
+}
 
 void RunDirectory::flush(Trainer&) {
   Impl& m = *impl_;

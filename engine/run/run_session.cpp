@@ -2,6 +2,7 @@
 // rank or several; rank 0 alone owns the run directory.
 #include "engine/run/run_session.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include "engine/train/dist_backend.h"
 #include "engine/train/process_settings.h"
 #include "engine/run/run_directory.h"
+#include "engine/run/run_files.h"
 #include "engine/run/run_lock.h"
 
 namespace engine {
@@ -103,6 +105,101 @@ StartAgreement RunSession::agree_on_start(const std::string& checkpoint_path) {
   Trainer& t = trainer();
   if (size() == 1) return {};
   return engine::agree_on_start(*impl_->comm, impl_->cfg, t.dataset(), checkpoint_path, impl_->env);
+}
+
+namespace {
+
+// Rank 0's text on every rank.
+void broadcast_text(Collective& comm, std::string& text) {
+  int64_t n = static_cast<int64_t>(text.size());
+  comm.broadcast(&n, sizeof n, 0);
+  text.resize(static_cast<std::size_t>(n));
+  if (n > 0) comm.broadcast(&text[0], static_cast<std::size_t>(n), 0);
+}
+
+// "runs/x/last.h5 (checksum mismatch ...), runs/x/best.h5 (truncated ...)".
+std::string tried_text(const RunSurvey& survey) {
+  std::string text;
+  for (const CheckpointCopy& c : survey.copies) text += (text.empty() ? "" : ", ") + c.path + " (" + c.reason + ")";
+  return text;
+}
+
+}  // namespace
+
+RunBegin RunSession::begin(const BeginOptions& options) {
+  Impl& s = *impl_;
+  Trainer& t = trainer();
+  RunBegin b;
+  std::string path;  // to resume from, "" fresh
+  if (writes_run_dir() && options.from == StartFrom::Scratch) {
+    for (const std::string& tier : s.run_dir->tiers()) {
+      FileInfo info;
+      if (s.env->stat(tier, info) != 0 || info.kind != FileKind::Directory) continue;  // no replica yet
+      const MovedAside moved = move_previous_run_aside(tier, s.env);
+      if (moved.files)
+        b.messages.push_back("--fresh: moved the previous run's " + std::to_string(moved.files) + " file(s) to " +
+                             moved.dir);
+    }
+  } else if (writes_run_dir()) {
+    b.survey = survey_run(s.cfg, s.env);
+    // Another run's checkpoint in the run directory: resuming it would mix two runs, and
+    // this run's saves would destroy it.
+    if (const CheckpointCopy* other = b.survey.other_run_in_run_dir())
+      throw CheckpointError(other->path + ": " + other->reason +
+                            "; it is neither resumed nor overwritten: train into another run directory "
+                            "(--run-dir), or start over with --fresh, which moves its files aside");
+    const bool damaged = std::any_of(b.survey.copies.begin(), b.survey.copies.end(),
+                                     [](const CheckpointCopy& c) { return c.verdict == CopyVerdict::Damaged; });
+    if (const CheckpointCopy* used = b.survey.chosen_copy()) {
+      path = used->path;
+    } else if (damaged) {
+      throw CheckpointError(s.cfg.checkpoint.dir + ": no sound checkpoint of this run in any tier; tried " +
+                            tried_text(b.survey) + " (--fresh moves these files aside and starts over)");
+    } else {
+      // Only replicas of another run: not resumed; this run's saves replace them.
+      for (const CheckpointCopy& c : b.survey.copies)
+        b.messages.push_back("warning: " + c.path + ": " + c.reason + "; not resumed, this run's saves replace it");
+    }
+  }
+  if (size() > 1) {
+    broadcast_text(*s.comm, path);
+    b.agreement = engine::agree_on_start(*s.comm, s.cfg, t.dataset(), path, s.env);
+  }
+  if (!path.empty()) {
+    try {
+      // Rank 0 restores the state the survey loaded; the others load the same file.
+      b.load_report = b.survey.state ? t.restore(*b.survey.state, LoadMode::Strict) : t.resume_from(path, LoadMode::Strict);
+    } catch (const CheckpointError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw CheckpointError(path + ": " + e.what());
+    }
+    b.survey.state.reset();
+    b.outcome = RunBegin::Outcome::Resumed;
+    b.checkpoint = path;
+    if (writes_run_dir()) {
+      std::string line = "resuming from epoch " + std::to_string(t.epochs_done()) + ", step " +
+                         std::to_string(t.step_in_epoch()) + " of epoch " + std::to_string(t.epochs_done() + 1) +
+                         " (" + path + ")";
+      if (const std::string skipped = b.survey.skipped_text(); !skipped.empty()) line += "; skipped " + skipped;
+      b.messages.push_back(line);
+      for (const std::string& repaired : s.run_dir->repair(b.survey)) b.messages.push_back(repaired);
+    }
+  }
+  if (!options.reevaluate && already_complete()) b.outcome = RunBegin::Outcome::AlreadyComplete;
+  return b;
+}
+
+bool RunSession::already_complete() {
+  Impl& s = *impl_;
+  Trainer& t = trainer();
+  // Rank 0's answer: the others may not see <run-dir>.
+  int64_t complete = 0;
+  if (writes_run_dir())
+    complete = (t.epochs_done() >= s.cfg.train.epochs || t.early_stop_reached()) &&
+               test_result_recorded(s.cfg.checkpoint.dir, s.env);
+  if (size() > 1) s.comm->broadcast(&complete, sizeof complete, 0);
+  return complete != 0;
 }
 
 FitResult RunSession::fit(const StopPlan& stop) {

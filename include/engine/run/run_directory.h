@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/run/recovery.h"
 #include "engine/run/run_lock.h"
 #include "engine/train/trainer.h"
 
@@ -64,6 +65,16 @@ class RunDirectory final : public RunSink {
   std::string path(const std::string& file) const;  // dir()/file
   // The saves this object made, oldest first.
   std::vector<SaveRecord> saves() const;
+  // Where every save goes: dir(), then each of checkpoint.replicas (docs/recovery.md).
+  std::vector<std::string> tiers() const;
+  // After a survey of the tiers (survey_run) and the restore from its chosen copy: every
+  // tier whose lock this holds gets each checkpoint file that is missing there, damaged,
+  // or older than the reference copy rewritten from it (last.h5's reference is the copy
+  // resumed from; another file's, its newest sound copy). Another run's files are left to
+  // this run's next save. One line per file: "repaired runs/x/last.h5 (damaged: checksum
+  // mismatch ...) from runs/x/epoch_0002.h5", or a warning when it cannot be rewritten.
+  // Call before fit(), on the thread that runs it.
+  std::vector<std::string> repair(const RunSurvey& survey);
 
   // RunSink.
   void save(Trainer& trainer, CheckpointKind kind) override;
