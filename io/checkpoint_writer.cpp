@@ -383,7 +383,7 @@ using namespace checkpoint_internal;
 namespace checkpoint_internal {
 
 std::vector<std::exception_ptr> save_checkpoint_copies(const std::vector<std::string>& paths, const Checkpoint& ckpt,
-                                                       Env* env_given) {
+                                                       Env* env_given, std::string* sealed_image) {
   Env& env = env_or_posix(env_given);
   std::vector<std::exception_ptr> errors(paths.size());
   if (paths.empty()) return errors;
@@ -410,6 +410,14 @@ std::vector<std::exception_ptr> save_checkpoint_copies(const std::vector<std::st
     } catch (...) {
       errors[i] = std::current_exception();
     }
+  }
+  if (sealed_image) {
+    if (!sealed) {  // no write got as far as the header: seal it here
+      const unsigned char* payload = image.data() + kUserBlockBytes;
+      seal_with(image, kCheckpointFormatVersion,
+                checksums_of(payload, image.size() - kUserBlockBytes, built.metadata_bytes));
+    }
+    sealed_image->assign(reinterpret_cast<const char*>(image.data()), image.size());
   }
   SpareImage::give_back(std::move(image));
   return errors;

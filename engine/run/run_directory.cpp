@@ -98,7 +98,7 @@ struct RunDirectory::Impl {
     // A KeepBest save: the epochs whose best_epoch_NNNN.h5 stay (checkpoint.keep_best).
     std::vector<int64_t> keep_best;
   };
-  // A second-tier directory (checkpoint.replicas): written on the writer thread, under
+  // A second-tier directory (checkpoint.replicas): written on the replica thread, under
   // its own lock, its failures reported once per kind on the training thread.
   struct Replica {
     std::string dir;
@@ -109,27 +109,39 @@ struct RunDirectory::Impl {
     std::size_t replica;
     std::string kind, message;
   };
+  // A saved file's sealed bytes, for the replicas: the newest version of each file name
+  // waits here. The replica thread writes them from this copy of the image, so that the
+  // snapshot buffer, which the training thread waits for, is free as soon as the run
+  // directory's file is written and verified; when saves come faster than the replicas
+  // take them, a file's older version still waiting is replaced by the newer one.
+  struct ReplicaCopy {
+    std::string file;
+    CheckpointKind kind = CheckpointKind::Last;
+    std::vector<int64_t> keep_best;
+    std::shared_ptr<const std::string> image;
+  };
   // A finished job, reported on the training thread (observer calls, warnings, errors).
   struct Outcome {
     std::string path;
     CheckpointKind kind;
     bool checkpoint;
     std::exception_ptr error;
-    std::vector<ReplicaFailure> replica_failures;
-    std::vector<std::size_t> replicas_written;
   };
 
-  Impl(Trainer& t, std::optional<RunDirLock> given)
-      : trainer(t), env(t.env()), cfg(t.config()), dir(cfg.checkpoint.dir), prototype(t.model().new_instance()) {
+  Impl(Trainer& t, std::optional<RunDirLock> given, RunDirRole r)
+      : trainer(t), env(t.env()), cfg(t.config()), dir(cfg.checkpoint.dir), role(r),
+        prototype(t.model().new_instance()) {
     if (env.make_dirs(dir) != 0) throw_filesystem_error("cannot create directories", dir, errno);
     // One writer per run directory, for as long as this lives (run_lock.h).
     if (given && fs::equivalent(given->dir(), dir)) lock.emplace(std::move(*given));
     else lock.emplace(RunDirLock::acquire(dir, &env));
     sweep_dead_writers(env, dir, {std::string(run_files::kTensorBoard) + "/" + run_files::kEventsRewrite});
-    for (const std::string& r : cfg.checkpoint.replicas) replicas.push_back({r, std::nullopt, {}});
+    if (role == RunDirRole::Owner)
+      for (const std::string& r : cfg.checkpoint.replicas) replicas.push_back({r, std::nullopt, {}});
     // A replica that is not usable now is reported, and tried again at every save.
     for (std::size_t i = 0; i < replicas.size(); ++i)
       if (std::optional<ReplicaFailure> f = make_ready(i)) report_replica_failure(*f);
+    if (cfg.checkpoint.async && !replicas.empty()) replica_writer = std::thread([this] { replica_loop(); });
     if (cfg.checkpoint.async) writer = std::thread([this] { writer_loop(); });
   }
 
@@ -172,7 +184,70 @@ struct RunDirectory::Impl {
       quit = true;
     }
     wake.notify_all();
-    if (writer.joinable()) writer.join();
+    if (writer.joinable()) writer.join();  // it may still hand copies to the replica thread
+    {
+      std::lock_guard<std::mutex> g(mutex);
+      replica_quit = true;
+    }
+    replica_wake.notify_all();
+    if (replica_writer.joinable()) replica_writer.join();
+  }
+
+  void replica_loop() {
+    block_signals_on_this_thread();
+    std::unique_lock<std::mutex> g(mutex);
+    for (;;) {
+      replica_wake.wait(g, [this] { return !replica_pending.empty() || replica_quit; });
+      if (replica_pending.empty()) return;
+      ReplicaCopy c = std::move(replica_pending.front());
+      replica_pending.pop_front();
+      replica_busy = true;
+      g.unlock();
+      write_replicas(c);
+      g.lock();
+      replica_busy = false;
+      idle.notify_all();
+    }
+  }
+
+  // Hands a saved file to the replicas: queued for the replica thread (replacing an older
+  // version of the same file still waiting), or written now without checkpoint.async.
+  void hand_to_replicas(ReplicaCopy c) {
+    if (!replica_writer.joinable()) {
+      write_replicas(c);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> g(mutex);
+      auto same = std::find_if(replica_pending.begin(), replica_pending.end(),
+                               [&](const ReplicaCopy& p) { return p.file == c.file; });
+      if (same != replica_pending.end()) *same = std::move(c);
+      else replica_pending.push_back(std::move(c));
+    }
+    replica_wake.notify_all();
+  }
+
+  // Every usable replica gets the file, atomically; then its milestones are rotated and
+  // its best_epoch files pruned like the run directory's.
+  void write_replicas(const ReplicaCopy& c) {
+    std::vector<ReplicaFailure> failed;
+    std::vector<std::size_t> written;
+    for (std::size_t i = 0; i < replicas.size(); ++i) {
+      if (std::optional<ReplicaFailure> f = make_ready(i)) {
+        failed.push_back(*f);
+        continue;
+      }
+      try {
+        write_file_atomically(env, (fs::path(replicas[i].dir) / c.file).string(), *c.image);
+        tidy(replicas[i].dir, c.kind, c.keep_best);
+        written.push_back(i);
+      } catch (const std::exception& e) {
+        failed.push_back({i, failure_kind(e.what(), false), e.what()});
+      }
+    }
+    std::lock_guard<std::mutex> g(mutex);
+    replica_failures.insert(replica_failures.end(), failed.begin(), failed.end());
+    replicas_written.insert(replicas_written.end(), written.begin(), written.end());
   }
 
   void writer_loop() {
@@ -199,38 +274,15 @@ struct RunDirectory::Impl {
     try {
       if (j.state) {
         kernels::cuda::wait_for(j.copies_done);
-        // The run directory first, then each usable replica: one image, the same bytes.
-        std::vector<std::string> paths{j.path};
-        std::vector<std::size_t> targets;
-        for (std::size_t i = 0; i < replicas.size(); ++i) {
-          if (std::optional<ReplicaFailure> f = make_ready(i)) {
-            replica_failures.push_back(*f);
-            continue;
-          }
-          paths.push_back((fs::path(replicas[i].dir) / fs::path(j.path).filename()).string());
-          targets.push_back(i);
-        }
-        const std::vector<std::exception_ptr> errors = checkpoint_internal::save_checkpoint_copies(paths, *j.state, &env);
-        for (std::size_t k = 0; k < targets.size(); ++k) {
-          const std::size_t i = targets[k];
-          if (!errors[k + 1]) {
-            replicas_written.push_back(i);
-            try {
-              tidy(replicas[i].dir, j);
-            } catch (const std::exception& e) {
-              replica_failures.push_back({i, failure_kind(e.what(), false), e.what()});
-            }
-            continue;
-          }
-          try {
-            std::rethrow_exception(errors[k + 1]);
-          } catch (const std::exception& e) {
-            replica_failures.push_back({i, failure_kind(e.what(), false), e.what()});
-          }
-        }
-        if (errors.front()) std::rethrow_exception(errors.front());
+        // One image for every tier: the run directory's file now, the replicas' from the
+        // same sealed bytes on the replica thread (whether or not this write succeeded).
+        std::shared_ptr<std::string> image = replicas.empty() ? nullptr : std::make_shared<std::string>();
+        const std::exception_ptr failed =
+            checkpoint_internal::save_checkpoint_copies({j.path}, *j.state, &env, image.get()).front();
+        if (image) hand_to_replicas({fs::path(j.path).filename().string(), j.kind, j.keep_best, std::move(image)});
+        if (failed) std::rethrow_exception(failed);
         if (cfg.checkpoint.verify) verify_saved_checkpoint(j.path, *j.state, *prototype, env);
-        tidy(dir, j);
+        tidy(dir, j.kind, j.keep_best);
       } else {
         // Replaced like a checkpoint: a crash leaves the old or the new file, never a torn one.
         write_file_atomically(env, j.path, j.text);
@@ -244,16 +296,13 @@ struct RunDirectory::Impl {
       records[j.record].total_seconds = seconds_since(env, j.requested);
       slowest_write = std::max(slowest_write, seconds_since(env, t0));
     }
-    outcomes.push_back({j.path, j.kind, j.state != nullptr, error, std::move(replica_failures),
-                        std::move(replicas_written)});
-    replica_failures.clear();
-    replicas_written.clear();
+    outcomes.push_back({j.path, j.kind, j.state != nullptr, error});
   }
 
   // After a save into `tier`: the milestones rotated, the best_epoch files pruned.
-  void tidy(const std::string& tier, const Job& j) {
-    if (j.kind == CheckpointKind::Milestone) rotate_milestones(tier);
-    if (j.kind == CheckpointKind::KeepBest) prune_best_epochs(tier, j.keep_best);
+  void tidy(const std::string& tier, CheckpointKind kind, const std::vector<int64_t>& keep_best) {
+    if (kind == CheckpointKind::Milestone) rotate_milestones(tier);
+    if (kind == CheckpointKind::KeepBest) prune_best_epochs(tier, keep_best);
   }
 
   // Keep only the best_epoch_NNNN.h5 of the k best epochs.
@@ -291,6 +340,9 @@ struct RunDirectory::Impl {
     }
   }
 
+  // Nothing queued or being written, in any tier (mutex held).
+  bool all_written() const { return queue.empty() && replica_pending.empty() && !replica_busy; }
+
   // The queued checkpoint that still holds the snapshot buffer, if any (mutex held).
   const Job* pending_checkpoint() const {
     for (auto it = queue.rbegin(); it != queue.rend(); ++it)
@@ -321,20 +373,32 @@ struct RunDirectory::Impl {
   // verification, which is not the disk's refusal but a wrong file).
   void report_outcomes() {
     std::vector<Outcome> done;
+    std::vector<ReplicaFailure> failed;
+    std::vector<std::size_t> written;
     {
       std::lock_guard<std::mutex> g(mutex);
       done.swap(outcomes);
+      failed.swap(replica_failures);
+      written.swap(replicas_written);
     }
+    for (const std::size_t i : written) replicas[i].reported.clear();  // a new failure is news again
+    for (const ReplicaFailure& f : failed) report_replica_failure(f);
     for (const Outcome& o : done) {
-      for (const ReplicaFailure& f : o.replica_failures) report_replica_failure(f);
-      for (const std::size_t i : o.replicas_written) replicas[i].reported.clear();  // a new failure is news again
       if (!o.error) {
         if (o.checkpoint) trainer.observer().on_checkpoint(o.path, o.kind);
+        if (o.checkpoint) peer_reported.clear();  // a new failure is news again
         continue;
       }
       try {
         std::rethrow_exception(o.error);
       } catch (const CheckpointWriteError& e) {
+        if (role == RunDirRole::PeerCopy) {
+          // A copy: reported once per kind, training goes on.
+          if (peer_reported.insert(failure_kind(e.what(), false)).second)
+            trainer.observer().on_message(std::string("warning: peer copy not written: ") + e.what() +
+                                          "; training goes on (reported once per kind of failure)");
+          continue;
+        }
         if (!continue_after_write_failure()) throw;
         warn_write_failure(e);
       }
@@ -393,10 +457,10 @@ struct RunDirectory::Impl {
   Env& env;  // the trainer's: this directory's files and timings, the writer thread's too
   const Config cfg;
   const std::string dir;
+  const RunDirRole role;
+  std::set<std::string> peer_reported;  // PeerCopy: the failure kinds told already
   std::optional<RunDirLock> lock;
-  std::vector<Replica> replicas;  // their locks: writer thread (and before it starts)
-  std::vector<ReplicaFailure> replica_failures;  // writer thread: the job's, until its outcome
-  std::vector<std::size_t> replicas_written;     // writer thread: likewise
+  std::vector<Replica> replicas;  // their locks: the replica thread's (and before it starts)
   const std::unique_ptr<Model> prototype;  // the writer's: verification builds its instances from it
   std::map<std::string, std::map<std::string, Tensor>> buffers;  // training thread only
   std::optional<double> state_bytes;  // for the first save's estimate
@@ -406,14 +470,20 @@ struct RunDirectory::Impl {
   std::deque<Job> queue;  // front: the job being written
   bool quit = false;
   std::vector<Outcome> outcomes;
+  std::condition_variable replica_wake;
+  std::deque<ReplicaCopy> replica_pending;
+  bool replica_busy = false, replica_quit = false;
+  std::vector<ReplicaFailure> replica_failures;  // for the training thread to report
+  std::vector<std::size_t> replicas_written;     // replicas written since the last report
   std::vector<SaveRecord> records;
   double slowest_write = -1;  // seconds of the slowest checkpoint write + verification so far
 
-  std::thread writer;  // last: started once everything above exists
+  std::thread replica_writer;  // started before `writer`, which hands it copies
+  std::thread writer;          // last: started once everything above exists
 };
 
-RunDirectory::RunDirectory(Trainer& trainer, std::optional<RunDirLock> lock)
-    : impl_(std::make_unique<Impl>(trainer, std::move(lock))) {}
+RunDirectory::RunDirectory(Trainer& trainer, std::optional<RunDirLock> lock, RunDirRole role)
+    : impl_(std::make_unique<Impl>(trainer, std::move(lock), role)) {}
 
 RunDirectory::~RunDirectory() = default;
 
@@ -484,9 +554,41 @@ std::vector<std::string> RunDirectory::tiers() const {
   return out;
 }
 
+std::vector<std::string> RunDirectory::repair_from(const std::string& bytes, int64_t global_step,
+                                                  const std::string& source, const RunSurvey& survey) {
+  Impl& m = *impl_;
+  m.wait_until([&m] { return m.all_written(); });
+  std::vector<std::string> lines;
+  std::vector<std::string> writable{m.dir};
+  for (const Impl::Replica& r : m.replicas)
+    if (r.lock) writable.push_back(r.dir);
+  for (const std::string& tier : writable) {
+    const CheckpointCopy* here = nullptr;
+    for (const CheckpointCopy& c : survey.copies)
+      if (c.dir == tier && c.file == run_files::kLast) here = &c;
+    std::string why;
+    if (!here) why = "missing";
+    else if (here->verdict == CopyVerdict::Damaged) why = "damaged: " + here->reason;
+    else if (here->verdict == CopyVerdict::OtherRun) continue;
+    else if (here->global_step < global_step)
+      why = "stale: global step " + std::to_string(here->global_step) + ", " + source + " has " +
+            std::to_string(global_step);
+    else continue;
+    const std::string target = (fs::path(tier) / run_files::kLast).string();
+    try {
+      if (m.env.make_dirs(tier) != 0) throw_filesystem_error("cannot create directories", tier, errno);
+      write_file_atomically(m.env, target, bytes);
+      lines.push_back("repaired " + target + " (" + why + ") from " + source);
+    } catch (const std::exception& e) {
+      lines.push_back(std::string("warning: cannot repair ") + target + " (" + why + "): " + e.what());
+    }
+  }
+  return lines;
+}
+
 std::vector<std::string> RunDirectory::repair(const RunSurvey& survey) {
   Impl& m = *impl_;
-  m.wait_until([&m] { return m.queue.empty(); });  // nothing in flight writes a tier meanwhile
+  m.wait_until([&m] { return m.all_written(); });  // nothing in flight writes a tier meanwhile
   std::vector<std::string> lines;
   const CheckpointCopy* used = survey.chosen_copy();
   if (!used) return lines;
@@ -539,7 +641,7 @@ std::vector<std::string> RunDirectory::repair(const RunSurvey& survey) {
 
 void RunDirectory::flush(Trainer&) {
   Impl& m = *impl_;
-  m.wait_until([&m] { return m.queue.empty(); });
+  m.wait_until([&m] { return m.all_written(); });
   m.report_outcomes();
 }
 

@@ -96,6 +96,8 @@ const ConfigSection<CheckpointConfig>& checkpoint_config_keys() {
        [](const S& s) { return s.every_seconds ? nlohmann::json(*s.every_seconds) : nlohmann::json(nullptr); }},
       integer_key("keep_best", &S::keep_best, 0, kConfigInt64Max, "≥ 0",
           R"doc(Keep the k best epochs by `train.early_stopping.monitor`, each as `best_epoch_NNNN.h5` (its epoch in the name); a better epoch replaces the worst of them. Milestone rotation never deletes them, and `best.h5` stays the best one. `0` keeps none besides `best.h5`.)doc"),
+      boolean_key("peer_replica", &S::peer_replica,
+          R"doc(Data-parallel jobs across hosts: the first rank on another host than rank 0 writes a copy of every checkpoint rank 0 saves into `dir` on its own host (the same path, its own disk), from its own copy of the state, which is rank 0's bit for bit. On start every rank reports the newest sound checkpoint it can see, the job resumes from the newest, sent to every rank over the job's collective, so a job relaunched after rank 0's host and its disk are lost resumes from the other host's copy. A copy that fails is reported once per kind of failure; training goes on. Ignored in one process, and when that rank shares rank 0's directory.)doc"),
   };
   return keys;
 }

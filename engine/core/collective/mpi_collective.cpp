@@ -68,6 +68,7 @@ class MpiCollective final : public Collective {
           "MPI_Comm_split_type");
     int local_size = 0;
     MPI_Comm_size(local, &local_size);
+    check(MPI_Allreduce(&rank_, &host_first_rank_, 1, MPI_INT, MPI_MIN, local), "MPI_Allreduce");
     MPI_Comm_free(&local);
     one_host_ = local_size == size_;
   }
@@ -75,6 +76,7 @@ class MpiCollective final : public Collective {
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
   bool one_host() const override { return one_host_; }
+  int host_first_rank() const override { return host_first_rank_; }
   void allgather(const void* send, std::size_t bytes, void* recv) override {
     // Bytes as MPI_BYTE; pieces here are far below 2^31.
     if (bytes > static_cast<std::size_t>(1) << 30) throw std::runtime_error("MPI allgather: piece too large");
@@ -202,6 +204,7 @@ class MpiCollective final : public Collective {
   double timeout_s_;
   int64_t calls_ = 0;  // collective calls made: the same count on every rank in step
   bool one_host_ = true;
+  int host_first_rank_ = 0;
   MPI_Comm roll_call_ = MPI_COMM_NULL;
 };
 

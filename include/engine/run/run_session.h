@@ -122,7 +122,8 @@ class RunSession {
                  std::unique_ptr<Dataset> data = nullptr);
   // After start() (std::logic_error before).
   Trainer& trainer();
-  // Rank 0's run directory after start(); null on other ranks and before start().
+  // Rank 0's run directory after start(); on the rank that keeps checkpoint.peer_replica's
+  // copy, that copy's directory; null on other ranks and before start().
   RunDirectory* run_directory();
 
   // Before training, after start(): the ranks check that they start the same run (config,
@@ -164,6 +165,9 @@ class RunSession {
   [[noreturn]] static void abort_job(int exit_code);
 
  private:
+  // checkpoint.peer_replica: which rank keeps the copy on another host (every rank agrees).
+  void choose_peer();
+  RunBegin begin_with_peer(const BeginOptions& options);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

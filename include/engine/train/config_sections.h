@@ -52,6 +52,9 @@ struct CheckpointConfig {
   std::optional<double> every_seconds;
   // The k best epochs by the monitored metric, each kept as best_epoch_NNNN.h5; 0: none.
   int64_t keep_best = 0;
+  // Data-parallel: the first rank on another host than rank 0 keeps a copy of every
+  // save in its own (local) checkpoint.dir (docs/recovery.md).
+  bool peer_replica = false;
 };
 
 struct LoggingConfig {
