@@ -4,6 +4,9 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -75,6 +78,18 @@ void block_signals_on_this_thread() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
+// The replica thread is a background tier: it takes the CPU and the disk only when
+// training and the run directory's writer leave them (lowest CPU priority; the idle I/O
+// class, where the I/O scheduler has one). Linux; a hint elsewhere ignored.
+void yield_to_training() {
+#if defined(__linux__)
+  const pid_t tid = static_cast<pid_t>(::syscall(SYS_gettid));
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(tid), 19);
+  constexpr int kWhoProcess = 1, kClassIdle = 3, kClassShift = 13;  // linux/ioprio.h
+  (void)::syscall(SYS_ioprio_set, kWhoProcess, tid, kClassIdle << kClassShift);
+#endif
+}
+
 }  // namespace
 
 struct RunDirectory::Impl {
@@ -110,10 +125,11 @@ struct RunDirectory::Impl {
     std::string kind, message;
   };
   // A saved file's sealed bytes, for the replicas: the newest version of each file name
-  // waits here. The replica thread writes them from this copy of the image, so that the
-  // snapshot buffer, which the training thread waits for, is free as soon as the run
-  // directory's file is written and verified; when saves come faster than the replicas
-  // take them, a file's older version still waiting is replaced by the newer one.
+  // waits here. The replica thread writes them from this copy of the image, and only while
+  // the run directory's writer is idle, so that the snapshot buffer, which the training
+  // thread waits for, is free as soon as the run directory's file is written and
+  // verified; when saves come faster than that, a file's older version still waiting is
+  // replaced by the newer one (each replica always gets each file's newest version).
   struct ReplicaCopy {
     std::string file;
     CheckpointKind kind = CheckpointKind::Last;
@@ -195,15 +211,18 @@ struct RunDirectory::Impl {
 
   void replica_loop() {
     block_signals_on_this_thread();
+    yield_to_training();
     std::unique_lock<std::mutex> g(mutex);
     for (;;) {
-      replica_wake.wait(g, [this] { return !replica_pending.empty() || replica_quit; });
+      // Only while the run directory's writer is idle: a replica never delays the save
+      // that the training thread may be waiting for.
+      replica_wake.wait(g, [this] { return (!replica_pending.empty() && queue.empty()) || replica_quit; });
       if (replica_pending.empty()) return;
       ReplicaCopy c = std::move(replica_pending.front());
       replica_pending.pop_front();
       replica_busy = true;
       g.unlock();
-      write_replicas(c);
+      write_replicas(c, ReplicaTurn::WhileWriterIdle);
       g.lock();
       replica_busy = false;
       idle.notify_all();
@@ -214,7 +233,7 @@ struct RunDirectory::Impl {
   // version of the same file still waiting), or written now without checkpoint.async.
   void hand_to_replicas(ReplicaCopy c) {
     if (!replica_writer.joinable()) {
-      write_replicas(c);
+      write_replicas(c, ReplicaTurn::Now);
       return;
     }
     {
@@ -229,7 +248,8 @@ struct RunDirectory::Impl {
 
   // Every usable replica gets the file, atomically; then its milestones are rotated and
   // its best_epoch files pruned like the run directory's.
-  void write_replicas(const ReplicaCopy& c) {
+  enum class ReplicaTurn { Now, WhileWriterIdle };
+  void write_replicas(const ReplicaCopy& c, ReplicaTurn when) {
     std::vector<ReplicaFailure> failed;
     std::vector<std::size_t> written;
     for (std::size_t i = 0; i < replicas.size(); ++i) {
@@ -238,7 +258,22 @@ struct RunDirectory::Impl {
         continue;
       }
       try {
-        write_file_atomically(env, (fs::path(replicas[i].dir) / c.file).string(), *c.image);
+        // In 1 MiB pieces, each after the run directory's writer is idle again: a save
+        // queued meanwhile is never kept waiting behind a whole replica write.
+        atomic_write(env, (fs::path(replicas[i].dir) / c.file).string(), [&](int fd) {
+          constexpr std::size_t kPiece = std::size_t(1) << 20;
+          const auto* bytes = reinterpret_cast<const unsigned char*>(c.image->data());
+          for (std::size_t at = 0; at < c.image->size(); at += kPiece) {
+            if (when == ReplicaTurn::WhileWriterIdle) {
+              std::unique_lock<std::mutex> g(mutex);
+              replica_wake.wait(g, [this] { return queue.empty(); });
+            }
+            if (const int err = write_fully_at(env, fd, bytes + at, std::min(kPiece, c.image->size() - at),
+                                               static_cast<off_t>(at)))
+              return err;
+          }
+          return 0;
+        });
         tidy(replicas[i].dir, c.kind, c.keep_best);
         written.push_back(i);
       } catch (const std::exception& e) {
@@ -262,6 +297,7 @@ struct RunDirectory::Impl {
       g.lock();
       queue.pop_front();  // the snapshot buffer is free once no checkpoint job holds it
       idle.notify_all();
+      if (queue.empty()) replica_wake.notify_all();
     }
   }
 
