@@ -68,7 +68,18 @@ class MpiCollective final : public Collective {
           "MPI_Comm_split_type");
     int local_size = 0;
     MPI_Comm_size(local, &local_size);
-    check(MPI_Allreduce(&rank_, &host_first_rank_, 1, MPI_INT, MPI_MIN, local), "MPI_Allreduce");
+    // The world rank of the host's local rank 0 (the host's lowest rank: the split keeps
+    // the world order), found without communicating: no collective runs on `local`.
+    {
+      MPI_Group local_group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
+      MPI_Comm_group(local, &local_group);
+      MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+      const int first_local = 0;
+      check(MPI_Group_translate_ranks(local_group, 1, &first_local, world_group, &host_first_rank_),
+            "MPI_Group_translate_ranks");
+      MPI_Group_free(&local_group);
+      MPI_Group_free(&world_group);
+    }
     MPI_Comm_free(&local);
     one_host_ = local_size == size_;
   }
