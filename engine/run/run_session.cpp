@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <filesystem>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -22,6 +23,8 @@
 #include "io/read_file.h"
 
 namespace engine {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -207,7 +210,21 @@ RunBegin RunSession::begin(const BeginOptions& options) {
     }
   }
   if (size() > 1) {
+    // Rank 0's choice, as this rank sees it: the same file in this rank's run directory
+    // when rank 0 chose one of its own (the run directory's path may differ from host to
+    // host), and this rank's last.h5 when rank 0 starts fresh but this rank's run
+    // directory holds one; the start agreement then refuses ranks that would not start
+    // from the same bytes.
+    std::string rank0_dir = s.cfg.checkpoint.dir;
     broadcast_text(*s.comm, path);
+    broadcast_text(*s.comm, rank0_dir);
+    if (!writes_run_dir()) {
+      const fs::path mine_last = fs::path(s.cfg.checkpoint.dir) / run_files::kLast;
+      FileInfo info;
+      if (path.empty() && s.env->stat(mine_last.string(), info) == 0) path = mine_last.string();
+      else if (!path.empty() && fs::path(path).parent_path() == fs::path(rank0_dir))
+        path = (fs::path(s.cfg.checkpoint.dir) / fs::path(path).filename()).string();
+    }
     b.agreement = engine::agree_on_start(*s.comm, s.cfg, t.dataset(), path, s.env);
   }
   if (!path.empty()) {
