@@ -265,6 +265,9 @@ TEST_CASE("replica failures: once per kind of failure, the run directory unaffec
   Config c = synthetic(dir, 4);
   c.checkpoint.replicas = {replica};
   c.checkpoint.every_n_steps = 2;
+  // Saves written in turn (the replicas too), so that every save reaches the replica: with
+  // checkpoint.async a save still waiting for the replica thread gives way to a newer one.
+  c.checkpoint.async = false;
   file_faults::FaultyEnv env;
   Messages seen;
   {
