@@ -35,6 +35,7 @@
 #include "engine/train/model_factory.h"
 #include "report/report.h"
 #include "engine/train/run_control.h"
+#include "engine/run/recovery.h"
 #include "engine/run/run_files.h"
 #include "engine/run/run_session.h"
 #include "engine/train/start_agreement.h"
@@ -51,8 +52,8 @@ const char* kMainHelp = R"(engine: trains Fashion-MNIST classifiers (model.name:
 usage: engine <command> [options]
 
 commands:
-  train CONFIG.json      train from a config; resumes from <run-dir>/last.h5 when it exists
-  resume CKPT.h5         continue the run recorded in a checkpoint (its config is inside)
+  train CONFIG.json      train from a config; resumes from the newest sound checkpoint of the run
+  resume CKPT.h5         continue the run recorded in a checkpoint (its config is inside), or RUN_DIR
   eval CKPT.h5           test loss, accuracy and confusion matrix of a checkpoint
   inspect CKPT.h5        human summary of a checkpoint
   verify CKPT.h5         integrity and structure check (exit 0 only when sound)
@@ -239,8 +240,10 @@ void add_run_options(CLI::App* c, RunOptions& o, const std::string& device_help,
               "says \"already complete\" and exits 0)");
 }
 
-const char* kTrainFooter = R"(If the run directory already holds last.h5, training resumes from it ("resuming from
-epoch N"); a run that is already complete says so and exits 0. --fresh starts over: the
+const char* kTrainFooter = R"(If the run directory or a replica (checkpoint.replicas) holds a checkpoint of this run,
+training resumes from the newest sound one ("resuming from epoch N", naming any newer
+copy skipped as damaged and the copies repaired; docs/recovery.md); a run that is already
+complete says so and exits 0. --fresh starts over: the
 previous run's files (last.h5, best.h5, epoch_NNNN.h5, metrics.jsonl, tensorboard/,
 report.html) are moved aside to <run-dir>.replaced-<UTC time>, which it names.
 Ctrl-C or SIGTERM stops after the current step (or evaluation batch) and writes last.h5
@@ -252,9 +255,12 @@ stopped by a signal, 75 stopped by --time-limit, 3 a save failed (disk full, I/O
 checkpoint.on_error = stop) with the previous checkpoint intact, 1 error, 2 usage.)";
 
 const char* kResumeFooter = R"(Continues the run recorded in CKPT.h5 with the config stored inside it, writing into
-the run directory recorded there unless --run-dir names another. A checkpoint saved on
-a GPU resumes on a CPU and the reverse. Signals, the run-directory lock, "already
-complete" and exit statuses as for train.)";
+the run directory recorded there unless --run-dir names another. A CKPT.h5 that does not
+load is refused, naming the sound checkpoints beside it. Given a run directory instead,
+it resumes, as train does, from the newest sound checkpoint of the run in that directory
+and in every replica (checkpoint.replicas), writing into that directory (docs/recovery.md).
+A checkpoint saved on a GPU resumes on a CPU and the reverse. Signals, the run-directory
+lock, "already complete" and exit statuses as for train.)";
 
 // ---- the commands' options --------------------------------------------------------
 
@@ -268,7 +274,10 @@ void train_options(CLI::App* train, Commands& c) {
 }
 
 void resume_options(CLI::App* resume, Commands& c) {
-  resume->add_option("CKPT.h5", c.resume.checkpoint, "the checkpoint to continue from")->required()->type_name("");
+  resume->add_option("CKPT.h5", c.resume.checkpoint,
+                     "the checkpoint to continue from, or a run directory: its newest sound checkpoint")
+      ->required()
+      ->type_name("");
   add_run_options(resume, c.resume.run, "where to continue (default: the config's device)",
                   "where to write from now on (default: the stored checkpoint.dir)");
   resume->add_flag("--non-strict", c.resume.non_strict, "apply what matches; print missing/unexpected keys");
@@ -516,18 +525,48 @@ class TrainingSession {
   void require_same_start(const std::string& checkpoint) {
     if (session_.size() == 1) return;
     try {
-      const StartAgreement a = session_.agree_on_start(checkpoint);
-      std::cout << "ranks agree on config, build, data (" << a.data_bytes / 1000000.0 << " MB) and "
-                << (checkpoint.empty() ? "starting fresh" : "checkpoint") << " (hashing " << std::fixed
-                << std::setprecision(1) << a.hash_ms << " ms, test split read early " << a.test_load_ms
-                << " ms, exchange " << a.exchange_ms << " ms)\n"
-                << std::defaultfloat;
+      print_agreement(session_.agree_on_start(checkpoint), checkpoint);
     } catch (const StartMismatchError& e) {
-      // Every rank knows: each says so and exits, no abort needed.
-      std::cout << std::flush;
-      std::cerr << "engine: " + RunSession::rank_tag() + e.what() + "\n" << std::flush;
-      std::exit(kExitUsage);
+      refuse_mismatch(e);
     }
+  }
+
+  // `engine train`: the library's recovery on start (RunSession::begin, docs/recovery.md):
+  // --fresh, or the newest sound checkpoint of every tier, the repairs, "already complete".
+  void begin(StartFrom from) {
+    RunBegin b;
+    try {
+      b = session_.begin({from, opts_.reevaluate});
+    } catch (const StartMismatchError& e) {
+      refuse_mismatch(e);
+    }
+    if (b.agreement) print_agreement(*b.agreement, b.checkpoint);
+    print_header();
+    for (const std::string& line : b.messages) observer_.on_message(line);
+    print_load_report(b.load_report);
+    already_complete_ = b.outcome == RunBegin::Outcome::AlreadyComplete;
+  }
+
+  void print_header() {
+    Trainer& t = session_.trainer();
+    const Config& cfg = session_.config();
+    std::cout << "training " << cfg.model.name << " (" << t.model().parameter_count() << " parameters) on "
+              << session_.device().str() << ", run dir " << cfg.checkpoint.dir << "\n";
+  }
+
+  static void print_agreement(const StartAgreement& a, const std::string& checkpoint) {
+    std::cout << "ranks agree on config, build, data (" << a.data_bytes / 1000000.0 << " MB) and "
+              << (checkpoint.empty() ? "starting fresh" : "checkpoint") << " (hashing " << std::fixed
+              << std::setprecision(1) << a.hash_ms << " ms, test split read early " << a.test_load_ms
+              << " ms, exchange " << a.exchange_ms << " ms)\n"
+              << std::defaultfloat;
+  }
+
+  [[noreturn]] static void refuse_mismatch(const StartMismatchError& e) {
+    // Every rank knows: each says so and exits, no abort needed.
+    std::cout << std::flush;
+    std::cerr << "engine: " + RunSession::rank_tag() + e.what() + "\n" << std::flush;
+    std::exit(kExitUsage);
   }
 
   const Config& config() const { return session_.config(); }
@@ -538,11 +577,13 @@ class TrainingSession {
     std::cout << "non-strict load: " << r.summary() << "\n" << r.str();
   }
 
+  // After an explicit restore (engine resume FILE): the library's "already complete".
+  void check_complete() { already_complete_ = !opts_.reevaluate && session_.already_complete(); }
+
   int run() {
     const Config& cfg = session_.config();
     Trainer& t = session_.trainer();
-    const bool trained = t.epochs_done() >= cfg.train.epochs || t.early_stop_reached();
-    if (trained && !opts_.reevaluate && test_result_recorded(cfg.checkpoint.dir)) {
+    if (already_complete_) {
       std::cout << "already complete: " << t.epochs_done() << " epoch(s) trained and the test set evaluated"
                 << " (see " << (fs::path(cfg.checkpoint.dir) / run_files::kMetrics).string()
                 << "); nothing to do (--reevaluate evaluates the test set again, --set "
@@ -582,6 +623,7 @@ class TrainingSession {
   RunOptions opts_;
   ConsoleObserver observer_;  // before session_: the trainer it holds reports to it
   RunSession session_;
+  bool already_complete_ = false;
 };
 
 int cmd_train(const TrainOptions& a) {
@@ -595,41 +637,48 @@ int cmd_train(const TrainOptions& a) {
     load_config(path);  // words the error with line and column
   }
   TrainingSession session(resolve_config(j, path, a.run), a.run);
-  const Config& cfg = session.config();
-  const std::string last = (fs::path(cfg.checkpoint.dir) / run_files::kLast).string();
-  if (a.fresh && session.writes_run_dir()) {
-    // --fresh: the previous run's files go to a sibling directory, so the run directory
-    // holds only the new run's files and nothing of the old run is destroyed.
-    try {
-      const MovedAside moved = move_previous_run_aside(cfg.checkpoint.dir);
-      if (moved.files)
-        std::cout << "--fresh: moved the previous run's " << moved.files << " file(s) to " << moved.dir << "\n";
-    } catch (const std::runtime_error& e) {
-      fail(e.what());
-    }
+  session.start();
+  // --fresh moves the previous run's files aside (nothing is destroyed); otherwise the
+  // newest sound checkpoint of every tier is resumed from (docs/recovery.md).
+  session.begin(a.fresh ? StartFrom::Scratch : StartFrom::Newest);
+  return session.run();
+}
+
+// `engine resume RUN_DIR`: the run of the newest sound checkpoint in RUN_DIR, with every
+// tier its config names, as `engine train` resumes it.
+int resume_run_dir(const ResumeOptions& a) {
+  const std::string& dir = a.checkpoint;
+  const std::vector<CheckpointCopy> copies = survey_directory(dir);
+  if (copies.empty() || copies.front().verdict != CopyVerdict::Sound) {
+    std::string tried;
+    for (const CheckpointCopy& c : copies) tried += (tried.empty() ? "" : ", ") + c.path + " (" + c.reason + ")";
+    fail(dir + ": no sound checkpoint to resume from" + (tried.empty() ? " (the directory holds none)" : "; tried " + tried));
   }
-  const bool resume = !a.fresh && fs::exists(last);
-  Trainer& trainer = session.start();
-  session.require_same_start(resume ? last : "");
-  std::cout << "training " << cfg.model.name << " (" << trainer.model().parameter_count()
-            << " parameters) on " << session.device().str() << ", run dir " << cfg.checkpoint.dir << "\n";
-  if (resume) {
-    StateReport r;
-    try {
-      r = trainer.resume_from(last, LoadMode::Strict);
-    } catch (const std::exception& e) {
-      fail(std::string(e.what()) + " (start over with --fresh)");
-    }
-    TrainingSession::print_load_report(r);
-    std::cout << "resuming from epoch " << trainer.epochs_done() << ", step " << trainer.step_in_epoch()
-              << " of epoch " << trainer.epochs_done() + 1 << " (" << last << ")\n";
+  const std::string& newest = copies.front().path;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(load_checkpoint(newest).config_json);
+  } catch (const nlohmann::json::exception&) {
+    fail(newest + ": the stored config is not valid JSON");
   }
+  RunOptions run = a.run;
+  if (run.run_dir.empty()) run.run_dir = dir;  // the directory named, wherever the run was first
+  TrainingSession session(resolve_config(j, newest + " (stored config)", run), run);
+  session.start();
+  session.begin(StartFrom::Newest);
   return session.run();
 }
 
 int cmd_resume(const ResumeOptions& a) {
   const std::string& path = a.checkpoint;
-  Checkpoint ckpt = load_checkpoint(path);
+  if (fs::is_directory(path)) return resume_run_dir(a);
+  Checkpoint ckpt;
+  try {
+    ckpt = load_checkpoint(path);
+  } catch (const CheckpointError& e) {
+    // The user asked for this file: refused, but the sound ones beside it are named.
+    fail(std::string(e.what()) + sound_alternatives(path));
+  }
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(ckpt.config_json);
@@ -648,6 +697,7 @@ int cmd_resume(const ResumeOptions& a) {
   TrainingSession::print_load_report(r);
   std::cout << "resuming from epoch " << trainer.epochs_done() << " (saved on " << ckpt.meta.saved_on
             << ", now on " << session.device().str() << "), run dir " << session.config().checkpoint.dir << "\n";
+  session.check_complete();
   return session.run();
 }
 

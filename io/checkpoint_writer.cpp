@@ -18,6 +18,7 @@
 #include <set>
 
 #include "io/atomic_file.h"
+#include "io/checkpoint_copies.h"
 
 namespace engine {
 namespace checkpoint_internal {
@@ -379,8 +380,14 @@ int write_sealed(Env& env, int fd, Bytes& image, std::size_t metadata_bytes, int
 
 using namespace checkpoint_internal;
 
-void save_checkpoint(const std::string& path, const Checkpoint& ckpt, Env* env_given) {
+namespace checkpoint_internal {
+
+std::vector<std::exception_ptr> save_checkpoint_copies(const std::vector<std::string>& paths, const Checkpoint& ckpt,
+                                                       Env* env_given, std::string* sealed_image) {
   Env& env = env_or_posix(env_given);
+  std::vector<std::exception_ptr> errors(paths.size());
+  if (paths.empty()) return errors;
+  const std::string& path = paths.front();
   Hdf5Session session;
   const H5Ctx c{path};
   check_for_save(path, ckpt);
@@ -389,9 +396,38 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt, Env* env_g
   for (const auto& [group, d] : normalised.groups) check_group_keys(path, group, d);
   BuiltImage built = build_image(c, normalised, utc_text(env.wall_now(), UtcFormat::Iso8601));
   Bytes& image = built.bytes;
-  atomic_write(env, path,
-               [&](int fd) { return write_sealed(env, fd, image, built.metadata_bytes, kCheckpointFormatVersion); });
+  // The first write seals the image (its checksums go into the header); each copy is
+  // then the same sealed bytes, so every tier holds the same file.
+  bool sealed = false;
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    try {
+      atomic_write(env, paths[i], [&](int fd) {
+        if (sealed) return write_fully_at(env, fd, image.data(), image.size(), 0);
+        const int err = write_sealed(env, fd, image, built.metadata_bytes, kCheckpointFormatVersion);
+        sealed = err == 0;
+        return err;
+      });
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  }
+  if (sealed_image) {
+    if (!sealed) {  // no write got as far as the header: seal it here
+      const unsigned char* payload = image.data() + kUserBlockBytes;
+      seal_with(image, kCheckpointFormatVersion,
+                checksums_of(payload, image.size() - kUserBlockBytes, built.metadata_bytes));
+    }
+    sealed_image->assign(reinterpret_cast<const char*>(image.data()), image.size());
+  }
   SpareImage::give_back(std::move(image));
+  return errors;
+}
+
+}  // namespace checkpoint_internal
+
+void save_checkpoint(const std::string& path, const Checkpoint& ckpt, Env* env_given) {
+  const std::vector<std::exception_ptr> errors = checkpoint_internal::save_checkpoint_copies({path}, ckpt, env_given);
+  if (errors.front()) std::rethrow_exception(errors.front());
 }
 
 }  // namespace engine

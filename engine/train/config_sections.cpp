@@ -64,6 +64,40 @@ const ConfigSection<CheckpointConfig>& checkpoint_config_keys() {
           R"doc(Write each checkpoint on a writer thread: training waits only while the state is copied into a snapshot buffer (and for the previous save, should it still be in flight); on CUDA it only queues those copies on the compute stream, and the writer thread waits for them. Every save is written; a failed one is reported at the next step or when training ends, under `checkpoint.on_error`. `false`: the training thread writes and verifies each save itself.)doc"),
       choice_key("on_error", &S::on_error, {SaveErrorPolicy::Stop, SaveErrorPolicy::Continue}, "`stop`, `continue`",
           R"doc(What training does when the disk refuses a save (full, I/O error, quota, file size limit; the previous checkpoint is left intact either way): `"stop"` ends the run at once (`engine train` exits with status 3; the same command resumes once the disk has room), `"continue"` prints a warning and goes on, and the next save tries again (docs/cli.md, "A save that fails").)doc"),
+      {"replicas", "array of strings", "each non-empty",
+       R"doc(Second-tier directories, e.g. `["/mnt/nfs/runs/mnist"]`: every save (`last.h5`, `best.h5`, milestones, `best_epoch_NNNN.h5`) is also written into each, atomically, the same sealed bytes as the run directory's file, by a background thread that writes only while the run directory's writer is idle (when saves come faster, each file's newest version). Each has its own writer lock. A replica that fails (full, gone, read-only) is reported once per kind of failure and training goes on; `on_error` governs only `dir`. On start the newest sound checkpoint of every tier is resumed from, and damaged or stale copies are repaired (docs/recovery.md).)doc",
+       [](const ConfigReader& r, const std::string& dotted, S& s) {
+         const nlohmann::json* dirs = r.find(dotted);
+         if (!dirs) return;
+         if (!dirs->is_array()) r.fail(dotted, "must be an array of directories, got " + describe_json(*dirs));
+         s.replicas.clear();
+         for (size_t i = 0; i < dirs->size(); ++i) {
+           const nlohmann::json& d = (*dirs)[i];
+           const std::string key = dotted + "[" + std::to_string(i) + "]";
+           if (!d.is_string() || d.get<std::string>().empty())
+             r.fail(key, "must be a non-empty directory name, got " + describe_json(d));
+           s.replicas.push_back(d.get<std::string>());
+         }
+       },
+       [](const S& s) { return nlohmann::json(s.replicas); }},
+      {"every_seconds", "real, nullable", "> 0",
+       R"doc(Also rewrite `last.h5` at the first step boundary after this many seconds since the last save (of any kind), so a run loses at most about this much work whatever its step time. With several ranks rank 0's clock decides and every rank saves at the same step. `null` saves by time never.)doc",
+       [](const ConfigReader& r, const std::string& dotted, S& s) {
+         const nlohmann::json* v = r.find(dotted);
+         if (!v) return;
+         if (v->is_null()) {
+           s.every_seconds.reset();
+           return;
+         }
+         const double seconds = r.real_value(dotted, *v);
+         r.require(dotted, seconds > 0, "must be > 0");
+         s.every_seconds = seconds;
+       },
+       [](const S& s) { return s.every_seconds ? nlohmann::json(*s.every_seconds) : nlohmann::json(nullptr); }},
+      integer_key("keep_best", &S::keep_best, 0, kConfigInt64Max, "≥ 0",
+          R"doc(Keep the k best epochs by `train.early_stopping.monitor`, each as `best_epoch_NNNN.h5` (its epoch in the name); a better epoch replaces the worst of them. Milestone rotation never deletes them, and `best.h5` stays the best one. `0` keeps none besides `best.h5`.)doc"),
+      boolean_key("peer_replica", &S::peer_replica,
+          R"doc(Data-parallel jobs across hosts: the first rank on another host than rank 0 writes a copy of every checkpoint rank 0 saves into `dir` on its own host (the same path, its own disk), from its own copy of the state, which is rank 0's bit for bit. On start every rank reports the newest sound checkpoint it can see, the job resumes from the newest, sent to every rank over the job's collective, so a job relaunched after rank 0's host and its disk are lost resumes from the other host's copy. A copy that fails is reported once per kind of failure; training goes on. Ignored in one process, and when that rank shares rank 0's directory.)doc"),
   };
   return keys;
 }

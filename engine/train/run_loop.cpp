@@ -18,6 +18,18 @@ namespace engine {
 
 // ---- training ------------------------------------------------------------------------
 
+std::vector<int64_t> best_epochs(const std::vector<EpochMetrics>& history, MonitorMetric monitor, int64_t k) {
+  std::vector<const EpochMetrics*> order;
+  for (const EpochMetrics& m : history) order.push_back(&m);
+  auto value = [monitor](const EpochMetrics* m) { return monitor == MonitorMetric::ValLoss ? m->val_loss : m->val_acc; };
+  std::stable_sort(order.begin(), order.end(), [&](const EpochMetrics* a, const EpochMetrics* b) {
+    return lower_is_better(monitor) ? value(a) < value(b) : value(a) > value(b);
+  });
+  std::vector<int64_t> out;
+  for (std::size_t i = 0; i < order.size() && static_cast<int64_t>(i) < k; ++i) out.push_back(order[i]->epoch);
+  return out;
+}
+
 template <class SinkCall>
 void Trainer::call_sink(SinkCall&& call) {
   if (sink_) protocol_->call_sink(call);
@@ -37,6 +49,7 @@ FitResult Trainer::fit(const StopPlan& stop, RunSink* sink) {
     }
   } run_scope{*this};
   sink_ = sink;
+  last_save_at_ = env_.monotonic_now();  // checkpoint.every_seconds counts from here
   FitResult result;
   try {
     result = fit_loop(stop);
@@ -168,15 +181,17 @@ void Trainer::train_epoch(bool& interrupted) {
     // The ranks act on the same requests at the same step: a signal that reaches them at
     // different steps still gives one stop, or one checkpoint, at one step.
     const bool checkpoint_local = control_.take_checkpoint_request();
-    const RunProtocol::Agreed agreed =
-        protocol_->agree(control_.stop_requested(), checkpoint_local,
-                         [&] { return !epoch_done && time_budget_ && out_of_time(step_in_epoch_ + 1 == steps); });
+    const RunProtocol::Agreed agreed = protocol_->agree(
+        control_.stop_requested(), checkpoint_local,
+        [&] { return !epoch_done && time_budget_ && out_of_time(step_in_epoch_ + 1 == steps); },
+        [&] { return !epoch_done && save_by_time_due(); });
     const bool halt = agreed.stop;
     // A checkpoint request (SIGUSR1) saves now and training goes on; at the end of an
     // epoch, end_epoch's last.h5 answers it.
     const bool checkpoint_asked = agreed.checkpoint;
     if (!epoch_done && ((cfg_.checkpoint.every_n_steps &&
-                         global_step_ % *cfg_.checkpoint.every_n_steps == 0) || halt || checkpoint_asked))
+                         global_step_ % *cfg_.checkpoint.every_n_steps == 0) || halt || checkpoint_asked ||
+                        agreed.save_due))
       save(CheckpointKind::MidEpoch);
     // A checkpoint request wants a file it can count on: complete before the message.
     if (checkpoint_asked && !halt && !epoch_done) call_sink([&] { sink_->flush(*this); });
@@ -274,6 +289,10 @@ void Trainer::end_epoch(double seconds, bool& stop_early, bool& interrupted) {
   batch_x_ = batch_labels_ = dlogits_ = sample_correct_ = Tensor();
   save(CheckpointKind::Last);
   if (*improved) save(CheckpointKind::Best);
+  if (const int64_t k = cfg_.checkpoint.keep_best; k > 0) {
+    const std::vector<int64_t> best = best_epochs(history_, es.monitor, k);
+    if (std::count(best.begin(), best.end(), epoch_) > 0) save(CheckpointKind::KeepBest);
+  }
   const auto& every = cfg_.checkpoint.every_n_epochs;
   if ((every && epoch_ % *every == 0) ||
       std::count(cfg_.checkpoint.keep_epochs.begin(), cfg_.checkpoint.keep_epochs.end(), epoch_))
@@ -298,6 +317,12 @@ void Trainer::save(CheckpointKind kind) {
   // again by the next step (saves in a row gather once).
   gather_optimizer_shards();
   call_sink([&] { sink_->save(*this, kind); });
+  last_save_at_ = env_.monotonic_now();
+}
+
+bool Trainer::save_by_time_due() {
+  const std::optional<double>& every = cfg_.checkpoint.every_seconds;
+  return sink_ && every && seconds_since(env_, last_save_at_) >= *every;
 }
 
 void Trainer::record_metrics(const std::optional<EvalResult>& test) {

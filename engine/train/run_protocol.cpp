@@ -14,8 +14,9 @@ namespace {
 // thrown where they happen.
 class OneProcessProtocol final : public RunProtocol {
  public:
-  Agreed agree(bool stop_requested, bool checkpoint_requested, const std::function<bool()>&) override {
-    return {stop_requested, checkpoint_requested};
+  Agreed agree(bool stop_requested, bool checkpoint_requested, const std::function<bool()>&,
+               const std::function<bool()>& save_due) override {
+    return {stop_requested, checkpoint_requested, save_due && save_due()};
   }
   // The time limit is checked right before the step it is about (after whatever the
   // previous step saved), not in agree().
@@ -30,20 +31,21 @@ class OneProcessProtocol final : public RunProtocol {
 // What a rank's held sink failure was, as agreed between the ranks (the largest wins).
 enum class SinkFailure : int64_t { None = 0, Other = 1, Write = 2 };
 
-// Several ranks: every decision is one small exchange (Collective::agree_max of five
+// Several ranks: every decision is one small exchange (Collective::agree_max of six
 // int64), so every rank acts on the same answer at the same step.
 class RanksProtocol final : public RunProtocol {
  public:
   explicit RanksProtocol(Collective& comm) : comm_(comm) {}
 
-  Agreed agree(bool stop_requested, bool checkpoint_requested,
-               const std::function<bool()>& next_step_late) override {
-    // Rank 0 decides the next step's time limit now, in the same exchange.
+  Agreed agree(bool stop_requested, bool checkpoint_requested, const std::function<bool()>& next_step_late,
+               const std::function<bool()>& save_due) override {
+    // Rank 0 decides the next step's time limit and a save by time now, in the same exchange.
     const bool late = owns_clock() && next_step_late && next_step_late();
-    const std::vector<int64_t> all = exchange(stop_requested || stop_agreed_, checkpoint_requested, late);
+    const bool due = owns_clock() && save_due && save_due();
+    const std::vector<int64_t> all = exchange(stop_requested || stop_agreed_, checkpoint_requested, late, due);
     stop_agreed_ = all[0] != 0;
     next_step_late_ = all[2] != 0;
-    return {stop_agreed_, all[1] != 0};
+    return {stop_agreed_, all[1] != 0, all[5] != 0};
   }
   bool time_limit_before_step(const std::function<bool()>&) override { return next_step_late_; }
   bool time_limit_now(const std::function<bool()>& late) override {
@@ -71,7 +73,7 @@ class RanksProtocol final : public RunProtocol {
   // Only rank 0's clock decides the time limit: the ranks' clocks and limits may differ.
   bool owns_clock() const { return comm_.rank() == 0; }
 
-  std::vector<int64_t> exchange(bool stop, bool checkpoint, bool late) {
+  std::vector<int64_t> exchange(bool stop, bool checkpoint, bool late, bool save_due = false) {
     const int rank = comm_.rank();
     SinkFailure failure = SinkFailure::None;
     if (held_) try {
@@ -82,7 +84,7 @@ class RanksProtocol final : public RunProtocol {
         failure = SinkFailure::Other;
       }
     const std::vector<int64_t> all = comm_.agree_max(
-        {stop, checkpoint, late, static_cast<int64_t>(failure), failure == SinkFailure::None ? 0 : rank + 1});
+        {stop, checkpoint, late, static_cast<int64_t>(failure), failure == SinkFailure::None ? 0 : rank + 1, save_due});
     if (all[3] != static_cast<int64_t>(SinkFailure::None)) {
       if (held_) {
         const std::exception_ptr e = held_;

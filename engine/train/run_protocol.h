@@ -19,14 +19,17 @@ class RunProtocol {
 
   struct Agreed {
     bool stop = false, checkpoint = false;
+    bool save_due = false;  // checkpoint.every_seconds: the clock-owning rank's answer
   };
   // After a step, and between evaluation batches that a stop may cut short: the stop
   // and checkpoint requests every rank acts on. `next_step_late` (may be empty) is
   // asked, on the rank whose clock decides, whether the next step would overrun the
   // time limit; time_limit_before_step() then gives the answer every rank acts on. A
   // sink failure held on any rank is thrown here, on every rank.
+  // `save_due` (may be empty) is asked on the same rank whether a save by time is due
+  // now (checkpoint.every_seconds); every rank gets its answer.
   virtual Agreed agree(bool stop_requested, bool checkpoint_requested,
-                       const std::function<bool()>& next_step_late) = 0;
+                       const std::function<bool()>& next_step_late, const std::function<bool()>& save_due) = 0;
   // Before a step that follows a step of this epoch: whether the time limit stops here.
   virtual bool time_limit_before_step(const std::function<bool()>& late) = 0;
   // At an epoch boundary, or before the test evaluation: whether the time limit stops

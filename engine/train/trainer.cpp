@@ -71,6 +71,7 @@ const char* checkpoint_kind_name(CheckpointKind k) {
     case CheckpointKind::Best: return "best";
     case CheckpointKind::Milestone: return "milestone";
     case CheckpointKind::MidEpoch: return "mid-epoch";
+    case CheckpointKind::KeepBest: return "keep-best";
   }
   return "?";
 }

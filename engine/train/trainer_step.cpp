@@ -180,7 +180,7 @@ std::optional<EvalResult> Trainer::evaluate_impl(Split split, const RunControl* 
   } plan_scope{*model_};
   for (int64_t start = 0; start < d.count; start += batch) {
     // Several ranks: a stop requested on any of them ends every rank's evaluation here.
-    if (stop && protocol_->agree(stop->stop_requested(), false, {}).stop) return std::nullopt;
+    if (stop && protocol_->agree(stop->stop_requested(), false, {}, {}).stop) return std::nullopt;
     const int b = static_cast<int>(std::min<int64_t>(batch, d.count - start));
     // Each rank evaluates its chunks of the batch; the per-sample results are gathered.
     const BatchChunks plan(b, collective_, cfg_.dist.chunks);

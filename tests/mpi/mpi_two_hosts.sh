@@ -57,8 +57,11 @@ cat >"$tmp/agent" <<EOF
 [ "\$1" = "$host_b" ] || { echo "agent: unknown host \$1" >&2; exit 1; }
 echo "daemon started on \$1" >>"$tmp/agent.log"
 shift
-exec ip netns exec $ns_b sh -c "\$*"
+# Host B has a disk of its own at $tmp/disk (host A's is the real one): a bind mount in
+# the mount namespace that ip netns exec makes, which no other process sees.
+exec ip netns exec $ns_b sh -c "mount --bind $tmp/disk_b $tmp/disk && \$*"
 EOF
+mkdir -p "$tmp/disk" "$tmp/disk_b"
 chmod +x "$tmp/agent"
 printf '%s slots=1\n%s slots=1\n' "$host_a" "$host_b" >"$tmp/hosts2"
 printf '%s slots=2\n%s slots=2\n' "$host_a" "$host_b" >"$tmp/hosts4"
@@ -171,4 +174,54 @@ ip netns exec "$ns_b" sysctl -qw net.ipv4.tcp_retries2=3
 link_cut cut2_watchdog 2 "rank 1 did not answer (stopped, hung or dead)"
 ip netns exec "$ns_a" sysctl -qw "net.ipv4.tcp_retries2=${retries[0]}"
 ip netns exec "$ns_b" sysctl -qw "net.ipv4.tcp_retries2=${retries[1]}"
-echo "two hosts: identical at 2 and 4 ranks; a lost host ends the job in time and the run resumes bit-exactly"
+# checkpoint.peer_replica: rank 1, on host B, keeps a copy of every save on host B's own
+# disk. The job is held in epoch 2 once epoch 1's saves are on both disks, host B's link
+# goes down (the job ends), host A's run directory is destroyed, and the job relaunched
+# on both hosts resumes from host B's copy, sent to rank 0 over the job's collective, and
+# ends with the straight run's bits; rank 0's run directory is repaired from it.
+peer_copy() {
+  local name=peer run="$tmp/disk/peer" i rc=0
+  ip -n "$ns_b" link set "$veth_b" up
+  "${mpi[@]}" "${keepalive[@]}" -np 2 --hostfile "$tmp/hosts2" \
+    sh -c 'exec "$0" "$@" >"'"$tmp/$name"'.rank$OMPI_COMM_WORLD_RANK" 2>&1' \
+    "$paused" --at-step "$hold_step" --release-file "$tmp/$name.go" -- train "$config" --device cpu \
+    --run-dir "$run" "${sets[@]}" --set checkpoint.peer_replica=true --set "dist.timeout_s=$timeout_s" \
+    >"$tmp/$name.log" 2>&1 &
+  local job=$!
+  # Both ranks held after step $hold_step, and epoch 1's last.h5 written on both disks
+  # (the writer threads go on while training is held).
+  for i in $(seq 12000); do
+    [[ "$(cat "$tmp/$name".rank* 2>/dev/null | grep -ac "paused after step $hold_step\$")" -ge 2 ]] &&
+      "$engine" verify "$run/last.h5" >/dev/null 2>&1 && "$engine" verify "$tmp/disk_b/peer/last.h5" >/dev/null 2>&1 &&
+      break
+    kill -0 "$job" 2>/dev/null || break
+    sleep 0.01
+  done
+  "$engine" verify "$tmp/disk_b/peer/last.h5" >/dev/null 2>&1 \
+    || { cat "$tmp/$name.log" "$tmp/$name".rank* 2>/dev/null; fail "$name: no sound copy on host B's disk"; }
+  grep -aq "peer copy: rank 1, on another host" "$tmp/$name.rank0" \
+    || { cat "$tmp/$name.rank0"; fail "$name: rank 0 names no peer copy"; }
+  ip -n "$ns_b" link set "$veth_b" down
+  touch "$tmp/$name.go"
+  wait "$job" || rc=$?
+  [[ $rc != 0 ]] || fail "$name: mpirun exit status 0 after the link went down"
+  for i in $(seq 300); do [[ -z "$(ip netns pids "$ns_a")$(ip netns pids "$ns_b")" ]] && break; sleep 0.1; done
+  # Host A's disk is lost; host B's copy is the only one left.
+  rm -rf "$run"
+  ip -n "$ns_b" link set "$veth_b" up
+  "${mpi[@]}" "${keepalive[@]}" -np 2 --hostfile "$tmp/hosts2" "$engine" train "$config" --device cpu \
+    --run-dir "$run" "${sets[@]}" --set checkpoint.peer_replica=true >"$tmp/$name.resume.log" 2>&1 \
+    || { cat "$tmp/$name.resume.log"; fail "$name: the relaunched job failed"; }
+  grep -q "^resuming from epoch 1, step 0 of epoch 2 (rank 1's $run/last.h5)" "$tmp/$name.resume.log" \
+    || { cat "$tmp/$name.resume.log"; fail "$name: not resumed from rank 1's copy"; }
+  grep -q "^repaired $run/last.h5 (missing) from rank 1's $run/last.h5" "$tmp/$name.resume.log" \
+    || { cat "$tmp/$name.resume.log"; fail "$name: rank 0's run directory not repaired"; }
+  echo "$name: $(grep -m1 '^resuming' "$tmp/$name.resume.log")"
+  compare disk/peer "$tmp/$name.resume.log"
+  # Host B's copy (host A reaches host B's disk at its real place) holds the same end.
+  "$engine" diff "$tmp/plain/last.h5" "$tmp/disk_b/peer/last.h5" >"$tmp/$name.b.diff" 2>&1 \
+    || { cat "$tmp/$name.b.diff"; fail "$name: host B's copy differs from the straight run at the end"; }
+}
+peer_copy
+
+echo "two hosts: identical at 2 and 4 ranks; a lost host ends the job in time and the run resumes bit-exactly; with host A's disk lost, the run resumes from host B's peer copy bit-exactly"

@@ -5,7 +5,11 @@
 # only at its end (target: <= 1.15x), trained on one thread (OMP_NUM_THREADS=1) so that
 # the writer thread has the other core. --sync measures the same with checkpoint.async off.
 #
-#   tools/bench/async_save.sh [--rounds R] [--steps N] [--sync] [--dir DIR] [--bench PATH] [--data DIR]
+#   tools/bench/async_save.sh [--rounds R] [--steps N] [--sync] [--dir DIR] [--bench PATH] [--data DIR] [--set K=V]...
+#
+# --set overrides a config key of the measured runs, e.g. --set 'checkpoint.replicas=["/tmp/r"]'
+# for the stall with a replica tier (docs/recovery.md); --bench runs another build's bench
+# (side by side with this one: alternate the two commands).
 #
 # Needs build/async_save_bench (cmake --build build -j2 --target async_save_bench) and the
 # Fashion-MNIST files (default /usr/share/datasets/fashion-mnist, or $ENGINE_DATA_DIR).
@@ -24,7 +28,7 @@ args=()
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --rounds|--steps|--dir) [[ $# -ge 2 ]] || die "$1 needs a value"; args+=("$1" "$2"); shift 2 ;;
+    --rounds|--steps|--dir|--set) [[ $# -ge 2 ]] || die "$1 needs a value"; args+=("$1" "$2"); shift 2 ;;
     --sync) args+=("--sync"); shift ;;
     --bench) [[ $# -ge 2 ]] || die "--bench needs a value"; bench="$2"; shift 2 ;;
     --data) [[ $# -ge 2 ]] || die "--data needs a value"; data="$2"; shift 2 ;;

@@ -68,6 +68,18 @@ class MpiCollective final : public Collective {
           "MPI_Comm_split_type");
     int local_size = 0;
     MPI_Comm_size(local, &local_size);
+    // The world rank of the host's local rank 0 (the host's lowest rank: the split keeps
+    // the world order), found without communicating: no collective runs on `local`.
+    {
+      MPI_Group local_group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
+      MPI_Comm_group(local, &local_group);
+      MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+      const int first_local = 0;
+      check(MPI_Group_translate_ranks(local_group, 1, &first_local, world_group, &host_first_rank_),
+            "MPI_Group_translate_ranks");
+      MPI_Group_free(&local_group);
+      MPI_Group_free(&world_group);
+    }
     MPI_Comm_free(&local);
     one_host_ = local_size == size_;
   }
@@ -75,6 +87,7 @@ class MpiCollective final : public Collective {
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
   bool one_host() const override { return one_host_; }
+  int host_first_rank() const override { return host_first_rank_; }
   void allgather(const void* send, std::size_t bytes, void* recv) override {
     // Bytes as MPI_BYTE; pieces here are far below 2^31.
     if (bytes > static_cast<std::size_t>(1) << 30) throw std::runtime_error("MPI allgather: piece too large");
@@ -202,6 +215,7 @@ class MpiCollective final : public Collective {
   double timeout_s_;
   int64_t calls_ = 0;  // collective calls made: the same count on every rank in step
   bool one_host_ = true;
+  int host_first_rank_ = 0;
   MPI_Comm roll_call_ = MPI_COMM_NULL;
 };
 

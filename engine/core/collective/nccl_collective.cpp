@@ -104,6 +104,7 @@ class NcclCollective final : public Collective {
   void broadcast(void* data, std::size_t bytes, int root) override { bootstrap_->broadcast(data, bytes, root); }
   void alltoall(const void* send, std::size_t bytes, void* recv) override { bootstrap_->alltoall(send, bytes, recv); }
   bool one_host() const override { return bootstrap_->one_host(); }
+  int host_first_rank() const override { return bootstrap_->host_first_rank(); }
   // The bootstrap (MPI) ends the job; NCCL's communicator dies with the processes.
   [[noreturn]] void abort(int exit_code) override {
     bootstrap_->abort(exit_code);

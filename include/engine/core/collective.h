@@ -49,6 +49,9 @@ class Collective {
   // cache-sized groups, one small exchange each (engine/core/batchnorm_ops.cpp). The same
   // answer on every rank. This default (one process, the tests' collectives) says yes.
   virtual bool one_host() const { return true; }
+  // The lowest rank on this rank's host (0 when every rank shares one host, as in this
+  // default): which ranks share a disk, for checkpoint.peer_replica.
+  virtual int host_first_rank() const { return 0; }
 
   // Agreement on a small vector (stop flags, a step number): every rank gets the
   // element-wise maximum of all ranks' `local` (which must have the same length on

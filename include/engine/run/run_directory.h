@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/run/recovery.h"
 #include "engine/run/run_lock.h"
 #include "engine/train/trainer.h"
 
@@ -41,6 +42,13 @@ struct SaveRecord {
   double total_seconds = 0;
 };
 
+// What a RunDirectory is to its run.
+enum class RunDirRole {
+  Owner,     // the run directory: checkpoint.on_error governs its saves; it writes the replicas
+  PeerCopy,  // checkpoint.peer_replica's copy on another host: no replicas, and a save that
+             // fails is reported once per kind of failure, never stops training
+};
+
 class RunDirectory final : public RunSink {
  public:
   // The run directory of `trainer` (trainer.config().checkpoint.dir, created when
@@ -51,7 +59,8 @@ class RunDirectory final : public RunSink {
   // Every file, listing, removal and timing here, the writer thread's included, goes
   // through trainer.env(): one Env for the run, so that the time limit and the save
   // estimates it reads from here run on one clock.
-  explicit RunDirectory(Trainer& trainer, std::optional<RunDirLock> lock = std::nullopt);
+  explicit RunDirectory(Trainer& trainer, std::optional<RunDirLock> lock = std::nullopt,
+                        RunDirRole role = RunDirRole::Owner);
   // Waits for the saves in flight (their errors, if any, are lost: call flush() or fit()).
   ~RunDirectory() override;
   RunDirectory(const RunDirectory&) = delete;
@@ -64,6 +73,21 @@ class RunDirectory final : public RunSink {
   std::string path(const std::string& file) const;  // dir()/file
   // The saves this object made, oldest first.
   std::vector<SaveRecord> saves() const;
+  // Where every save goes: dir(), then each of checkpoint.replicas (docs/recovery.md).
+  std::vector<std::string> tiers() const;
+  // After a survey of the tiers (survey_run) and the restore from its chosen copy: every
+  // tier whose lock this holds gets each checkpoint file that is missing there, damaged,
+  // or older than the reference copy rewritten from it (last.h5's reference is the copy
+  // resumed from; another file's, its newest sound copy). Another run's files are left to
+  // this run's next save. One line per file: "repaired runs/x/last.h5 (damaged: checksum
+  // mismatch ...) from runs/x/epoch_0002.h5", or a warning when it cannot be rewritten.
+  // Call before fit(), on the thread that runs it.
+  std::vector<std::string> repair(const RunSurvey& survey);
+  // The same for a state received from another rank (checkpoint.peer_replica): `bytes`,
+  // a sound checkpoint at `global_step` that `source` names, rewrites last.h5 in every
+  // tier (of `survey`) where it is missing, damaged or older.
+  std::vector<std::string> repair_from(const std::string& bytes, int64_t global_step, const std::string& source,
+                                       const RunSurvey& survey);
 
   // RunSink.
   void save(Trainer& trainer, CheckpointKind kind) override;

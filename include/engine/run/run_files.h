@@ -21,6 +21,8 @@ inline constexpr const char* kEventsRewrite = ".events-rewrite.tmp";
 
 // "epoch_0005.h5": the milestone checkpoint after `epochs_done` epochs.
 std::string milestone(int64_t epochs_done);
+// "best_epoch_0005.h5": epoch 5 as one of the checkpoint.keep_best best epochs.
+std::string best_of_epoch(int64_t epochs_done);
 // Whether a file name in a run directory is one a run leaves there: the names above,
 // milestones, and a writer's hidden temporaries (".last.h5.tmp.PID"); not ".lock".
 bool is_run_file(const std::string& filename);

@@ -4,8 +4,10 @@
 //
 //   engine::RunSession session(cfg, {/*quiet_other_ranks=*/true});  // job; rank 0: lock
 //   engine::Trainer& t = session.start(engine::make_model(cfg), &observer);
-//   session.agree_on_start(resume ? last : "");  // every rank: StartMismatchError, or agreed
-//   engine::FitResult r = session.fit(stop);    // rank 0 writes <run-dir>, the others nothing
+//   engine::RunBegin b = session.begin();       // recovery: resume from the newest sound state
+//   for (auto& line : b.messages) std::cout << line << "\n";
+//   if (b.outcome != engine::RunBegin::Outcome::AlreadyComplete)
+//     engine::FitResult r = session.fit(stop);  // rank 0 writes <run-dir>, the others nothing
 //
 // What it owns, and in which order it lets go: the job's collective (shared with this
 // process's job, below, so that it outlives the session), <run-dir>'s lock and then its
@@ -32,12 +34,41 @@
 #include "engine/core/device.h"
 #include "engine/io/env.h"
 #include "engine/nn/model.h"
+#include "engine/run/recovery.h"
 #include "engine/train/start_agreement.h"
 #include "engine/train/trainer.h"
 
 namespace engine {
 
 class RunDirectory;
+
+// How RunSession::begin starts a run.
+enum class StartFrom {
+  Newest,   // the newest sound checkpoint of this run in any tier (docs/recovery.md), else fresh
+  Scratch,  // fresh: the previous run's files in every tier moved aside first (--fresh)
+};
+
+struct BeginOptions {
+  StartFrom from = StartFrom::Newest;
+  // A run whose epochs are all trained and whose test result is recorded is
+  // AlreadyComplete unless this is set (then fit() evaluates the test set again).
+  bool reevaluate = false;
+};
+
+// What RunSession::begin did.
+struct RunBegin {
+  enum class Outcome { Fresh, Resumed, AlreadyComplete } outcome = Outcome::Fresh;
+  std::string checkpoint;  // the file resumed from ("" when fresh)
+  StateReport load_report;
+  // Several ranks: the start agreement (engine/train/start_agreement.h).
+  std::optional<StartAgreement> agreement;
+  // Rank 0: every tier's checkpoints as found (empty on other ranks and with Scratch).
+  RunSurvey survey;
+  // Rank 0: what to tell the user, one line each, in order: the files moved aside
+  // (Scratch), "resuming from epoch E, step S of epoch E+1 (FILE)" with the copies
+  // skipped and why, the repairs, "already complete: ...". Warnings start "warning: ".
+  std::vector<std::string> messages;
+};
 
 struct RunSessionOptions {
   // Ranks other than 0 send their stdout to /dev/null (what the CLI does: only rank 0
@@ -91,7 +122,8 @@ class RunSession {
                  std::unique_ptr<Dataset> data = nullptr);
   // After start() (std::logic_error before).
   Trainer& trainer();
-  // Rank 0's run directory after start(); null on other ranks and before start().
+  // Rank 0's run directory after start(); on the rank that keeps checkpoint.peer_replica's
+  // copy, that copy's directory; null on other ranks and before start().
   RunDirectory* run_directory();
 
   // Before training, after start(): the ranks check that they start the same run (config,
@@ -100,6 +132,22 @@ class RunSession {
   // throws StartMismatchError with the same one-line message (then each may simply exit:
   // no rank waits on another, no abort is needed). With one rank it returns at once.
   StartAgreement agree_on_start(const std::string& checkpoint_path = "");
+
+  // After start(), instead of agree_on_start: how `engine train` begins. Rank 0 surveys
+  // every tier (survey_run: checkpoint.dir, then checkpoint.replicas) and picks the newest
+  // sound checkpoint of this run by global step; every rank restores it (or starts
+  // fresh when no tier holds a checkpoint at all) after the start agreement; rank 0 then
+  // repairs the damaged, stale or missing copies of the tiers it holds the lock of
+  // (RunDirectory::repair) and tells whether the run is already complete. Throws a
+  // one-line CheckpointError, naming every file tried, when checkpoints exist but none
+  // is a sound one of this run, and when the run directory holds another run's
+  // checkpoint (never resumed, never overwritten); StartMismatchError as agree_on_start;
+  // std::logic_error before start(). With Scratch, rank 0 first moves the run files of
+  // every tier aside (move_previous_run_aside).
+  RunBegin begin(const BeginOptions& options = {});
+  // Whether the trainer's run is complete: every epoch trained (or stopped early) and
+  // the test result recorded in <run-dir>/metrics.jsonl.
+  bool already_complete();
 
   // Trains: RunDirectory::fit on rank 0 (checkpoints, metrics.jsonl, TensorBoard, every
   // save on disk on return), Trainer::fit with no sink elsewhere. The ranks stop together.
@@ -117,6 +165,9 @@ class RunSession {
   [[noreturn]] static void abort_job(int exit_code);
 
  private:
+  // checkpoint.peer_replica: which rank keeps the copy on another host (every rank agrees).
+  void choose_peer();
+  RunBegin begin_with_peer(const BeginOptions& options);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -45,6 +45,16 @@ struct CheckpointConfig {
   // What training does when the disk refuses a save (CheckpointWriteError): Stop
   // (fit throws it; the CLI exits 3) or Continue (a warning; the next save retries).
   SaveErrorPolicy on_error = SaveErrorPolicy::Stop;
+  // Second-tier directories: every save is also written into each (docs/recovery.md).
+  std::vector<std::string> replicas;
+  // Also rewrite last.h5 at the first step boundary this many seconds after the last
+  // save (rank 0's clock decides for every rank); null: no saves by time.
+  std::optional<double> every_seconds;
+  // The k best epochs by the monitored metric, each kept as best_epoch_NNNN.h5; 0: none.
+  int64_t keep_best = 0;
+  // Data-parallel: the first rank on another host than rank 0 keeps a copy of every
+  // save in its own (local) checkpoint.dir (docs/recovery.md).
+  bool peer_replica = false;
 };
 
 struct LoggingConfig {

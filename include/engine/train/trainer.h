@@ -50,8 +50,13 @@ struct Progress {
   double eta_seconds = 0;
 };
 
-enum class CheckpointKind { Last, Best, Milestone, MidEpoch };
+// KeepBest: one of the checkpoint.keep_best best epochs (best_epoch_NNNN.h5).
+enum class CheckpointKind { Last, Best, Milestone, MidEpoch, KeepBest };
 const char* checkpoint_kind_name(CheckpointKind k);
+
+// The epochs of the `k` best entries of `history` by `monitor` (lower val_loss or higher
+// val_acc first; of equal values the earlier epoch), best first: checkpoint.keep_best.
+std::vector<int64_t> best_epochs(const std::vector<EpochMetrics>& history, MonitorMetric monitor, int64_t k);
 
 // Receives what the trainer has to say; the CLI prints it. All methods optional.
 class TrainerObserver {
@@ -244,6 +249,9 @@ class Trainer {
   std::string time_limit_message() const;
   // Hands the state to the run's sink (nothing without one).
   void save(CheckpointKind kind);
+  // checkpoint.every_seconds: whether that long has passed since the last save (asked
+  // on the rank whose clock decides).
+  bool save_by_time_due();
   void record_metrics(const std::optional<EvalResult>& test);
   double save_estimate() const;
   FitResult fit_loop(const StopPlan& stop);
@@ -296,6 +304,8 @@ class Trainer {
   // The epoch whose permutation_ is derived (its shuffle offset), and when it began.
   std::optional<uint64_t> permutation_offset_;
   std::chrono::steady_clock::time_point epoch_clock_;
+  // When fit() began or last handed a save to its sink (checkpoint.every_seconds).
+  std::chrono::steady_clock::time_point last_save_at_;
   // Seconds the current epoch trained in earlier sessions (before a mid-epoch resume),
   // saved as trainer/epoch_elapsed_seconds so that epoch_seconds counts the whole epoch.
   double epoch_elapsed_before_ = 0;
