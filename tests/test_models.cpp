@@ -194,8 +194,15 @@ TEST_CASE("CLI: engine train/eval/inspect take the MLP by model.name with no spe
   r = run("inspect \"" + dir + "/last.h5\"");
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("fc1.weight") != std::string::npos);
-  // A CNN run cannot resume an MLP checkpoint: strict refusal names the keys.
+  // A CNN run into the MLP's run directory: another run's checkpoint, neither resumed
+  // nor overwritten (docs/recovery.md), naming what differs.
   r = run(small_run(dir) + " --set train.epochs=3");
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("another run's checkpoint (model.name \"mlp\" there, \"fashion_cnn\" here)") != std::string::npos);
+  // Resuming the MLP's checkpoint as a CNN on purpose: the strict load names the keys.
+  r = run("resume \"" + dir + "/last.h5\" --device cpu --set model.name=fashion_cnn --set train.epochs=3");
+  INFO(r.output);
   CHECK(r.exit_code == 1);
   CHECK(r.output.find("conv1.weight") != std::string::npos);
 }
