@@ -518,6 +518,9 @@ void send_request() {
   g_pending.deadline = std::chrono::steady_clock::now() +
                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                            std::chrono::duration<double>(g_pending.wall_seconds));
+  // A parser started ahead (prepare()) has a greeting waiting: it is read first, so that
+  // the socket's readability below means what it says.
+  if (g_parser.pid >= 0 && !g_parser.greeted && read_greeting() != Io::Done) retire(true);
   if (g_parser.pid >= 0) {
     // Nothing is due from an idle parser: a readable or hung-up socket means it is gone.
     pollfd p{g_parser.sock, POLLIN, 0};

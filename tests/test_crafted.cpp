@@ -16,6 +16,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/io/checkpoint.h"
@@ -87,6 +88,18 @@ TEST_CASE("the fixture loads through the sandboxed parser, which is reused") {
   start_checkpoint_parser();
   const int started = sandbox_testing::parser_pid();
   CHECK(started > 0);
+  // The parser started ahead is ready (its filter installed, so its greeting, written
+  // next, is waiting on the socket) before the first load: that load must read the
+  // greeting, not take the readable socket for a parser that has gone.
+  for (int i = 0; i < 500; ++i) {
+    std::ifstream status("/proc/" + std::to_string(started) + "/status");
+    std::string line;
+    bool filtered = false;
+    while (std::getline(status, line)) filtered = filtered || line == "Seccomp:\t2";
+    if (filtered) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const Checkpoint c = load_checkpoint(fixture());
   CHECK(c.groups.count("model"));
   const int pid = sandbox_testing::parser_pid();
