@@ -16,6 +16,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
 #include "cli_util.h"
 #include "run_dir_util.h"
 #include "engine/core/build_info.h"
@@ -29,18 +30,6 @@ using namespace test_util;
 namespace fs = std::filesystem;
 
 namespace {
-
-// Exactly one line of output, mentioning every needle, and a non-zero exit.
-void expect_one_line_error(const RunResult& r, const std::vector<std::string>& needles) {
-  INFO(r.output);
-  CHECK(r.exit_code != 0);
-  CHECK(r.signal == 0);
-  CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
-  for (const auto& n : needles) {
-    CAPTURE(n);
-    CHECK(r.output.find(n) != std::string::npos);
-  }
-}
 
 std::string config() { return "\"" + source_dir() + "/configs/mnist.json\""; }
 

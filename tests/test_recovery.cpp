@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_checks.h"
 #include "cli_util.h"
 #include "engine/io/checkpoint.h"
 #include "engine/nn/models/registry.h"
@@ -35,18 +36,6 @@ using namespace engine;
 namespace fs = std::filesystem;
 
 namespace {
-
-// Exactly one line of output, mentioning every needle, and a non-zero exit.
-void expect_one_line_error(const RunResult& r, const std::vector<std::string>& needles) {
-  INFO(r.output);
-  CHECK(r.exit_code != 0);
-  CHECK(r.signal == 0);
-  CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
-  for (const auto& n : needles) {
-    CAPTURE(n);
-    CHECK(r.output.find(n) != std::string::npos);
-  }
-}
 
 bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 
