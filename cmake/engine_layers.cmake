@@ -91,23 +91,17 @@ endfunction()
 
 # Kernels work on raw pointers and know no Tensor: the op list, its three
 # implementations, and the device runtime (memory, copies) the core types allocate through.
-set(_kernel_sources kernels/ref/*.cpp kernels/cpu/*.cpp)
+set(_kernel_sources kernels/op_table.cpp kernels/ref/*.cpp kernels/cpu/*.cpp)
 if(ENGINE_WITH_CUDA)
   list(APPEND _kernel_sources kernels/cuda/*.cu kernels/cuda/*.cpp)
 else()
   list(APPEND _kernel_sources kernels/no_cuda.cpp)
-  include(engine_no_cuda)
-  engine_generate_no_cuda_stubs(${PROJECT_BINARY_DIR}/generated/no_cuda/op_stubs.inc
-    kernels/op_signatures.inc kernels/chunk_ops.inc kernels/cuda_f16_ops.inc)
 endif()
 engine_layer(kernels
   SOURCES ${_kernel_sources}
   PREFIXES kernels=kernels)
-if(NOT ENGINE_WITH_CUDA)
-  target_include_directories(engine_kernels PRIVATE ${PROJECT_BINARY_DIR}/generated)
-  # The generated stubs keep the parameter names of the declarations they come from.
-  set_source_files_properties(kernels/no_cuda.cpp PROPERTIES COMPILE_OPTIONS -Wno-unused-parameter)
-endif()
+# The generated stubs keep the parameter names of the op list.
+set_source_files_properties(kernels/no_cuda.cpp kernels/op_table.cpp PROPERTIES COMPILE_OPTIONS -Wno-unused-parameter)
 
 # Core types: tensors on a device, the state interface, named random streams. engine/core/collective/
 # (the Collective) belongs here too; its sources are chosen by cmake/engine_mpi.cmake

@@ -39,8 +39,10 @@ bool batch_chunks() { return g_batch_chunks; }
 void cast_f32_to_f16(int64_t, const float*, void*) { unavailable(); }
 void cast_f16_to_f32(int64_t, const void*, float*) { unavailable(); }
 
-// Every op of kernels/op_signatures.inc, each `{ unavailable(); }`: generated at configure
-// time (cmake/engine_no_cuda.cmake), so the list is never retyped.
-#include "no_cuda/op_stubs.inc"
+// Every op of the op list, each `{ unavailable(); }`.
+#define ENGINE_OP(name, batch, precision, backends, ret, params, args) \
+  ret name params { unavailable(); }
+#include "kernels/op_list.inc"
+#undef ENGINE_OP
 
 }  // namespace engine::kernels::cuda

@@ -37,23 +37,30 @@ struct PoolShape {
   int n = 0, c = 0, h = 0, w = 0;  // input; output is h/2 x w/2
 };
 
+// Each backend's declarations of the op list (kernels/op_list.inc): ref and cpu have
+// the ops marked Every, cuda every op.
+#define ENGINE_OP_DECLARE_Every(name, ret, params) ret name params;
+#define ENGINE_OP_DECLARE_CudaOnly(name, ret, params)
+#define ENGINE_OP(name, batch, precision, backends, ret, params, args) \
+  ENGINE_OP_DECLARE_##backends(name, ret, params)
 namespace ref {
-#include "kernels/op_signatures.inc"
-#include "kernels/chunk_ops.inc"
+#include "kernels/op_list.inc"
 }
 namespace cpu {
-#include "kernels/op_signatures.inc"
-#include "kernels/chunk_ops.inc"
+#include "kernels/op_list.inc"
 // Channels per group of the batch-norm steps: a group's part of `tensors` inputs (x, or
 // x and dy) of shape s within 512 KiB, so that the passes over a group between two
 // exchanges read it from cache. A function of the shape only (not of the threads), so
 // that every rank given the same shape walks the same groups.
 int batchnorm_channel_group(const BatchNormShape& s, int tensors);
 }
+#undef ENGINE_OP
+#define ENGINE_OP(name, batch, precision, backends, ret, params, args) ret name params;
 namespace cuda {
-#include "kernels/op_signatures.inc"
-#include "kernels/chunk_ops.inc"
-#include "kernels/cuda_f16_ops.inc"
+#include "kernels/op_list.inc"
 }
+#undef ENGINE_OP
+#undef ENGINE_OP_DECLARE_Every
+#undef ENGINE_OP_DECLARE_CudaOnly
 
 }  // namespace engine::kernels

@@ -27,11 +27,16 @@
 namespace engine::tt {
 
 using detail::by_chunks;
+using detail::OpChecks;
 using detail::on_host;
 using detail::plan_for;
 using detail::store;
 
 namespace {
+
+int64_t elements(const BatchNormShape& s) { return static_cast<int64_t>(s.n) * s.c * s.hw; }
+bool valid(const BatchNormShape& s) { return s.n >= 0 && s.c >= 0 && s.hw >= 0 && s.all_channels(); }
+constexpr const char* kValidText = "a non-negative shape over every channel";
 
 BatchNormShape block_shape(const BatchNormShape& s, const BatchChunks::Block& b) { return {b.count, s.c, s.hw}; }
 int64_t per_sample(const BatchNormShape& s) { return static_cast<int64_t>(s.c) * s.hw; }
@@ -115,7 +120,7 @@ void forward_train_steps(const BatchNormShape& s, const BatchChunks& plan, const
     const std::vector<double> sum =
         group_sums(plan, s, parts, columns, complete,
                    [&](const BatchChunks::Block& b, const BatchNormShape& bs, int64_t off, double* row) {
-                     ENGINE_DISPATCH(d, batchnorm_chunk_sums, in_group(bs), b.chunks, b.bounds.data(),
+                     detail::ops_on(d).batchnorm_chunk_sums(in_group(bs), b.chunks, b.bounds.data(),
                                      x.f32() + off, row);
                    });
     for (int i = c0; i < c1; ++i) mean.f32()[i] = static_cast<float>(kernels::bn_mean(sum[i - c0], m));
@@ -124,7 +129,7 @@ void forward_train_steps(const BatchNormShape& s, const BatchChunks& plan, const
     const std::vector<double> sq =
         group_sums(plan, s, parts, columns, complete,
                    [&](const BatchChunks::Block& b, const BatchNormShape& bs, int64_t off, double* row) {
-                     ENGINE_DISPATCH(d, batchnorm_chunk_centered_squares, in_group(bs), b.chunks, b.bounds.data(),
+                     detail::ops_on(d).batchnorm_chunk_centered_squares(in_group(bs), b.chunks, b.bounds.data(),
                                      x.f32() + off, mean_on_device.f32(), row);
                    });
     for (int i = c0; i < c1; ++i) {
@@ -136,7 +141,7 @@ void forward_train_steps(const BatchNormShape& s, const BatchChunks& plan, const
       sinv.f32()[i] = f.save_invstd;
     }
     const Tensor factors = on_device(scale_shift, d);
-    ENGINE_DISPATCH(d, batchnorm_scale_shift, in_group(s), x.f32(), factors.f32(), factors.f32() + c, y.f32());
+    detail::ops_on(d).batchnorm_scale_shift(in_group(s), x.f32(), factors.f32(), factors.f32() + c, y.f32());
   }
   store(running_mean, rm);
   store(running_var, rv);
@@ -174,7 +179,7 @@ void backward_steps(const BatchNormShape& s, const BatchChunks& plan, const Comp
     const std::vector<double> sums =
         group_sums(plan, s, parts, channel_columns(c0, c1, c, 2), complete,
                    [&](const BatchChunks::Block& b, const BatchNormShape& bs, int64_t off, double* row) {
-                     ENGINE_DISPATCH(d, batchnorm_backward_chunk_sums, in_group(bs), b.chunks, b.bounds.data(),
+                     detail::ops_on(d).batchnorm_backward_chunk_sums(in_group(bs), b.chunks, b.bounds.data(),
                                      x.f32() + off, dy.f32() + off, save_mean.f32(), row, row + c);
                    });
     for (int i = c0; i < c1; ++i) {
@@ -187,7 +192,7 @@ void backward_steps(const BatchNormShape& s, const BatchChunks& plan, const Comp
       v[4 * c + i] = f.dbeta;
     }
     on_d = on_device(factors, d);
-    ENGINE_DISPATCH(d, batchnorm_backward_apply, in_group(s), x.f32(), dy.f32(), save_mean.f32(), on_d.f32(),
+    detail::ops_on(d).batchnorm_backward_apply(in_group(s), x.f32(), dy.f32(), save_mean.f32(), on_d.f32(),
                     on_d.f32() + c, on_d.f32() + 2 * c, dx.f32());
   }
   device_copy(d, dgamma.raw(), d, on_d.f32() + 3 * c, sizeof(float) * static_cast<std::size_t>(c));
@@ -200,9 +205,19 @@ void batchnorm_forward_train(const BatchCompute& how, const BatchNormShape& s, c
                              const Tensor& gamma, const Tensor& beta, float eps, float momentum,
                              Tensor& running_mean, Tensor& running_var, Tensor& save_mean,
                              Tensor& save_invstd, Tensor& y) {
-  const Device d = x.device();
+  const Device d = OpChecks("batchnorm_forward_train", &how.layer)
+                       .that(valid(s), kValidText)
+                       .exact("x", x, DType::F32, elements(s))
+                       .exact("gamma", gamma, DType::F32, s.c)
+                       .exact("beta", beta, DType::F32, s.c)
+                       .exact("running_mean", running_mean, DType::F32, s.c)
+                       .exact("running_var", running_var, DType::F32, s.c)
+                       .exact("save_mean", save_mean, DType::F32, s.c)
+                       .exact("save_invstd", save_invstd, DType::F32, s.c)
+                       .exact("y", y, DType::F32, elements(s))
+                       .device();
   if (!by_chunks(how, d)) {
-    kernels::cuda::batchnorm_forward_train(s, x.f32(), gamma.f32(), beta.f32(), eps, momentum, running_mean.f32(),
+    detail::ops_on(d).batchnorm_forward_train(s, x.f32(), gamma.f32(), beta.f32(), eps, momentum, running_mean.f32(),
                                            running_var.f32(), save_mean.f32(), save_invstd.f32(), y.f32());
     return;
   }
@@ -210,7 +225,7 @@ void batchnorm_forward_train(const BatchCompute& how, const BatchNormShape& s, c
   const BatchChunks& plan = plan_for(how, s.n, whole);
   if (!plan.needs_completion()) {
     const BatchChunks::Block& b = plan.blocks()[0];
-    ENGINE_DISPATCH(d, batchnorm_forward_train_chunks, s, b.chunks, b.bounds.data(), x.f32(), gamma.f32(),
+    detail::ops_on(d).batchnorm_forward_train_chunks(s, b.chunks, b.bounds.data(), x.f32(), gamma.f32(),
                     beta.f32(), eps, momentum, running_mean.f32(), running_var.f32(), save_mean.f32(),
                     save_invstd.f32(), y.f32());
     return;
@@ -222,9 +237,19 @@ void batchnorm_forward_train(const BatchCompute& how, const BatchNormShape& s, c
 void batchnorm_backward(const BatchCompute& how, const BatchNormShape& s, const Tensor& x, const Tensor& dy,
                         const Tensor& gamma, const Tensor& save_mean, const Tensor& save_invstd, Tensor& dx,
                         Tensor& dgamma, Tensor& dbeta) {
-  const Device d = x.device();
+  const Device d = OpChecks("batchnorm_backward", &how.layer)
+                       .that(valid(s), kValidText)
+                       .exact("x", x, DType::F32, elements(s))
+                       .exact("dy", dy, DType::F32, elements(s))
+                       .exact("gamma", gamma, DType::F32, s.c)
+                       .exact("save_mean", save_mean, DType::F32, s.c)
+                       .exact("save_invstd", save_invstd, DType::F32, s.c)
+                       .exact("dx", dx, DType::F32, elements(s))
+                       .exact("dgamma", dgamma, DType::F32, s.c)
+                       .exact("dbeta", dbeta, DType::F32, s.c)
+                       .device();
   if (!by_chunks(how, d)) {
-    kernels::cuda::batchnorm_backward(s, x.f32(), dy.f32(), gamma.f32(), save_mean.f32(), save_invstd.f32(),
+    detail::ops_on(d).batchnorm_backward(s, x.f32(), dy.f32(), gamma.f32(), save_mean.f32(), save_invstd.f32(),
                                       dx.f32(), dgamma.f32(), dbeta.f32());
     return;
   }
@@ -232,7 +257,7 @@ void batchnorm_backward(const BatchCompute& how, const BatchNormShape& s, const 
   const BatchChunks& plan = plan_for(how, s.n, whole);
   if (!plan.needs_completion()) {
     const BatchChunks::Block& b = plan.blocks()[0];
-    ENGINE_DISPATCH(d, batchnorm_backward_chunks, s, b.chunks, b.bounds.data(), x.f32(), dy.f32(), gamma.f32(),
+    detail::ops_on(d).batchnorm_backward_chunks(s, b.chunks, b.bounds.data(), x.f32(), dy.f32(), gamma.f32(),
                     save_mean.f32(), save_invstd.f32(), dx.f32(), dgamma.f32(), dbeta.f32());
     return;
   }
@@ -241,7 +266,16 @@ void batchnorm_backward(const BatchCompute& how, const BatchNormShape& s, const 
 
 void batchnorm_forward_eval(const BatchNormShape& s, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                             const Tensor& running_mean, const Tensor& running_var, float eps, Tensor& y) {
-  ENGINE_DISPATCH(x.device(), batchnorm_forward_eval, s, x.f32(), gamma.f32(), beta.f32(), running_mean.f32(),
+  const Device d = OpChecks("batchnorm_forward_eval")
+                       .that(valid(s), kValidText)
+                       .exact("x", x, DType::F32, elements(s))
+                       .exact("gamma", gamma, DType::F32, s.c)
+                       .exact("beta", beta, DType::F32, s.c)
+                       .exact("running_mean", running_mean, DType::F32, s.c)
+                       .exact("running_var", running_var, DType::F32, s.c)
+                       .exact("y", y, DType::F32, elements(s))
+                       .device();
+  detail::ops_on(d).batchnorm_forward_eval(s, x.f32(), gamma.f32(), beta.f32(), running_mean.f32(),
                   running_var.f32(), eps, y.f32());
 }
 

@@ -11,6 +11,7 @@
 namespace engine::tt {
 
 using detail::by_chunks;
+using detail::OpChecks;
 using detail::on_host;
 using detail::plan_for;
 
@@ -111,61 +112,101 @@ float* data_or_null(Tensor* t) { return t ? t->f32() : nullptr; }
 }  // namespace
 
 // ---- Convolution and linear --------------------------------------------------------------
-// Each picks one of four paths: the CPU by chunks (fp16 is fp32 there), CUDA by chunks
-// in fp32 or fp16, CUDA whole-batch in fp32 or fp16. The backends' ops of one layer
-// kind, by path:
+// Each picks one of four paths: by chunks (the CPU always, where fp16 is fp32; CUDA with
+// cuda.batch_chunks) or whole-batch (CUDA), each in fp32 or fp16. The op of each path,
+// by layer kind, as members of the device's op table:
 namespace {
 
+using kernels::OpTable;
+
 template <class Shape>
-struct LayerOps {
-  using ForwardChunks = void (*)(const Shape&, int, const int*, const float*, const float*, const float*, float*);
-  using BackwardChunks = void (*)(const Shape&, int, const int*, const float*, const float*, const float*, float*,
-                                  float*, double*);
-  using Forward = void (*)(const Shape&, const float*, const float*, const float*, float*);
-  using Backward = void (*)(const Shape&, const float*, const float*, const float*, float*, float*, float*);
-  ForwardChunks cpu_forward, cuda_forward, cuda_forward_f16;
-  BackwardChunks cpu_backward, cuda_backward, cuda_backward_f16;
-  Forward cuda_whole_forward, cuda_whole_forward_f16;
-  Backward cuda_whole_backward, cuda_whole_backward_f16;
+struct LayerOps;
+template <>
+struct LayerOps<ConvShape> {
+  static constexpr const char* forward = "conv2d_forward";
+  static constexpr const char* backward = "conv2d_backward";
+  static constexpr auto forward_chunks = &OpTable::conv2d_forward_chunks;
+  static constexpr auto forward_chunks_f16 = &OpTable::conv2d_forward_chunks_f16;
+  static constexpr auto backward_chunks = &OpTable::conv2d_backward_chunks;
+  static constexpr auto backward_chunks_f16 = &OpTable::conv2d_backward_chunks_f16;
+  static constexpr auto whole_forward = &OpTable::conv2d_forward;
+  static constexpr auto whole_forward_f16 = &OpTable::conv2d_forward_f16;
+  static constexpr auto whole_backward = &OpTable::conv2d_backward;
+  static constexpr auto whole_backward_f16 = &OpTable::conv2d_backward_f16;
+  static int64_t weights(const ConvShape& s) { return static_cast<int64_t>(s.k) * s.c * s.r * s.s; }
+  static int64_t biases(const ConvShape& s) { return s.k; }
+  static bool valid(const ConvShape& s) {
+    return s.n >= 0 && s.c > 0 && s.k > 0 && s.r > 0 && s.s > 0 && s.pad >= 0 && s.out_h() > 0 && s.out_w() > 0;
+  }
+  static constexpr const char* valid_text = "a non-empty kernel no larger than the padded input";
+};
+template <>
+struct LayerOps<LinearShape> {
+  static constexpr const char* forward = "linear_forward";
+  static constexpr const char* backward = "linear_backward";
+  static constexpr auto forward_chunks = &OpTable::linear_forward_chunks;
+  static constexpr auto forward_chunks_f16 = &OpTable::linear_forward_chunks_f16;
+  static constexpr auto backward_chunks = &OpTable::linear_backward_chunks;
+  static constexpr auto backward_chunks_f16 = &OpTable::linear_backward_chunks_f16;
+  static constexpr auto whole_forward = &OpTable::linear_forward;
+  static constexpr auto whole_forward_f16 = &OpTable::linear_forward_f16;
+  static constexpr auto whole_backward = &OpTable::linear_backward;
+  static constexpr auto whole_backward_f16 = &OpTable::linear_backward_f16;
+  static int64_t weights(const LinearShape& s) { return static_cast<int64_t>(s.out) * s.in; }
+  static int64_t biases(const LinearShape& s) { return s.out; }
+  static bool valid(const LinearShape& s) { return s.n >= 0 && s.in > 0 && s.out > 0; }
+  static constexpr const char* valid_text = "positive in and out features";
 };
 
-namespace cpu = kernels::cpu;
-namespace cuda = kernels::cuda;
-const LayerOps<ConvShape> kConv{
-    cpu::conv2d_forward_chunks,  cuda::conv2d_forward_chunks,  cuda::conv2d_forward_chunks_f16,
-    cpu::conv2d_backward_chunks, cuda::conv2d_backward_chunks, cuda::conv2d_backward_chunks_f16,
-    cuda::conv2d_forward,        cuda::conv2d_forward_f16,     cuda::conv2d_backward,
-    cuda::conv2d_backward_f16};
-const LayerOps<LinearShape> kLinear{
-    cpu::linear_forward_chunks,  cuda::linear_forward_chunks,  cuda::linear_forward_chunks_f16,
-    cpu::linear_backward_chunks, cuda::linear_backward_chunks, cuda::linear_backward_chunks_f16,
-    cuda::linear_forward,        cuda::linear_forward_f16,     cuda::linear_backward,
-    cuda::linear_backward_f16};
+template <class Shape>
+OpChecks forward_checks(const char* op, const BatchCompute& how, const Shape& s, const Tensor& x, const Tensor& w,
+                        const Tensor& b, const Tensor& y) {
+  using L = LayerOps<Shape>;
+  OpChecks checks(op, &how.layer);
+  checks.that(L::valid(s), L::valid_text)
+      .exact("w", w, DType::F32, L::weights(s))
+      .exact("x", x, DType::F32, s.n * in_sample(s))
+      .optional("b", b, DType::F32, L::biases(s))
+      .exact("y", y, DType::F32, s.n * out_sample(s));
+  return checks;
+}
 
 template <class Shape>
-void layer_forward(const LayerOps<Shape>& ops, const BatchCompute& how, const Shape& s, const Tensor& x,
-                   const Tensor& w, const Tensor& b, Tensor& y) {
-  const Device d = w.device();
-  const bool f16 = how.precision == Precision::Fp16;
+void layer_forward(const BatchCompute& how, const Shape& s, const Tensor& x, const Tensor& w, const Tensor& b,
+                   Tensor& y) {
+  using L = LayerOps<Shape>;
+  const Device d = forward_checks(L::forward, how, s, x, w, b, y).device();
+  const OpTable& ops = detail::ops_on(d);
+  const bool f16 = how.precision == Precision::Fp16 && d.is_cuda();
   if (by_chunks(how, d)) {
-    const auto op = d.is_cpu() ? ops.cpu_forward : f16 ? ops.cuda_forward_f16 : ops.cuda_forward;
+    const auto op = ops.*(f16 ? L::forward_chunks_f16 : L::forward_chunks);
     std::optional<BatchChunks> whole;
     forward_blocks(plan_for(how, s.n, whole), s, x.f32(), y.f32(),
                    [&](const Shape& bs, int chunks, const int* bounds, const float* bx, float* by) {
                      op(bs, chunks, bounds, bx, w.f32(), b.f32(), by);
                    });
   } else {
-    (f16 ? ops.cuda_whole_forward_f16 : ops.cuda_whole_forward)(s, x.f32(), w.f32(), b.f32(), y.f32());
+    (ops.*(f16 ? L::whole_forward_f16 : L::whole_forward))(s, x.f32(), w.f32(), b.f32(), y.f32());
   }
 }
 
 template <class Shape>
-void layer_backward(const LayerOps<Shape>& ops, const BatchCompute& how, const Shape& s, const Tensor& x,
-                    const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw, Tensor& db) {
-  const Device d = w.device();
-  const bool f16 = how.precision == Precision::Fp16;
+void layer_backward(const BatchCompute& how, const Shape& s, const Tensor& x, const Tensor& w, const Tensor& dy,
+                    Tensor* dx, Tensor& dw, Tensor& db) {
+  using L = LayerOps<Shape>;
+  OpChecks checks(L::backward, &how.layer);
+  checks.that(L::valid(s), L::valid_text)
+      .exact("w", w, DType::F32, L::weights(s))
+      .exact("x", x, DType::F32, s.n * in_sample(s))
+      .exact("dy", dy, DType::F32, s.n * out_sample(s))
+      .exact("dw", dw, DType::F32, L::weights(s))
+      .optional("db", db, DType::F32, L::biases(s));
+  if (dx) checks.exact("dx", *dx, DType::F32, s.n * in_sample(s));
+  const Device d = checks.device();
+  const OpTable& ops = detail::ops_on(d);
+  const bool f16 = how.precision == Precision::Fp16 && d.is_cuda();
   if (by_chunks(how, d)) {
-    const auto op = d.is_cpu() ? ops.cpu_backward : f16 ? ops.cuda_backward_f16 : ops.cuda_backward;
+    const auto op = ops.*(f16 ? L::backward_chunks_f16 : L::backward_chunks);
     std::optional<BatchChunks> whole;
     backward_blocks(plan_for(how, s.n, whole), s, x.f32(), dy.f32(), data_or_null(dx), dw, db,
                     [&](const Shape& bs, int chunks, const int* bounds, const float* bx, const float* bdy,
@@ -173,8 +214,8 @@ void layer_backward(const LayerOps<Shape>& ops, const BatchCompute& how, const S
                       op(bs, chunks, bounds, bx, w.f32(), bdy, bdx, pdw, pdb);
                     });
   } else {
-    (f16 ? ops.cuda_whole_backward_f16 : ops.cuda_whole_backward)(s, x.f32(), w.f32(), dy.f32(), data_or_null(dx),
-                                                                  dw.f32(), db.f32());
+    (ops.*(f16 ? L::whole_backward_f16 : L::whole_backward))(s, x.f32(), w.f32(), dy.f32(), data_or_null(dx),
+                                                              dw.f32(), db.f32());
   }
 }
 
@@ -182,93 +223,167 @@ void layer_backward(const LayerOps<Shape>& ops, const BatchCompute& how, const S
 
 void conv2d_forward(const BatchCompute& how, const ConvShape& s, const Tensor& x, const Tensor& w,
                     const Tensor& b, Tensor& y) {
-  layer_forward(kConv, how, s, x, w, b, y);
+  layer_forward(how, s, x, w, b, y);
 }
 
 void conv2d_backward(const BatchCompute& how, const ConvShape& s, const Tensor& x, const Tensor& w,
                      const Tensor& dy, Tensor* dx, Tensor& dw, Tensor& db) {
-  layer_backward(kConv, how, s, x, w, dy, dx, dw, db);
+  layer_backward(how, s, x, w, dy, dx, dw, db);
 }
 
 void linear_forward(const BatchCompute& how, const LinearShape& s, const Tensor& x, const Tensor& w,
                     const Tensor& b, Tensor& y) {
-  layer_forward(kLinear, how, s, x, w, b, y);
+  layer_forward(how, s, x, w, b, y);
 }
 
 void linear_backward(const BatchCompute& how, const LinearShape& s, const Tensor& x, const Tensor& w,
                      const Tensor& dy, Tensor* dx, Tensor& dw, Tensor& db) {
-  layer_backward(kLinear, how, s, x, w, dy, dx, dw, db);
+  layer_backward(how, s, x, w, dy, dx, dw, db);
 }
 
 // ---- Element-wise, pooling, dropout --------------------------------------------------------
 
 void relu_forward(const Tensor& x, Tensor& y) {
-  ENGINE_DISPATCH(x.device(), relu_forward, x.numel(), x.f32(), y.f32());
+  const Device d = OpChecks("relu_forward")
+                       .exact("x", x, DType::F32, x.numel())
+                       .exact("y", y, DType::F32, x.numel())
+                       .device();
+  detail::ops_on(d).relu_forward(x.numel(), x.f32(), y.f32());
 }
 
 void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
-  ENGINE_DISPATCH(dy.device(), relu_backward, dy.numel(), y.f32(), dy.f32(), dx.f32());
+  const Device d = OpChecks("relu_backward")
+                       .exact("dy", dy, DType::F32, dy.numel())
+                       .exact("y", y, DType::F32, dy.numel())
+                       .exact("dx", dx, DType::F32, dy.numel())
+                       .device();
+  detail::ops_on(d).relu_backward(dy.numel(), y.f32(), dy.f32(), dx.f32());
 }
 
+namespace {
+int64_t pool_in(const PoolShape& s) { return static_cast<int64_t>(s.n) * s.c * s.h * s.w; }
+int64_t pool_out(const PoolShape& s) { return static_cast<int64_t>(s.n) * s.c * (s.h / 2) * (s.w / 2); }
+bool pool_valid(const PoolShape& s) { return s.n >= 0 && s.c >= 0 && s.h >= 0 && s.w >= 0 && s.h % 2 == 0 && s.w % 2 == 0; }
+}  // namespace
+
 void maxpool2x2_forward(const PoolShape& s, const Tensor& x, Tensor& y, Tensor& argmax) {
-  ENGINE_DISPATCH(x.device(), maxpool2x2_forward, s, x.f32(), y.f32(), argmax.i32());
+  const Device d = OpChecks("maxpool2x2_forward")
+                       .that(pool_valid(s), "H and W even")
+                       .exact("x", x, DType::F32, pool_in(s))
+                       .exact("y", y, DType::F32, pool_out(s))
+                       .exact("argmax", argmax, DType::I32, pool_out(s))
+                       .device();
+  detail::ops_on(d).maxpool2x2_forward(s, x.f32(), y.f32(), argmax.i32());
 }
 
 void maxpool2x2_backward(const PoolShape& s, const Tensor& dy, const Tensor& argmax, Tensor& dx) {
-  ENGINE_DISPATCH(dy.device(), maxpool2x2_backward, s, dy.f32(), argmax.i32(), dx.f32());
+  const Device d = OpChecks("maxpool2x2_backward")
+                       .that(pool_valid(s), "H and W even")
+                       .exact("dy", dy, DType::F32, pool_out(s))
+                       .exact("argmax", argmax, DType::I32, pool_out(s))
+                       .exact("dx", dx, DType::F32, pool_in(s))
+                       .device();
+  detail::ops_on(d).maxpool2x2_backward(s, dy.f32(), argmax.i32(), dx.f32());
 }
 
 void dropout_forward(const BatchCompute& how, const Tensor& x, float p, Rng& rng, Tensor& y, Tensor& keep) {
+  const Device d = OpChecks("dropout_forward", &how.layer)
+                       .that(p >= 0.0f && p < 1.0f, "0 <= p < 1")
+                       .exact("x", x, DType::F32, x.numel())
+                       .exact("y", y, DType::F32, x.numel())
+                       .exact("keep", keep, DType::U8, x.numel())
+                       .device();
   const int64_t n = x.rank() > 0 ? x.dim(0) : 0;
   uint64_t per_sample = 1;
-  for (int d = 1; d < x.rank(); ++d) per_sample *= static_cast<uint64_t>(x.dim(d));
+  for (int i = 1; i < x.rank(); ++i) per_sample *= static_cast<uint64_t>(x.dim(i));
   std::optional<BatchChunks> whole;
   const BatchChunks& plan = plan_for(how, n, whole);
-  by_chunks(how, x.device());  // refuses whole-batch CUDA over several ranks
+  by_chunks(how, d);  // refuses whole-batch CUDA over several ranks
   const uint64_t first = rng.take(RngStream::Dropout, static_cast<uint64_t>(plan.global_batch()) * per_sample);
-  ENGINE_DISPATCH(x.device(), dropout_forward, x.numel(), x.f32(), p, rng.stream(RngStream::Dropout),
-                  first + static_cast<uint64_t>(plan.local_begin()) * per_sample, y.f32(), keep.u8());
+  detail::ops_on(d).dropout_forward(x.numel(), x.f32(), p, rng.stream(RngStream::Dropout),
+                                    first + static_cast<uint64_t>(plan.local_begin()) * per_sample, y.f32(),
+                                    keep.u8());
 }
 
 void dropout_backward(const Tensor& dy, const Tensor& keep, float p, Tensor& dx) {
-  ENGINE_DISPATCH(dy.device(), dropout_backward, dy.numel(), dy.f32(), keep.u8(), p, dx.f32());
+  const Device d = OpChecks("dropout_backward")
+                       .that(p >= 0.0f && p < 1.0f, "0 <= p < 1")
+                       .exact("dy", dy, DType::F32, dy.numel())
+                       .exact("keep", keep, DType::U8, dy.numel())
+                       .exact("dx", dx, DType::F32, dy.numel())
+                       .device();
+  detail::ops_on(d).dropout_backward(dy.numel(), dy.f32(), keep.u8(), p, dx.f32());
 }
 
 // ---- Loss, sums, data, optimizer -----------------------------------------------------------
 
 void cross_entropy(const Tensor& logits, const Tensor& labels, int batch_total, float grad_scale, Tensor* dlogits,
                    Tensor& sample_loss, int64_t loss_first, Tensor& sample_correct, int64_t correct_first) {
+  OpChecks checks("cross_entropy");
+  checks.that(logits.rank() == 2, "logits of shape [n, classes]");
   const int n = static_cast<int>(logits.dim(0)), classes = static_cast<int>(logits.dim(1));
-  ENGINE_DISPATCH(logits.device(), cross_entropy, n, batch_total, classes, logits.f32(), labels.i32(),
-                  grad_scale, data_or_null(dlogits), sample_loss.f32() + loss_first,
-                  sample_correct.f32() + correct_first);
+  checks.that(classes > 0 && batch_total >= n && loss_first >= 0 && correct_first >= 0,
+              "classes > 0, n <= batch_total and non-negative offsets")
+      .exact("logits", logits, DType::F32, logits.numel())
+      .at_least("labels", labels, DType::I32, n)
+      .at_least("sample_loss", sample_loss, DType::F32, loss_first + n)
+      .at_least("sample_correct", sample_correct, DType::F32, correct_first + n);
+  if (dlogits) checks.exact("dlogits", *dlogits, DType::F32, logits.numel());
+  detail::ops_on(checks.device())
+      .cross_entropy(n, batch_total, classes, logits.f32(), labels.i32(), grad_scale, data_or_null(dlogits),
+                     sample_loss.f32() + loss_first, sample_correct.f32() + correct_first);
 }
 
 void softmax(const Tensor& logits, Tensor& probs) {
+  OpChecks checks("softmax");
+  checks.that(logits.rank() == 2, "logits of shape [n, classes]");
   const int n = static_cast<int>(logits.dim(0)), classes = static_cast<int>(logits.dim(1));
-  ENGINE_DISPATCH(logits.device(), softmax, n, classes, logits.f32(), probs.f32());
+  checks.exact("logits", logits, DType::F32, logits.numel()).exact("probs", probs, DType::F32, logits.numel());
+  detail::ops_on(checks.device()).softmax(n, classes, logits.f32(), probs.f32());
 }
 
 double reduce_sum(const Tensor& x, int64_t first, int64_t n) {
-  return ENGINE_DISPATCH(x.device(), reduce_sum, n, x.f32() + first);
+  const Device d = OpChecks("reduce_sum")
+                       .that(first >= 0 && n >= 0, "a non-negative range")
+                       .at_least("x", x, DType::F32, first + n)
+                       .device();
+  return detail::ops_on(d).reduce_sum(n, x.f32() + first);
 }
 
 void gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indices, int64_t first, int n,
                   float mean, float std, Tensor& x, Tensor& labels_out) {
   int64_t pixels = 1;  // per sample, from x's shape: n may be 0
   for (int d = 1; d < x.rank(); ++d) pixels *= x.dim(d);
-  ENGINE_DISPATCH(x.device(), gather_batch, n, static_cast<int>(pixels), images.u8(), labels.u8(), indices.i32() + first, mean, std,
-                  x.f32(), labels_out.i32());
+  const Device d = OpChecks("gather_batch")
+                       .that(first >= 0 && n >= 0 && x.rank() >= 1, "a non-negative range and a batch tensor x")
+                       .at_least("x", x, DType::F32, n * pixels)
+                       .at_least("labels_out", labels_out, DType::I32, n)
+                       .at_least("indices", indices, DType::I32, first + n)
+                       .exact("images", images, DType::U8, labels.numel() * pixels)
+                       .exact("labels", labels, DType::U8, labels.numel())
+                       .device();
+  detail::ops_on(d).gather_batch(n, static_cast<int>(pixels), images.u8(), labels.u8(), indices.i32() + first, mean,
+                                 std, x.f32(), labels_out.i32());
 }
 
 void adam_update(Tensor& param, const Tensor& grad, int64_t first, int64_t n, Tensor& exp_avg,
                  Tensor& exp_avg_sq, const kernels::AdamHyper& h, const kernels::AdamStepFactors& f) {
-  ENGINE_DISPATCH(param.device(), adam_update, n, param.f32() + first, grad.f32() + first, exp_avg.f32(),
-                  exp_avg_sq.f32(), h, f);
+  const Device d = OpChecks("adam_update")
+                       .that(first >= 0 && n >= 0, "a non-negative range")
+                       .at_least("param", param, DType::F32, first + n)
+                       .at_least("grad", grad, DType::F32, first + n)
+                       .at_least("exp_avg", exp_avg, DType::F32, n)
+                       .at_least("exp_avg_sq", exp_avg_sq, DType::F32, n)
+                       .device();
+  detail::ops_on(d).adam_update(n, param.f32() + first, grad.f32() + first, exp_avg.f32(), exp_avg_sq.f32(), h, f);
 }
 
 void unscale_check(Tensor& grad, float inv_scale, Tensor& found_inf) {
-  ENGINE_DISPATCH(grad.device(), unscale_check, grad.numel(), grad.f32(), inv_scale, found_inf.i32());
+  const Device d = OpChecks("unscale_check")
+                       .exact("grad", grad, DType::F32, grad.numel())
+                       .exact("found_inf", found_inf, DType::I32, 1)
+                       .device();
+  detail::ops_on(d).unscale_check(grad.numel(), grad.f32(), inv_scale, found_inf.i32());
 }
 
 }  // namespace engine::tt

@@ -1,0 +1,43 @@
+#include "kernels/op_table.h"
+
+#include <stdexcept>
+
+namespace engine::kernels {
+namespace {
+
+// The CPU's entries for the ops it does not have (CudaOnly): reaching one is a bug in
+// the caller (the facade runs fp16 as fp32 on the CPU), reported with the op's name.
+#define ENGINE_OP_MISSING_Every(name, ret, params)
+#define ENGINE_OP_MISSING_CudaOnly(name, ret, params)                                   \
+  [[noreturn]] ret name params {                                                        \
+    throw std::logic_error("kernels: " #name " has no CPU backend (it is CUDA only)"); \
+  }
+namespace cpu_missing {
+#define ENGINE_OP(name, batch, precision, backends, ret, params, args) \
+  ENGINE_OP_MISSING_##backends(name, ret, params)
+#include "kernels/op_list.inc"
+#undef ENGINE_OP
+}  // namespace cpu_missing
+
+#define ENGINE_OP_CPU_ENTRY_Every(name) &cpu::name,
+#define ENGINE_OP_CPU_ENTRY_CudaOnly(name) &cpu_missing::name,
+const OpTable kCpu{
+    "cpu",
+#define ENGINE_OP(name, batch, precision, backends, ret, params, args) ENGINE_OP_CPU_ENTRY_##backends(name)
+#include "kernels/op_list.inc"
+#undef ENGINE_OP
+};
+
+const OpTable kCuda{
+    "cuda",
+#define ENGINE_OP(name, batch, precision, backends, ret, params, args) &cuda::name,
+#include "kernels/op_list.inc"
+#undef ENGINE_OP
+};
+
+}  // namespace
+
+const OpTable& cpu_ops() { return kCpu; }
+const OpTable& cuda_ops() { return kCuda; }
+
+}  // namespace engine::kernels

@@ -1,0 +1,44 @@
+// The op list (kernels/op_list.inc) as data: what each op is, and each backend as a table
+// of its ops. The op facade (engine/core/tensor_ops.cpp) calls every kernel through the
+// table of the tensors' device, so a backend is one table, and a test can stand its own
+// table in front of one (a recording backend that logs each op and runs the CPU's).
+#pragma once
+#include <cstddef>
+
+#include "kernels/ops.h"
+
+namespace engine::kernels {
+
+enum class OpBatch { Whole, Chunks };
+enum class OpPrecision { Fp32, Fp16 };
+enum class OpBackends { Every, CudaOnly };
+
+struct OpInfo {
+  const char* name;
+  OpBatch batch;
+  OpPrecision precision;
+  OpBackends backends;
+};
+
+// Every op, in the list's order.
+inline constexpr OpInfo kOps[] = {
+#define ENGINE_OP(name, batch, precision, backends, ret, params, args) \
+  {#name, OpBatch::batch, OpPrecision::precision, OpBackends::backends},
+#include "kernels/op_list.inc"
+#undef ENGINE_OP
+};
+inline constexpr std::size_t kOpCount = sizeof(kOps) / sizeof(kOps[0]);
+
+// One backend: a function pointer per op, named as the op. An op the backend lacks
+// (a CudaOnly op in the CPU's table) throws std::logic_error naming the op.
+struct OpTable {
+  const char* backend;  // "cpu", "cuda", or a test's own name
+#define ENGINE_OP(name, batch, precision, backends, ret, params, args) ret(*name) params;
+#include "kernels/op_list.inc"
+#undef ENGINE_OP
+};
+
+const OpTable& cpu_ops();
+const OpTable& cuda_ops();  // in a CPU-only build, every op throws "built without CUDA"
+
+}  // namespace engine::kernels
