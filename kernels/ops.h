@@ -25,7 +25,7 @@ struct LinearShape {
 
 struct BatchNormShape {
   int n = 0, c = 0, hw = 0;
-  // The channels the separate steps (chunk_ops.inc) visit: [c_begin, c_end), -1 for all.
+  // The channels the separate batch-norm steps (op_list.inc) visit: [c_begin, c_end), -1 for all.
   // A rank's driver walks them in groups that stay in cache between its exchanges; the
   // other ops take every channel.
   int c_begin = 0, c_end = -1;

@@ -4,7 +4,7 @@
 // batch is computed: by the fixed chunks of a batch plan (engine/core/batch_chunks.h), or
 // whole on CUDA with cuda.batch_chunks off (one process only). Layers, the optimizer,
 // the scaler and the trainer call only this; none of them allocates device memory or
-// reads a backend switch. Every op's contract is that of kernels/op_signatures.inc.
+// reads a backend switch. Every op's contract is that of kernels/op_list.inc.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -55,7 +55,7 @@ void batchnorm_backward(const BatchCompute& how, const BatchNormShape& s, const 
 void batchnorm_forward_eval(const BatchNormShape& s, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                             const Tensor& running_mean, const Tensor& running_var, float eps, Tensor& y);
 
-// Element-wise and pooling (in place allowed where op_signatures.inc allows it).
+// Element-wise and pooling (in place allowed where kernels/op_list.inc allows it).
 void relu_forward(const Tensor& x, Tensor& y);
 void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
 void maxpool2x2_forward(const PoolShape& s, const Tensor& x, Tensor& y, Tensor& argmax);

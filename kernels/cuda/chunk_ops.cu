@@ -1,4 +1,4 @@
-// The chunked ops of kernels/chunk_ops.inc (and the chunked ops of cuda_f16_ops.inc) on the GPU: a batch
+// The Chunks ops of kernels/op_list.inc (fp32, and the CUDA-only fp16 ones) on the GPU: a batch
 // computed by its fixed chunks (kernels/chunk_tree.h) so that every cross-sample sum is
 // the fixed tree over per-chunk partials, and a rank holding some of the chunks computes
 // exactly its subtree (docs/distributed.md, "GPU ranks").

@@ -1,7 +1,7 @@
 // Mixed-precision (fp16) convolution and linear ops of the CUDA backend, the way
 // PyTorch autocast runs them: inputs rounded to fp16, products on tensor cores with
-// fp32 accumulation. Same signatures and contracts as the fp32 ops (kernels/
-// op_signatures.inc: fp32 device pointers in and out, backward overwrites, null
+// fp32 accumulation. Same signatures and contracts as the fp32 ops (
+// kernels/op_list.inc): fp32 device pointers in and out, backward overwrites, null
 // dx/bias/db allowed); the fp16 copies live in scratch memory owned by this file.
 //
 // Precision of each result:
