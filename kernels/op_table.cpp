@@ -1,5 +1,6 @@
 #include "kernels/op_table.h"
 
+#include <atomic>
 #include <stdexcept>
 
 namespace engine::kernels {
@@ -35,9 +36,13 @@ const OpTable kCuda{
 #undef ENGINE_OP
 };
 
+std::atomic<const OpTable*> g_cpu{&kCpu};
+
 }  // namespace
 
-const OpTable& cpu_ops() { return kCpu; }
+const OpTable& cpu_ops() { return *g_cpu.load(std::memory_order_relaxed); }
+const OpTable& builtin_cpu_ops() { return kCpu; }
+const OpTable* use_cpu_ops(const OpTable* table) { return g_cpu.exchange(table ? table : &kCpu); }
 const OpTable& cuda_ops() { return kCuda; }
 
 }  // namespace engine::kernels

@@ -38,7 +38,16 @@ struct OpTable {
 #undef ENGINE_OP
 };
 
+// The tables tt:: calls: the CPU's, and the GPU's (in a CPU-only build every op of it
+// throws "built without CUDA").
 const OpTable& cpu_ops();
-const OpTable& cuda_ops();  // in a CPU-only build, every op throws "built without CUDA"
+const OpTable& cuda_ops();
+
+// A table stood in front of the CPU's, for tracing: one that logs each op with its
+// arguments and runs builtin_cpu_ops()'s (tests/test_op_trace.cpp records a training
+// step's ops this way). Null restores the built-in table. Returns the table it
+// replaces. Set it while no op runs: ops on other threads may see either table.
+const OpTable* use_cpu_ops(const OpTable* table);
+const OpTable& builtin_cpu_ops();
 
 }  // namespace engine::kernels

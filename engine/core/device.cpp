@@ -1,5 +1,6 @@
 #include "engine/core/device.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -62,7 +63,25 @@ Device resolve_device(const std::string& name) {
   return d;
 }
 
+namespace {
+struct ActivityCounters {
+  std::atomic<uint64_t> allocations{0}, host_to_device{0}, device_to_host{0}, synchronizations{0};
+};
+ActivityCounters g_activity;
+void count(std::atomic<uint64_t>& c) { c.fetch_add(1, std::memory_order_relaxed); }
+}  // namespace
+
+DeviceActivity device_activity() {
+  DeviceActivity a;
+  a.allocations = g_activity.allocations.load(std::memory_order_relaxed);
+  a.host_to_device = g_activity.host_to_device.load(std::memory_order_relaxed);
+  a.device_to_host = g_activity.device_to_host.load(std::memory_order_relaxed);
+  a.synchronizations = g_activity.synchronizations.load(std::memory_order_relaxed);
+  return a;
+}
+
 void* device_alloc(Device d, std::size_t bytes) {
+  count(g_activity.allocations);
   if (d.is_cuda()) {
     require_usable(d);
     gpu::set_device(d.index);
@@ -88,8 +107,10 @@ void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, std
   if (dst_dev.is_cpu() && src_dev.is_cpu()) {
     std::memcpy(dst, src, bytes);
   } else if (dst_dev.is_cuda() && src_dev.is_cpu()) {
+    count(g_activity.host_to_device);
     gpu::copy(dst, src, bytes, gpu::CopyKind::HostToDevice);
   } else if (dst_dev.is_cpu() && src_dev.is_cuda()) {
+    count(g_activity.device_to_host);
     gpu::copy(dst, src, bytes, gpu::CopyKind::DeviceToHost);
   } else {
     gpu::copy(dst, src, bytes, gpu::CopyKind::DeviceToDevice);
@@ -106,7 +127,10 @@ void device_memset_zero(Device d, void* p, std::size_t bytes) {
 
 void device_synchronize(Device d) {
   require_usable(d);
-  if (d.is_cuda()) gpu::synchronize();
+  if (d.is_cuda()) {
+    count(g_activity.synchronizations);
+    gpu::synchronize();
+  }
 }
 
 }  // namespace engine

@@ -2,6 +2,7 @@
 // build, or on a machine without a GPU, is reported with a clear error.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace engine {
@@ -39,5 +40,16 @@ void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, std
 void device_memset_zero(Device d, void* p, std::size_t bytes);
 // Waits for all queued work on the device (no-op on the CPU).
 void device_synchronize(Device d);
+
+// What the engine has asked of the devices since the process started, through the
+// calls above: for profiling, and for tests that count what a training step costs.
+// A copy from a GPU to the host waits for the GPU, as device_synchronize does.
+struct DeviceActivity {
+  uint64_t allocations = 0;       // device_alloc, on any device
+  uint64_t host_to_device = 0;    // device_copy from the CPU to a GPU
+  uint64_t device_to_host = 0;    // device_copy from a GPU to the CPU
+  uint64_t synchronizations = 0;  // device_synchronize of a GPU
+};
+DeviceActivity device_activity();
 
 }  // namespace engine

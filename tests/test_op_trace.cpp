@@ -1,0 +1,295 @@
+// A recording backend (kernels/op_table.h, use_cpu_ops): a table generated from the op
+// list that logs every op with its arguments and runs the CPU's op. With it, a CPU
+// training step of the Fashion-MNIST CNN is written down op by op, and this test holds
+// what the step costs and what changes from one step to the next:
+//  * the ops a step launches, in order (docs/architecture.md, "A training step");
+//  * the device work besides the ops (engine::device_activity: allocations, copies);
+//  * the arguments that differ between two consecutive steps: each is a value that a
+//    replayed CUDA graph would freeze, so each must reach the device by another way.
+// Recording changes no bit: a traced trainer's state equals an untraced one's.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli_util.h"
+#include "engine/core/device.h"
+#include "engine/train/model_factory.h"
+#include "engine/train/trainer.h"
+#include "kernels/op_table.h"
+
+using namespace engine;
+using namespace engine::kernels;
+
+namespace {
+
+// ---- The recording table --------------------------------------------------------------------
+
+struct Call {
+  std::string op;
+  std::vector<std::string> names, values;
+};
+
+std::vector<Call>* g_log = nullptr;
+
+std::string hex(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+std::string describe(const void* p) { return hex(p); }
+std::string describe(int v) { return std::to_string(v); }
+std::string describe(long v) { return std::to_string(v); }
+std::string describe(long long v) { return std::to_string(v); }
+std::string describe(unsigned long v) { return std::to_string(v); }
+std::string describe(unsigned long long v) { return std::to_string(v); }
+std::string describe(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%a", static_cast<double>(v));
+  return buf;
+}
+std::string describe(const ConvShape& s) {
+  std::ostringstream o;
+  o << "conv{n=" << s.n << " c=" << s.c << " h=" << s.h << " w=" << s.w << " k=" << s.k << " r=" << s.r
+    << " s=" << s.s << " pad=" << s.pad << "}";
+  return o.str();
+}
+std::string describe(const LinearShape& s) {
+  return "linear{n=" + std::to_string(s.n) + " in=" + std::to_string(s.in) + " out=" + std::to_string(s.out) + "}";
+}
+std::string describe(const BatchNormShape& s) {
+  return "bn{n=" + std::to_string(s.n) + " c=" + std::to_string(s.c) + " hw=" + std::to_string(s.hw) +
+         " channels=" + std::to_string(s.c_begin) + ".." + std::to_string(s.c_end) + "}";
+}
+std::string describe(const PoolShape& s) {
+  return "pool{n=" + std::to_string(s.n) + " c=" + std::to_string(s.c) + " h=" + std::to_string(s.h) +
+         " w=" + std::to_string(s.w) + "}";
+}
+std::string describe(const PhiloxStream& s) {
+  return "philox{" + std::to_string(s.seed) + "," + std::to_string(s.subsequence) + "}";
+}
+std::string describe(const AdamHyper& h) {
+  return "hyper{lr=" + describe(h.lr) + " b1=" + describe(h.beta1) + " b2=" + describe(h.beta2) +
+         " eps=" + describe(h.eps) + " wd=" + describe(h.weight_decay) + "}";
+}
+std::string describe(const AdamStepFactors& f) {
+  return "factors{" + describe(f.step_size) + "," + describe(f.bias_correction2_sqrt) + "," +
+         describe(f.decay_factor) + "," + describe(f.one_minus_beta1) + "," + describe(f.one_minus_beta2) + "}";
+}
+
+template <class... Args>
+std::vector<std::string> describe_all(const Args&... args) {
+  return {describe(args)...};
+}
+
+std::vector<std::string> split_names(const char* text) {  // "(s, x, w)" -> {s, x, w}
+  std::vector<std::string> out;
+  std::string cur;
+  for (const char* p = text; *p; ++p) {
+    if (*p == '(' || *p == ' ') continue;
+    if (*p == ',' || *p == ')') {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += *p;
+    }
+  }
+  return out;
+}
+
+void record(const char* op, const char* arg_names, std::vector<std::string> values) {
+  if (!g_log) return;
+  Call call{op, split_names(arg_names), std::move(values)};
+  // A chunked op's `bounds` is a host array read when the op is called: what a graph
+  // would keep is its values, not its address.
+  int chunks = -1;
+  for (std::size_t i = 0; i < call.names.size(); ++i)
+    if (call.names[i] == "chunks") chunks = std::stoi(call.values[i]);
+  for (std::size_t i = 0; i < call.names.size(); ++i) {
+    if (call.names[i] != "bounds" || chunks < 0) continue;
+    const int* bounds = reinterpret_cast<const int*>(std::stoull(call.values[i], nullptr, 16));
+    std::string v;
+    for (int c = 0; c <= chunks; ++c) v += (c ? "," : "[") + std::to_string(bounds[c]);
+    call.values[i] = v + "]";
+  }
+  g_log->push_back(std::move(call));
+}
+
+namespace recording {
+#define ENGINE_OP(name, batch, precision, backends, ret, params, args) \
+  ret name params {                                                    \
+    record(#name, #args, describe_all args);                           \
+    return builtin_cpu_ops().name args;                                \
+  }
+#include "kernels/op_list.inc"
+#undef ENGINE_OP
+}  // namespace recording
+
+const OpTable kRecording{
+    "recording",
+#define ENGINE_OP(name, batch, precision, backends, ret, params, args) &recording::name,
+#include "kernels/op_list.inc"
+#undef ENGINE_OP
+};
+
+// Stands the recording table in front of the CPU's for its lifetime.
+class Recorder {
+ public:
+  Recorder() { previous_ = use_cpu_ops(&kRecording); }
+  ~Recorder() {
+    use_cpu_ops(previous_);
+    g_log = nullptr;
+  }
+  // The ops of one call of `f`, and the device work it asked for.
+  template <class F>
+  std::vector<Call> record_calls(F f, DeviceActivity* activity) {
+    std::vector<Call> log;
+    const DeviceActivity before = device_activity();
+    g_log = &log;
+    f();
+    g_log = nullptr;
+    const DeviceActivity after = device_activity();
+    activity->allocations = after.allocations - before.allocations;
+    activity->host_to_device = after.host_to_device - before.host_to_device;
+    activity->device_to_host = after.device_to_host - before.device_to_host;
+    activity->synchronizations = after.synchronizations - before.synchronizations;
+    return log;
+  }
+
+ private:
+  const OpTable* previous_ = nullptr;
+};
+
+// "a b c": a list as one string, so that a failed check shows both sides.
+template <class List>
+std::string joined(const List& list) {
+  std::string out;
+  for (const std::string& s : list) out += (out.empty() ? "" : " ") + s;
+  return out;
+}
+
+std::string op_names(const std::vector<Call>& calls) {
+  std::vector<std::string> out;
+  for (const Call& c : calls) out.push_back(c.op);
+  return joined(out);
+}
+
+// 512 training images in batches of 64: 8 steps an epoch.
+Config step_config() {
+  Config c;
+  c.device = "cpu";
+  c.data.dir = test_util::data_dir();
+  c.data.train_limit = 512;
+  c.data.val_split = 256;
+  c.data.test_limit = 256;
+  c.data.batch_size = 64;
+  c.checkpoint.every_n_epochs = std::nullopt;
+  return c;
+}
+
+// The ops of one mid-epoch CPU training step of fashion_cnn, forward then backward then
+// the optimizer: conv1 bn1 pool relu conv2 bn2 pool relu fc1 relu dropout fc2, the
+// loss, the backward in reverse, one AdamW update per parameter tensor, and the sum of
+// the batch's losses (read on the host: on a GPU, a synchronisation every step).
+const std::vector<std::string> kStepOps = {
+    "gather_batch",
+    "conv2d_forward_chunks", "batchnorm_forward_train_chunks", "maxpool2x2_forward", "relu_forward",
+    "conv2d_forward_chunks", "batchnorm_forward_train_chunks", "maxpool2x2_forward", "relu_forward",
+    "linear_forward_chunks", "relu_forward", "dropout_forward", "linear_forward_chunks",
+    "cross_entropy",
+    "linear_backward_chunks", "dropout_backward", "relu_backward", "linear_backward_chunks",
+    "relu_backward", "maxpool2x2_backward", "batchnorm_backward_chunks", "conv2d_backward_chunks",
+    "relu_backward", "maxpool2x2_backward", "batchnorm_backward_chunks", "conv2d_backward_chunks",
+    "adam_update", "adam_update", "adam_update", "adam_update", "adam_update", "adam_update",
+    "adam_update", "adam_update", "adam_update", "adam_update", "adam_update", "adam_update",
+    "reduce_sum"};  // the step's mean loss, which train_step() returns
+
+}  // namespace
+
+TEST_CASE("a CPU training step, op by op: what it launches and what changes between steps") {
+  if (!test_util::dataset_available()) {
+    MESSAGE("Fashion-MNIST not found: skipped");
+    return;
+  }
+  const Config c = step_config();
+  Trainer traced(c, Device::cpu(), make_model(c));
+  Trainer plain(c, Device::cpu(), make_model(c));
+  // The first step sizes every buffer; steps 2 and 3 are the steady state.
+  traced.train_step();
+  plain.train_step();
+
+  Recorder recorder;
+  DeviceActivity a2, a3;
+  StepResult r2, r3;
+  const std::vector<Call> step2 = recorder.record_calls([&] { r2 = traced.train_step(); }, &a2);
+  const std::vector<Call> step3 = recorder.record_calls([&] { r3 = traced.train_step(); }, &a3);
+
+  SUBCASE("the ops of a step") {
+    CHECK(op_names(step2) == joined(kStepOps));
+    CHECK(op_names(step3) == joined(kStepOps));
+    MESSAGE("a CPU step launches " << step2.size() << " ops");
+  }
+
+  SUBCASE("the device work besides the ops") {
+    // On the CPU nothing crosses to a device, and the step's buffers are reused, but for
+    // one per layer with a bias (conv1, conv2, fc1, fc2): the block sums of its bias
+    // gradient, which the chunked backward allocates each call (tt::'s GradientBlocks).
+    CHECK(a2.host_to_device == 0);
+    CHECK(a2.device_to_host == 0);
+    CHECK(a2.synchronizations == 0);
+    CHECK(a2.allocations == 4);
+    CHECK(a3.allocations == 4);
+    MESSAGE("a CPU step allocates " << a2.allocations << " buffers");
+  }
+
+  SUBCASE("the arguments that change from one step to the next") {
+    REQUIRE(step2.size() == step3.size());
+    std::set<std::string> changed;
+    for (std::size_t i = 0; i < step2.size(); ++i) {
+      const Call &a = step2[i], &b = step3[i];
+      REQUIRE(a.names == b.names);
+      for (std::size_t j = 0; j < a.values.size(); ++j)
+        if (a.values[j] != b.values[j]) changed.insert(a.op + "." + a.names[j]);
+    }
+    // The per-step values a CUDA graph of the step must take from device memory: the
+    // batch's sample indices (the gather offset), the dropout counter, Adam's per-step
+    // factors, and where the batch's losses go in the epoch's loss buffer (written by
+    // cross_entropy, summed by reduce_sum). And a buffer allocated afresh each step, which
+    // shows as a changed pointer: the bias gradients' block sums of the chunked backward
+    // (tt::'s GradientBlocks), the step's allocations above.
+    const std::set<std::string> expected = {"gather_batch.indices",           "dropout_forward.offset",
+                                            "adam_update.f",                  "cross_entropy.sample_loss",
+                                            "reduce_sum.x",                   "conv2d_backward_chunks.db_tree",
+                                            "linear_backward_chunks.db_tree"};
+    CHECK(joined(changed) == joined(expected));
+  }
+
+  SUBCASE("recording changes no bit") {
+    const StepResult p2 = plain.train_step(), p3 = plain.train_step();
+    CHECK(p2.loss == r2.loss);
+    CHECK(p3.loss == r3.loss);
+    const auto a = traced.model().parameters(), b = plain.model().parameters();
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i]->value.to_vector() == b[i]->value.to_vector());
+  }
+}
+
+TEST_CASE("the recording table is the op list, forwarding to the CPU's ops") {
+  Recorder recorder;
+  DeviceActivity activity;
+  const float x[4] = {-1.0f, 0.5f, -0.0f, 3.0f};
+  float y[4] = {};
+  const std::vector<Call> calls = recorder.record_calls([&] { cpu_ops().relu_forward(4, x, y); }, &activity);
+  REQUIRE(calls.size() == 1);
+  CHECK(calls[0].op == "relu_forward");
+  CHECK(calls[0].names == std::vector<std::string>{"n", "x", "y"});
+  CHECK(calls[0].values[0] == "4");
+  CHECK(calls[0].values[1] == hex(x));
+  CHECK(y[1] == 0.5f);
+  CHECK(y[3] == 3.0f);
+  CHECK(std::string(cpu_ops().backend) == "recording");
+}
