@@ -13,7 +13,7 @@
 # SKIP (a tool the machine's runtime refuses, no GPU, no time left) or TIMEOUT; a failed
 # stage never stops the others:
 #   setup     25  unpack the pack (binaries, libraries, dataset), check the libraries
-#   op-tests  45  GPU op tests vs the CPU reference (chunked ops too), mixed precision, threads
+#   op-tests  45  GPU op tests vs the CPU reference (test_ops: tests/ops/; chunked ops too), mixed precision, threads
 #   train     30  the default config for GPU_CHECK_EPOCHS epochs on cuda; verify
 #   nccl      25  a few hundred images plainly and with dist.backend=nccl (a 1-rank NCCL
 #                 communicator, libnccl.so.2 from PyTorch's wheel): engine diff, identical
@@ -181,6 +181,13 @@ if stage_begin op-tests; then
       say "  FAIL    $t skipped although nvidia-smi sees a GPU"; failures=$((failures + 1))
     fi
   done
+  # The backend-comparison harness (tests/ops/): every op's cases on cpu and cuda against
+  # ref::; ENGINE_TEST_OPS_REQUIRE_CUDA=1 makes a missing device a failure, not a skip.
+  if [ $DRY_RUN -eq 1 ] || [ -x "$BUILD/tests/test_ops" ]; then
+    run test_ops "$(left)" env ENGINE_TEST_OPS_REQUIRE_CUDA=1 "$BUILD/tests/test_ops"
+  else
+    say "  FAIL    test_ops: not in the build"; failures=$((failures + 1))
+  fi
 fi
 
 # ---- train ---------------------------------------------------------------------------
