@@ -1,6 +1,6 @@
 // The element-wise and reduction ops against their mathematical definitions, computed
 // here independently in double or long double (never by calling kernels/elementwise.h,
-// which both backends share): test_kernels.cpp checks that the fast CPU path agrees
+// which both backends share): tests/ops/ (test_ops) checks that the fast CPU path agrees
 // with the reference; this file checks that what they agree on is right. A mistake in
 // the shared per-element maths (a wrong bias correction, a missing decay term, a
 // softmax off by a factor) fails here even though cpu:: and ref:: still agree.

@@ -1,4 +1,4 @@
-// The tolerances that tests/gpu/test_cuda_ops.cpp applies to the CUDA reductions
+// The tolerances that tests/ops/ (test_ops on cuda) applies to the CUDA reductions
 // (tests/gpu/reduction_bounds.h), checked on the CPU on every CI run: a host emulation
 // of the GPU's summation order (kernels/cuda/reduction_order.h, the partition the
 // kernels use) must fall within them against ref::, while an emulation that loses an

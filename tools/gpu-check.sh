@@ -13,7 +13,9 @@
 # SKIP (a tool the machine's runtime refuses, no GPU, no time left) or TIMEOUT; a failed
 # stage never stops the others:
 #   setup     25  unpack the pack (binaries, libraries, dataset), check the libraries
-#   op-tests  45  GPU op tests vs the CPU reference (chunked ops too), mixed precision, threads
+#   op-tests  45  GPU op tests vs the CPU reference (test_ops: tests/ops/; chunked and fp16 ops too),
+#                 CUDA behaviour (gpu_test_cuda_behaviour: runtime, Philox, casts, determinism,
+#                 fp16 overflow and model, layers at W = 2), threads
 #   train     30  the default config for GPU_CHECK_EPOCHS epochs on cuda; verify
 #   nccl      25  a few hundred images plainly and with dist.backend=nccl (a 1-rank NCCL
 #                 communicator, libnccl.so.2 from PyTorch's wheel): engine diff, identical
@@ -25,7 +27,7 @@
 #   bench    100  engine fp32/fp16 vs every PyTorch peer (tools/bench/gpu_epoch.sh)
 #   ncu       40  per-kernel table, ncu --print-summary per-kernel over a few hundred launches
 #   sanitize  85  compute-sanitizer memcheck, racecheck, initcheck, synccheck on filtered
-#                 op tests and a short training run (8 runs sharing the budget)
+#                 op tests (test_ops, cuda required) and a short training run (8 runs sharing the budget)
 #   ab        40  every switch of tools/bench/gpu_ab_switches.txt, A vs B: time, engine diff
 # Total 470 s of budgets, plus the script's own few seconds: under 8 minutes (480 s; a
 # stage whose budget no longer fits is SKIPped).
@@ -173,7 +175,7 @@ TRAIN=("$ENGINE_BIN" train "$CFG" --device cuda --set data.dir="$DATA")
 # ---- op-tests ------------------------------------------------------------------------
 CURRENT=op-tests
 if stage_begin op-tests; then
-  for t in gpu_test_cuda_ops gpu_test_cuda_chunk_ops gpu_test_mixed_precision gpu_test_cuda_threads; do
+  for t in gpu_test_cuda_behaviour gpu_test_cuda_threads; do
     [ $DRY_RUN -eq 1 ] || [ -x "$BUILD/tests/$t" ] || { say "  FAIL    $t: not in the build"; failures=$((failures + 1)); continue; }
     run "$t" "$(left)" "$BUILD/tests/$t"
     # On a GPU machine a skipped GPU test means the engine did not find the GPU.
@@ -181,6 +183,13 @@ if stage_begin op-tests; then
       say "  FAIL    $t skipped although nvidia-smi sees a GPU"; failures=$((failures + 1))
     fi
   done
+  # The backend-comparison harness (tests/ops/): every op's cases on cpu and cuda against
+  # ref::; ENGINE_TEST_OPS_REQUIRE_CUDA=1 makes a missing device a failure, not a skip.
+  if [ $DRY_RUN -eq 1 ] || [ -x "$BUILD/tests/test_ops" ]; then
+    run test_ops "$(left)" env ENGINE_TEST_OPS_REQUIRE_CUDA=1 "$BUILD/tests/test_ops"
+  else
+    say "  FAIL    test_ops: not in the build"; failures=$((failures + 1))
+  fi
 fi
 
 # ---- train ---------------------------------------------------------------------------
@@ -266,10 +275,12 @@ if stage_begin sanitize; then
     # Filtered to stay fast: the op tests of one of each kind of kernel (reductions,
     # elementwise, pooling, dropout, loss, optimiser; racecheck and synccheck matter for
     # the reductions' shared memory), and one short training run (every kernel of a step).
-    OPS_FILTER='-tc=batchnorm on ragged*,relu*,maxpool*,dropout*,cross_entropy matches*,reduce_sum*,adam_update*,bias gradients*'
+    # (test_ops' case names are "<ops>: <what>"; doctest splits a filter at commas, so
+    # each pattern names a case by a comma-free part of it.)
+    OPS_FILTER='-tc=batchnorm_forward_train*ragged*,relu_forward*,maxpool2x2_forward*,dropout_forward*,cross_entropy: loss*,reduce_sum*,adam_update*,conv2d_backward: bias gradient*'
     # racecheck and synccheck are slower and matter only where blocks share memory and
     # barriers: the reductions, at shapes that are ragged but small enough.
-    SYNC_FILTER='-tc=batchnorm train, eval*,reduce_sum*,bias gradients*,cross_entropy matches*'
+    SYNC_FILTER='-tc=batchnorm_forward_train*: train (y*,reduce_sum*,conv2d_backward: bias gradient*,cross_entropy: loss*'
     SHORT=("${TRAIN[@]}" --fresh --set train.epochs=1 --set data.train_limit=256 --set data.val_split=128
       --set data.test_limit=128 --set data.batch_size=64 --set checkpoint.verify=false)
     i=0
@@ -284,7 +295,8 @@ if stage_begin sanitize; then
       # memcheck through tools/gpu-memcheck.sh: the leak check, less the CUDA context's
       # handles and buffers, which live as long as the process on purpose.
       [ "$tool" = memcheck ] && sanitizer=(bash "$ROOT/tools/gpu-memcheck.sh")
-      CAN_REFUSE=1 run "sanitize-$tool-ops" "$(share)" "${sanitizer[@]}" "$BUILD/tests/gpu_test_cuda_ops" "$filter"
+      CAN_REFUSE=1 run "sanitize-$tool-ops" "$(share)" env ENGINE_TEST_OPS_REQUIRE_CUDA=1 \
+        "${sanitizer[@]}" "$BUILD/tests/test_ops" "$filter"
       i=$((i + 1))
       CAN_REFUSE=1 run "sanitize-$tool-train" "$(share)" "${sanitizer[@]}" "${SHORT[@]}" \
         --run-dir "/tmp/engine-gpu-sanitize-$tool"

@@ -24,6 +24,8 @@ t0=$SECONDS
 # ---- What gpu-check.sh runs (keep in step with it) ----------------------------------
 GPU_TESTS=()
 for src in "$ROOT"/tests/gpu/test_*.cpp; do GPU_TESTS+=("gpu_$(basename "$src" .cpp)"); done
+# test_ops: the backend-comparison harness (tests/ops/), op-tests and sanitize run it on cuda.
+GPU_TESTS+=(test_ops)
 TARGETS=(engine_cli kernel_bench engine_kill_after "${GPU_TESTS[@]}")
 
 # ---- Build: sm_90 (H100/H200) code and PTX; -lineinfo so compute-sanitizer and ncu

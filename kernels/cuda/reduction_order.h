@@ -1,7 +1,7 @@
 // The fixed partition of the CUDA backend's per-channel reductions (batch-norm
 // statistics and gradients, the conv/linear bias gradient), in plain C++ so that the
 // CPU can follow the same order: tests/gpu/reduction_bounds.h emulates it on the host
-// to check that the tolerances of tests/gpu/test_cuda_ops.cpp are derived right.
+// to check that the tolerances tests/ops/ applies on cuda are derived right.
 // No CUDA headers: ENGINE_HD is __host__ __device__ under nvcc, inline elsewhere.
 //
 // Channel ch of an [n, c, hw] tensor holds m = n * hw elements; element e (0 <= e < m)

@@ -1,5 +1,5 @@
-// Test support (not part of libengine.a; tests/CMakeLists.txt builds it into the GPU
-// op tests in CUDA builds): Philox values computed on the GPU, by our shared philox_at
+// Test support (not part of libengine.a; tests/CMakeLists.txt builds it into
+// gpu_test_cuda_behaviour in CUDA builds): Philox values computed on the GPU, by our shared philox_at
 // and by cuRAND itself, to check that the engine's random streams are cuRAND's streams
 // and that host and device agree. Plain C++ (no CUDA headers); host arrays in and out
 // (the functions copy to and from the device and wait).

@@ -3,8 +3,8 @@
 // CPU test (tests/test_reduction_bounds.cpp) checks the bounds themselves on every CI
 // run: the emulated GPU order must fall within them, a reduction that is wrong in a
 // small way (one element lost from a ragged slice, a float accumulator) must not, and
-// the bounds must stay within a few ulp. tests/gpu/test_cuda_ops.cpp applies the same
-// bounds to the real GPU.
+// the bounds must stay within a few ulp. tests/ops/ (test_ops on cuda) applies the
+// same bounds to the real GPU.
 //
 // Derivation. The reference (kernels/ref/reference.cpp) and the GPU kernels
 // (kernels/cuda/elementwise_ops.cu) evaluate the same formulas with the same types:

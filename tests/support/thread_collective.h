@@ -1,5 +1,5 @@
 // W ranks as threads of one process, exchanging through an in-process Collective: the
-// tests' stand-in for mpirun (tests/mpi/test_world_size.cpp, tests/gpu/test_cuda_chunk_ops.cpp).
+// tests' stand-in for mpirun (tests/mpi/test_world_size.cpp, tests/gpu/test_cuda_behaviour.cpp).
 #pragma once
 #include <condition_variable>
 #include <cstdint>

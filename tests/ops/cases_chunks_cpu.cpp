@@ -1,126 +1,36 @@
-// The chunked ops (kernels/chunk_ops.inc): the fast CPU path against the reference with
-// tolerances derived like tests/test_kernels.cpp's, the reference against the unchunked
-// reference, backward passes against finite differences (tests/gradcheck.h), and the
-// property data parallelism rests on: an op run on one rank's chunks, its subtree sums
-// then summed over the ranks by the fixed tree, gives the bits of the op run on the
-// whole batch, for W = 2, 4 and 8.
-//
-// Tolerances (u = 2^-24): a float sum of T products against the double reference
-//   u |ref| + 16 u sqrt(T) ||t||_2, with T = terms + chunks (the tree adds one rounding
-// per level, at most log2(8) = 3 <= chunks), ||t||_2 from the reference op on squared
-// inputs; a sum of T terms of magnitudes sum|t|: 2 u |ref| + 16 u sqrt(T) sum|t|. Both
-// ~40 standard deviations of the rounding walk and far below a missing or doubled term
-// (test_kernels.cpp explains the margins).
-#include <doctest/doctest.h>
+// The chunked ops (Chunks in kernels/op_list.inc) on the cpu: against the reference with
+// the tolerances of tests/ops/harness.h (T = terms + chunks: the tree adds one rounding
+// per level), the reference chunked ops against the unchunked reference, backward passes
+// against finite differences (tests/gradcheck.h), and the property data parallelism
+// rests on: an op run on one rank's chunks, its subtree sums then summed over the ranks
+// by the fixed tree, gives the bits of the op run on the whole batch, for W = 2, 4, 8.
+// Every backend's chunked ops against ref:: are in cases_chunks_backends.cpp.
 #include <omp.h>
 
-#include <cmath>
-#include <cstring>
 #include <functional>
-#include <random>
-#include <string>
-#include <vector>
+#include <iterator>
 
-#include "gradcheck.h"
 #include "kernels/batchnorm_math.h"
-#include "kernels/chunk_tree.h"
-#include "kernels/ops.h"
+#include "ops/harness.h"
+
+using namespace ops_test;
+namespace cpu = engine::kernels::cpu;
+using engine::kernels::tree_chunk_begin;
 
 namespace {
-
-namespace ref = engine::kernels::ref;
-namespace cpu = engine::kernels::cpu;
-using engine::kernels::BatchNormShape;
-using engine::kernels::ConvShape;
-using engine::kernels::LinearShape;
-using engine::kTreeChunks;
-using engine::kernels::tree_chunk_begin;
-using gradcheck::Result;
-
-constexpr double kU = 1.0 / 16777216.0;
-
-#define CHECK_GRAD(name, result)                                 \
-  do {                                                           \
-    const Result r_ = (result);                                  \
-    CHECK_MESSAGE(r_.ok(), gradcheck::describe(name, r_));       \
-  } while (0)
-
-std::vector<float> uniform(std::size_t n, std::mt19937& g, float lo, float hi) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(g);
+std::vector<ConvShape> chunk_conv_shapes() {
+  std::vector<ConvShape> v;
+  for (std::size_t i = 0; i < kConvShapeCount; ++i)
+    if (kConvShapes[i].chunks) v.push_back(kConvShapes[i].s);
   return v;
 }
-std::vector<float> squared(const std::vector<float>& v) {
-  std::vector<float> s(v);
-  for (float& x : s) x *= x;
-  return s;
+std::vector<LinearShape> chunk_linear_shapes() {
+  std::vector<LinearShape> v;
+  for (std::size_t i = 0; i < kLinearShapeCount; ++i)
+    if (kLinearShapes[i].chunks) v.push_back(kLinearShapes[i].s);
+  return v;
 }
-
-template <class T, class Tol>
-void check_close(const std::string& what, const std::vector<T>& got, const std::vector<T>& want, Tol tol) {
-  REQUIRE(got.size() == want.size());
-  std::size_t bad = 0, first = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (!(std::fabs(static_cast<double>(got[i]) - static_cast<double>(want[i])) <= tol(i)) && bad++ == 0) first = i;
-  if (bad)
-    FAIL_CHECK(what << ": " << bad << " of " << got.size() << " outside tolerance; first [" << first << "] got "
-                    << got[first] << " want " << want[first] << " tol " << tol(first));
-}
-
-template <class T>
-void check_bits(const std::string& what, const std::vector<T>& got, const std::vector<T>& want) {
-  REQUIRE(got.size() == want.size());
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) bad += std::memcmp(&got[i], &want[i], sizeof(T)) != 0;
-  CHECK_MESSAGE(bad == 0, what << ": " << bad << " of " << got.size() << " elements differ bitwise");
-}
-
-double gemm_tol(double ref_value, double sum_sq, double terms) {
-  return kU * std::fabs(ref_value) + 16.0 * kU * std::sqrt(terms) * std::sqrt(sum_sq) + 1e-30;
-}
-double sum_tol(double ref_value, double sum_abs, double terms) {
-  return 2.0 * kU * std::fabs(ref_value) + 16.0 * kU * std::sqrt(terms) * sum_abs + 1e-37;
-}
-
-// One rank's share of an n-sample batch: its chunks' bounds relative to its first sample.
-struct Share {
-  int first = 0, count = 0, chunks = kTreeChunks;
-  std::vector<int> bounds;
-};
-Share share(int n, int rank, int world) {
-  Share s;
-  s.chunks = kTreeChunks / world;
-  const int c0 = kTreeChunks * rank / world;
-  s.first = tree_chunk_begin(n, c0);
-  for (int c = 0; c <= s.chunks; ++c) s.bounds.push_back(tree_chunk_begin(n, c0 + c) - s.first);
-  s.count = s.bounds.back();
-  return s;
-}
-Share whole(int n) { return share(n, 0, 1); }
-
-// Sums W ranks' subtree vectors (rank-major, len each) over the top of the tree.
-template <class T>
-std::vector<T> top_of_tree(std::vector<T> parts, int world, std::size_t len) {
-  engine::kernels::tree_sum_in_place(parts.data(), world, static_cast<int64_t>(len), static_cast<int64_t>(len));
-  parts.resize(len);
-  return parts;
-}
-
-template <class T>
-std::vector<T> slice(const std::vector<T>& v, std::size_t per_sample, int first, int count) {
-  return std::vector<T>(v.begin() + first * per_sample, v.begin() + (first + count) * per_sample);
-}
-
-const ConvShape kConv[] = {
-    {13, 3, 6, 5, 7, 3, 3, 1},  // odd sizes, chunks of 1-2 samples
-    {16, 32, 14, 14, 8, 3, 3, 1},  // conv2-like, sub-batches of 2
-    {5, 2, 4, 4, 3, 3, 3, 0},   // fewer samples than chunks: empty chunks
-    {24, 1, 28, 28, 4, 3, 3, 1},  // conv1-like, 3 samples per chunk
-};
-const LinearShape kLinear[] = {{13, 17, 9}, {5, 7, 3}, {64, 128, 10}, {24, 3136, 16}};
 const BatchNormShape kBn[] = {{13, 3, 30}, {5, 4, 7}, {24, 8, 49}, {16, 2, 1}};
-
 }  // namespace
 
 TEST_CASE("tree_sum and tree_sum_in_place are ((c0+c1)+(c2+c3))+((c4+c5)+(c6+c7))") {
@@ -134,9 +44,9 @@ TEST_CASE("tree_sum and tree_sum_in_place are ((c0+c1)+(c2+c3))+((c4+c5)+(c6+c7)
   CHECK(engine::kernels::tree_sum(v, 1) == v[0]);
 }
 
-TEST_CASE("conv2d chunked: cpu matches ref; ref matches the unchunked ref; ranks' subtrees give the whole batch's bits") {
+CPU_CASE("cpu matches ref; ref matches the unchunked ref; ranks' subtrees give the whole batch's bits", conv2d_forward_chunks, conv2d_backward_chunks) {
   std::mt19937 g(11);
-  for (const ConvShape& s : kConv) {
+  for (const ConvShape& s : chunk_conv_shapes()) {
     CAPTURE(s.n);
     CAPTURE(s.c);
     const int ohw = s.out_h() * s.out_w();
@@ -207,9 +117,9 @@ TEST_CASE("conv2d chunked: cpu matches ref; ref matches the unchunked ref; ranks
   }
 }
 
-TEST_CASE("linear chunked: cpu matches ref; ranks' subtrees give the whole batch's bits") {
+CPU_CASE("cpu matches ref; ranks' subtrees give the whole batch's bits", linear_forward_chunks, linear_backward_chunks) {
   std::mt19937 g(12);
-  for (const LinearShape& s : kLinear) {
+  for (const LinearShape& s : chunk_linear_shapes()) {
     CAPTURE(s.n);
     CAPTURE(s.in);
     const std::size_t nw = static_cast<std::size_t>(s.out) * s.in;
@@ -266,7 +176,7 @@ TEST_CASE("linear chunked: cpu matches ref; ranks' subtrees give the whole batch
   }
 }
 
-TEST_CASE("batchnorm chunked sums, scale/shift and backward: cpu matches ref; ranks give the whole batch's bits") {
+CPU_CASE("sums, scale/shift and backward: cpu matches ref; in place; ranks give the whole batch's bits", batchnorm_chunk_sums, batchnorm_chunk_centered_squares, batchnorm_scale_shift, batchnorm_backward_chunk_sums, batchnorm_backward_apply) {
   std::mt19937 g(13);
   for (const BatchNormShape& s : kBn) {
     CAPTURE(s.n);
@@ -405,7 +315,7 @@ std::vector<double> channel_sums_in_order(const BatchNormShape& s, const Share& 
   return out;
 }
 
-TEST_CASE("cpu batch-norm sums: each channel's planes in image order within a chunk, 16 lanes a plane, then the tree") {
+CPU_CASE("cpu sums: each channel's planes in image order within a chunk, 16 lanes a plane, then the tree", batchnorm_chunk_sums, batchnorm_chunk_centered_squares, batchnorm_backward_chunk_sums) {
   // Plane sums of a few float terms add exactly in double unless their magnitudes are far
   // apart, so each image gets its own power-of-two scale: then the order shows in the bits.
   std::mt19937 g(29);
@@ -450,7 +360,7 @@ TEST_CASE("cpu batch-norm sums: each channel's planes in image order within a ch
   }
 }
 
-TEST_CASE("batchnorm steps over channel ranges: the range's channels bit for bit as over every channel, the rest untouched") {
+CPU_CASE("steps over channel ranges: the range's channels bit for bit as over every channel, the rest untouched", batchnorm_chunk_sums, batchnorm_chunk_centered_squares, batchnorm_scale_shift, batchnorm_backward_chunk_sums, batchnorm_backward_apply) {
   // A rank's driver walks the channels in groups that stay in cache between its
   // exchanges (engine/core/batchnorm_ops.cpp); any grouping must give the same bits.
   std::mt19937 g(17);
@@ -541,44 +451,6 @@ TEST_CASE("batchnorm steps over channel ranges: the range's channels bit for bit
         check_bits("sum dy*xc by ranges", pieced.sxc, every.sxc);
         check_bits("backward_apply by ranges", pieced.dx, every.dx);
       }
-    }
-  }
-}
-
-TEST_CASE("the cpu batch-norm channel group: 512 KiB of the inputs, at least one channel, at most all, whatever the threads") {
-  // conv1 of a 2-rank step: 64 x 32 x 784 floats, 200,704 bytes per channel.
-  const BatchNormShape conv1{64, 32, 784}, huge{1024, 8, 784}, tiny{2, 5, 3};
-  for (int threads : {1, 2, 3}) {
-    omp_set_num_threads(threads);
-    CAPTURE(threads);
-    CHECK(cpu::batchnorm_channel_group(conv1, 1) == 2);
-    CHECK(cpu::batchnorm_channel_group(conv1, 2) == 1);
-    CHECK(cpu::batchnorm_channel_group(huge, 2) == 1);
-    CHECK(cpu::batchnorm_channel_group(tiny, 2) == 5);  // a small layer: one exchange
-  }
-  omp_set_num_threads(2);
-}
-
-TEST_CASE("cross_entropy: the gradient of the mean over the whole batch; cpu matches ref") {
-  std::mt19937 g(14);
-  const int n = 5, total = 24, classes = 10;
-  const auto z = uniform(static_cast<std::size_t>(n) * classes, g, -4, 4);
-  std::vector<int32_t> labels(n);
-  for (int i = 0; i < n; ++i) labels[i] = static_cast<int32_t>(g() % classes);
-  std::vector<float> d(z.size()), d_ref(z.size()), loss(n), loss_ref(n), corr(n), corr_ref(n);
-  cpu::cross_entropy(n, total, classes, z.data(), labels.data(), 2.0f, d.data(), loss.data(), corr.data());
-  ref::cross_entropy(n, total, classes, z.data(), labels.data(), 2.0f, d_ref.data(), loss_ref.data(),
-                     corr_ref.data());
-  check_close("ce dlogits", d, d_ref, [&](std::size_t i) { return 4.0 * kU * std::fabs(d_ref[i]) + 1e-30; });
-  check_bits("ce correct", corr, corr_ref);
-  // Against the definition: (softmax - onehot) * scale / total.
-  for (int i = 0; i < n; ++i) {
-    double zmax = z[i * classes], sum = 0;
-    for (int k = 1; k < classes; ++k) zmax = std::max<double>(zmax, z[i * classes + k]);
-    for (int k = 0; k < classes; ++k) sum += std::exp(z[i * classes + k] - zmax);
-    for (int k = 0; k < classes; ++k) {
-      const double want = (std::exp(z[i * classes + k] - zmax) / sum - (k == labels[i])) * 2.0 / total;
-      CHECK(std::fabs(d[i * classes + k] - want) <= 8 * kU * std::fabs(want) + 1e-12);
     }
   }
 }
@@ -682,7 +554,7 @@ TEST_CASE("ref chunked backward ops match finite differences") {
   }
 }
 
-TEST_CASE("fused one-process batch norm = its separate steps with kernels/batchnorm_math.h, bit for bit; cpu ~ ref") {
+CPU_CASE("fused one-process batch norm = its separate steps with kernels/batchnorm_math.h, bit for bit; cpu ~ ref", batchnorm_forward_train_chunks, batchnorm_backward_chunks) {
   std::mt19937 g(16);
   for (const BatchNormShape& s : kBn) {
     CAPTURE(s.n);
@@ -754,7 +626,7 @@ TEST_CASE("fused one-process batch norm = its separate steps with kernels/batchn
   }
 }
 
-TEST_CASE("chunked conv, linear and batch norm give the same bits with 1, 2 and 3 threads") {
+CPU_CASE("chunked conv, linear and batch norm give the same bits with 1, 2 and 3 threads", conv2d_backward_chunks, linear_backward_chunks, batchnorm_forward_train_chunks, batchnorm_backward_chunks) {
   std::mt19937 g(17);
   const ConvShape cs{13, 3, 6, 5, 7, 3, 3, 1};
   const LinearShape ls{24, 3136, 16};
