@@ -379,7 +379,7 @@ void apply_config_override(json& j, const std::string& assignment, const json& s
     value = json::parse(text);
   } catch (const json::parse_error&) {
     // The literal string, which must be UTF-8 like any JSON text: the resolved config is
-    // stored as JSON in every checkpoint (found by tests/fuzz/fuzz_config).
+    // stored as JSON in every checkpoint (found by tests/fuzz/fuzz_config.cpp).
     try {
       (void)json(text).dump();
     } catch (const json::type_error&) {
@@ -394,7 +394,7 @@ void apply_config_override(json& j, const std::string& assignment, const json& s
 
   if (j.is_null()) j = json::object();
   // Checked before every step down: operator[] with a key throws json::type_error on an
-  // array or a scalar, which would leave here as a crash (found by tests/fuzz/fuzz_config).
+  // array or a scalar, which would leave here as a crash (found by tests/fuzz/fuzz_config.cpp).
   if (!j.is_object())
     throw ConfigError(one_line("--set: cannot set '" + key + "': the config is not a JSON object (got " +
                                describe(j) + ")"));

@@ -1,7 +1,7 @@
 // CRC-32 exactly as zlib's crc32() computes it (IEEE 802.3 polynomial, reflected), at
 // memory speed: carry-less-multiply folding where the CPU has PCLMULQDQ, zlib itself
 // for the rest. Callers spread large buffers over threads and join the pieces with
-// zlib's crc32_combine (io/checkpoint.cpp reads and writes that way).
+// zlib's crc32_combine (io/checkpoint_reader.cpp and io/checkpoint_header.cpp do).
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -38,7 +38,7 @@ void wait_for(const StreamMark& mark);
 // its exchanges on it: engine/core/collective/nccl_collective.cpp). Defined in kernels/cuda/chunk_ops.cu.
 void* compute_stream();
 
-// Versions for engine/build_info.cpp (`engine --version`); all empty in CPU-only builds.
+// Versions for engine/core/build_info.cpp (`engine --version`); all empty in CPU-only builds.
 // Works without a GPU or a driver (those give an empty `driver`, zero devices).
 struct BackendVersions {
   std::string runtime;  // CUDA runtime compiled against (CUDART_VERSION), e.g. "13.0"

@@ -406,7 +406,7 @@ TEST_CASE("non-finite numbers are rejected") {
                  "--set: value for 'optimizer.lr' is not usable: number overflow"));
 
   // A config file whose top level is not an object: a nested --set must be refused, not
-  // thrown past as json::type_error (found by tests/fuzz/fuzz_config).
+  // thrown past as json::type_error (found by tests/fuzz/fuzz_config.cpp).
   for (const char* text : {"[]", "[1, 2]", "5", "\"cpu\"", "true"}) {
     json top = json::parse(text);
     CHECK(contains(config_error([&] { engine::apply_override(top, "train.epochs=1"); }),
@@ -560,7 +560,7 @@ TEST_CASE("overrides") {
     CHECK(contains(config_error([&] { engine::apply_override(j, "=3"); }), "--set: missing key"));
   }
   SUBCASE("a value that is not valid UTF-8 is refused with the key, not a JSON exception") {
-    // tests/fuzz/regressions/config/: the unquoted value became a string that could not be
+    // config/ in tests/fuzz/regressions.tar.xz: the unquoted value became a string that could not be
     // dumped, and the type_error escaped config_from_json while it described the value.
     CHECK(config_error([&] { engine::apply_override(j, "device=a\xff"); }) ==
           "--set: value for 'device' is not valid UTF-8");

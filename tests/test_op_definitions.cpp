@@ -87,7 +87,7 @@ TEST_CASE("adam_update (ref and cpu) follows PyTorch's Adam and AdamW algorithm"
       std::vector<float> m_ref(n, 0.0f), v_ref(n, 0.0f), m_cpu(n, 0.0f), v_cpu(n, 0.0f);
       for (int t = 1; t <= 6; ++t) {
         const auto grad = uniform(n, g, -0.1f, 0.1f);
-        // The per-step factors as the optimizer computes them (engine/optimizer.cpp).
+        // The per-step factors as the optimizer computes them (engine/nn/optimizer.cpp).
         AdamStepFactors f{};
         f.step_size = static_cast<float>(want.lr / (1.0 - std::pow(want.b1, t)));
         f.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(want.b2, t)));

@@ -17,6 +17,7 @@
 
 #include "engine/io/checkpoint.h"
 #include "engine/train/config.h"
+#include "engine/train/epoch_metrics.h"
 #include "engine/io/dataset.h"
 #include "engine/core/device.h"
 #include "engine/train/inference.h"
@@ -33,6 +34,14 @@ struct BestEvaluation {
   EvalResult result;
   std::vector<std::string> class_names;  // as the dataset names them; may be empty
 };
+
+// The field of the one description of the per-epoch metrics (epoch_metric_fields(),
+// engine/train/epoch_metrics.h) that holds `member`: its name and description.
+const EpochMetricField& metric_field(double EpochMetrics::*member) {
+  for (const EpochMetricField& f : epoch_metric_fields())
+    if (f.member == member) return f;
+  throw std::logic_error("engine report: an EpochMetrics member is missing from epoch_metric_fields()");
+}
 
 struct TestLine {
   double loss = 0, accuracy = 0;
@@ -109,12 +118,7 @@ std::optional<RunMetrics> read_metrics_jsonl(const fs::path& path) {
     if (j.contains("epoch") && j["epoch"].is_number_integer()) {
       EpochMetrics e;
       e.epoch = j["epoch"].get<int64_t>();
-      e.train_loss = number_or_nan(j, "train_loss");
-      e.val_loss = number_or_nan(j, "val_loss");
-      e.val_acc = number_or_nan(j, "val_acc");
-      e.lr = number_or_nan(j, "lr");
-      e.loss_scale = number_or_nan(j, "loss_scale");
-      e.epoch_seconds = number_or_nan(j, "epoch_seconds");
+      for (const EpochMetricField& f : epoch_metric_fields()) e.*f.member = number_or_nan(j, f.name);
       m.epochs.push_back(e);
     } else if (j.contains("test_acc")) {
       TestLine t;
@@ -142,12 +146,7 @@ RunMetrics read_metrics_checkpoint(const fs::path& path) {
     for (std::size_t i = 0; i < m.epochs.size() && i < v.size(); ++i) m.epochs[i].*field = v[i];
   };
   for (std::size_t i = 0; i < epochs.size(); ++i) m.epochs[i].epoch = static_cast<int64_t>(epochs[i]);
-  fill("train_loss", &EpochMetrics::train_loss);
-  fill("val_loss", &EpochMetrics::val_loss);
-  fill("val_acc", &EpochMetrics::val_acc);
-  fill("lr", &EpochMetrics::lr);
-  fill("loss_scale", &EpochMetrics::loss_scale);
-  fill("epoch_seconds", &EpochMetrics::epoch_seconds);
+  for (const EpochMetricField& f : epoch_metric_fields()) fill(f.name, f.member);
   return m;
 }
 
@@ -377,9 +376,9 @@ std::string svg_chart(const std::string& id, const std::string& title, const std
   return o.str();
 }
 
-Series series_of(const std::vector<EpochMetrics>& h, double EpochMetrics::*field, const std::string& name,
-                 const std::string& color) {
-  Series s{name, color, {}, false};
+// The curve of one per-epoch metric, named as the metrics table names it.
+Series series_of(const std::vector<EpochMetrics>& h, double EpochMetrics::*field, const std::string& color) {
+  Series s{metric_field(field).name, color, {}, false};
   for (const EpochMetrics& m : h)
     if (std::isfinite(m.*field)) s.points.emplace_back(static_cast<double>(m.epoch), m.*field);
   return s;
@@ -402,6 +401,8 @@ th{background:#f5f5f5}td.left,th.left{text-align:left}
 .ok{color:#17632a;font-weight:600}.bad{color:#a40000}
 pre#config{background:#f7f7f7;border:1px solid #e3e3e3;padding:10px;font-size:12px;overflow:auto}
 .notes li{color:#8a5300}
+#metric-descriptions{display:grid;grid-template-columns:max-content auto;gap:2px 12px;font-size:13px}
+#metric-descriptions dt{font-family:monospace}#metric-descriptions dd{margin:0;color:#555}
 )";
 
 std::string confusion_table(const EvalResult& t, const std::vector<std::string>& names) {
@@ -475,7 +476,7 @@ ReportSummary write_run_report(const std::string& run_dir, const ReportOptions& 
   summary.path = options.output.empty() ? (dir / run_files::kReport).string() : options.output;
 
   const auto& h = metrics.epochs;
-  std::vector<Series> acc = {series_of(h, &EpochMetrics::val_acc, "val_acc", "#2ca02c")};
+  std::vector<Series> acc = {series_of(h, &EpochMetrics::val_acc, "#2ca02c")};
   if (metrics.test && std::isfinite(metrics.test->accuracy) && !h.empty()) {
     acc.push_back(Series{"test_acc " + fmt("%.4f", metrics.test->accuracy), "#9467bd",
                          {{static_cast<double>(h.front().epoch), metrics.test->accuracy},
@@ -496,9 +497,11 @@ ReportSummary write_run_report(const std::string& run_dir, const ReportOptions& 
     const EpochMetrics* best_val = nullptr;
     for (const EpochMetrics& m : h)
       if (std::isfinite(m.val_loss) && (!best_val || m.val_loss < best_val->val_loss)) best_val = &m;
-    o << "<tr><th class=\"left\">final val_acc</th><td>" << fmt("%.4f", h.back().val_acc) << "</td></tr>";
+    o << "<tr><th class=\"left\">final " << metric_field(&EpochMetrics::val_acc).name << "</th><td>"
+      << fmt("%.4f", h.back().val_acc) << "</td></tr>";
     if (best_val)
-      o << "<tr><th class=\"left\">lowest val_loss</th><td>" << fmt("%.4f", best_val->val_loss) << " (epoch "
+      o << "<tr><th class=\"left\">lowest " << metric_field(&EpochMetrics::val_loss).name << "</th><td>"
+        << fmt("%.4f", best_val->val_loss) << " (epoch "
         << best_val->epoch << ")</td></tr>";
     double total = 0;
     for (const EpochMetrics& m : h) total += std::isfinite(m.epoch_seconds) ? m.epoch_seconds : 0;
@@ -514,14 +517,19 @@ ReportSummary write_run_report(const std::string& run_dir, const ReportOptions& 
 
   o << "<h2>Curves per epoch</h2>\n<div class=\"charts\">\n";
   o << svg_chart("chart-loss", "Loss", "cross-entropy",
-                 {series_of(h, &EpochMetrics::train_loss, "train_loss", "#1f77b4"),
-                  series_of(h, &EpochMetrics::val_loss, "val_loss", "#ff7f0e")});
+                 {series_of(h, &EpochMetrics::train_loss, "#1f77b4"),
+                  series_of(h, &EpochMetrics::val_loss, "#ff7f0e")});
   o << svg_chart("chart-accuracy", "Accuracy", "accuracy", acc);
   o << svg_chart("chart-lr", "Learning rate", "learning rate",
-                 {series_of(h, &EpochMetrics::lr, "lr", "#d62728")});
+                 {series_of(h, &EpochMetrics::lr, "#d62728")});
   o << svg_chart("chart-loss-scale", "Loss scale", "loss scale",
-                 {series_of(h, &EpochMetrics::loss_scale, "loss_scale", "#8c564b")});
+                 {series_of(h, &EpochMetrics::loss_scale, "#8c564b")});
   o << "</div>\n";
+  // What each curve is: the descriptions of the metrics table, in its order.
+  o << "<dl id=\"metric-descriptions\">";
+  for (const EpochMetricField& f : epoch_metric_fields())
+    o << "<dt>" << escape_html(f.name) << "</dt><dd>" << escape_html(f.description) << "</dd>";
+  o << "</dl>\n";
 
   o << "<h2>Confusion matrix of best.h5 on the test set</h2>\n";
   if (best) o << confusion_table(best->result, best->class_names);

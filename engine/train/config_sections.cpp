@@ -115,7 +115,7 @@ const ConfigSection<CudaConfig>& cuda_config_keys() {
       boolean_key("deterministic", &S::deterministic,
           R"doc(Restrict cuDNN to deterministic algorithms, so the same seed gives the same bits. `false` allows faster algorithms that may be non-deterministic. It has no effect on the CPU.)doc"),
       boolean_key("batch_chunks", &S::batch_chunks,
-          R"doc(`true`: compute every batch by its 8 fixed chunks (docs/distributed.md, "GPU ranks"), so a CUDA run gives the same bits at every world size. `false` runs each layer over the whole batch at once: faster, but one process only (a CUDA run on several ranks is refused). The default stays `false` until the chunked CUDA kernels have run on a GPU (`tools/gpu-check.sh`, stages op-tests and nccl): written and compiled, they have not run yet. It has no effect on the CPU, which always computes by chunks.)doc"),
+          R"doc(`true`: compute every batch by its 8 fixed chunks (docs/distributed.md, "GPU ranks"), so a CUDA run gives the same bits at every world size. `false` runs each layer over the whole batch at once: faster, but one process only (a CUDA run on several ranks is refused). The default stays `false` until the chunked CUDA kernels have run on GPUs more than once (they ran once, on an H200: `tools/gpu-check.sh`, stages op-tests, nccl and ranks). It has no effect on the CPU, which always computes by chunks.)doc"),
   };
   return keys;
 }

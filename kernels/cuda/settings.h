@@ -1,7 +1,8 @@
-// Settings of the CUDA backend that the rest of the engine may change. Plain C++ (no
-// CUDA headers) so engine/ and tools/ can include it; implemented in
-// kernels/cuda/context.cpp in CUDA builds and in kernels/no_cuda.cpp otherwise (the
-// setting is kept, so configs behave the same).
+// Settings of the CUDA backend that the rest of the engine may change (the config's
+// cuda.* keys, applied by engine/train/process_settings.cpp). Plain C++ (no CUDA
+// headers) so engine/ can include it. Implemented in CUDA builds by
+// kernels/cuda/context.cpp (deterministic) and kernels/cuda/chunk_ops.cu (batch_chunks),
+// and in kernels/no_cuda.cpp otherwise (the settings are kept, so configs behave the same).
 #pragma once
 
 namespace engine::kernels::cuda {
@@ -14,9 +15,11 @@ namespace engine::kernels::cuda {
 void set_deterministic(bool on);
 bool deterministic();
 
-// cuda.batch_chunks: when on (off by default, as in the config), layers given a batch plan compute by the 8
-// fixed chunks (kernels/chunk_ops.inc), the same bits at every world size; when off, the
-// whole-batch ops (faster, one process only). Kept in CPU-only builds as well.
+// cuda.batch_chunks: when on (off by default, as in the config), CUDA ops given a batch
+// plan compute by the fixed chunks of the batch (the Chunks ops of kernels/op_list.inc;
+// the choice is by_chunks in engine/core/batch_plan.h), the same bits at every world
+// size; when off, the whole-batch ops (faster, one process only). The CPU always
+// computes by chunks. Kept in CPU-only builds as well.
 void set_batch_chunks(bool on);
 bool batch_chunks();
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two hosts on one machine: two network namespaces joined by a veth pair, mpirun in the
 # first, the remote ranks started in the second by a plm_rsh_agent script (in place of
-# ssh), everything over TCP (docs/distributed.md, "Two hosts, tested"):
+# ssh), everything over TCP (docs/distributed.md, "A lost host"):
 #  - 2 ranks (one a host) and 4 ranks (two a host) write the checkpoint and test line of
 #    the run without mpirun, bit for bit;
 #  - the second host's link taken down mid-epoch (epoch 2, step 3, held there by

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every CPU benchmark, each side by side with its peer, in one command; writes the
-# "Current figures" table of docs/benchmarks.md (commit, date, machine) and the figures
-# the README quotes, and moves the table it replaces into the dated history below it.
+# Every CPU benchmark, each side by side with its peer, in one command; replaces, in
+# place, the "Current figures" table of docs/benchmarks.md (commit, date, machine; between
+# its all.sh markers) and the figures the README quotes (between theirs), and changes
+# nothing else. The table it replaces is not kept: git has it.
 #
 #   tools/bench/all.sh [--quick] [--no-write] [--build DIR] [--python PATH]
 #
@@ -197,33 +198,20 @@ print(readme_text)
 if not write:
     sys.exit(0)
 
+# Both files are checked before either is written, so a missing marker changes nothing.
 BEGIN, END = "<!-- all.sh: current figures begin -->", "<!-- all.sh: current figures end -->"
-HISTORY = "<!-- all.sh: history begins below -->"
-doc_path = os.path.join(root, "docs", "benchmarks.md")
-doc = open(doc_path).read()
-for marker in (BEGIN, END, HISTORY):
-    if marker not in doc:
-        sys.exit(f"all.sh: docs/benchmarks.md lacks the marker {marker}")
-b, e = doc.index(BEGIN) + len(BEGIN), doc.index(END)
-old = doc[b:e].strip()
-doc = doc[:b] + "\n" + table + "\n" + doc[e:]
-if old:
-    first, _, rest = old.partition("\n")
-    m = re.match(r"\*\*Measured at commit `([^`]+)`, ([^*]+?) UTC", first)
-    title = f"### Until {started} UTC: the figures at commit `{m.group(1)}` ({m.group(2)} UTC)" if m else \
-            f"### Until {started} UTC"
-    h = doc.index(HISTORY) + len(HISTORY)
-    doc = doc[:h] + "\n\n" + title + "\n\n" + old + "\n" + doc[h:]
-open(doc_path, "w").write(doc)
-
 RB, RE = "<!-- all.sh: readme figures begin -->", "<!-- all.sh: readme figures end -->"
+doc_path = os.path.join(root, "docs", "benchmarks.md")
 readme_path = os.path.join(root, "README.md")
-readme = open(readme_path).read()
-if RB in readme and RE in readme:
-    b, e = readme.index(RB) + len(RB), readme.index(RE)
-    readme = readme[:b] + readme_text + readme[e:]
-    open(readme_path, "w").write(readme)
-else:
-    sys.exit("all.sh: README.md lacks the markers " + RB + " ... " + RE)
+doc, readme = open(doc_path).read(), open(readme_path).read()
+for path, text, (b_mark, e_mark) in ((doc_path, doc, (BEGIN, END)), (readme_path, readme, (RB, RE))):
+    if text.count(b_mark) != 1 or text.count(e_mark) != 1 or text.index(b_mark) > text.index(e_mark):
+        sys.exit(f"all.sh: {os.path.relpath(path, root)} needs the markers {b_mark} ... {e_mark}, once each, in that order")
+b, e = doc.index(BEGIN) + len(BEGIN), doc.index(END)
+doc = doc[:b] + "\n" + table + "\n" + doc[e:]
+b, e = readme.index(RB) + len(RB), readme.index(RE)
+readme = readme[:b] + readme_text + readme[e:]
+open(doc_path, "w").write(doc)
+open(readme_path, "w").write(readme)
 print(f"all.sh: wrote the current figures into docs/benchmarks.md and README.md")
 EOF

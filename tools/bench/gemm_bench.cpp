@@ -297,8 +297,8 @@ int main(int argc, char** argv) {
   }
   // Where each vector path's time goes at a short K: C's stores alone and the
   // multiply-adds alone at peak, each as a share of the GEMM's time. Near 100 % together
-  // with the GEMM at their sum, the two do not overlap (conv1's forward, K = 9:
-  // docs/benchmarks.md).
+  // with the GEMM at their sum, the two do not overlap (docs/benchmarks.md, "The engine's
+  // own GEMM").
   std::printf("\nshare of the GEMM's time: C's stores alone + the multiply-adds alone at peak\n");
   for (const Row& row : rows) {
     std::printf("%-14s %-16s", row.shape->what, "");

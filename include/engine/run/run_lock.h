@@ -1,5 +1,5 @@
-// One writer per run directory. A training run (Trainer::fit, `engine train`, `engine
-// resume`) holds an advisory flock(2) on <run-dir>/.lock for as long as it runs; a
+// One writer per run directory. A training run (a RunDirectory, which `engine train` and
+// `engine resume` use) holds an advisory flock(2) on <run-dir>/.lock for as long as it runs; a
 // second writer is refused at once with a line naming the holder. The kernel drops the
 // lock when its holder dies, however it dies, so a lock left by a dead process never
 // blocks; the file's text (pid, host, since when) is rewritten by every new holder and
