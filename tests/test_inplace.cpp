@@ -1,4 +1,4 @@
-// The ops that layers run in place (op_signatures.inc) give the same bits in place as
+// The ops that layers run in place (kernels/op_list.inc) give the same bits in place as
 // out of place, on the reference and the fast CPU backends.
 #include <doctest/doctest.h>
 
