@@ -124,8 +124,9 @@ inline std::vector<std::vector<uint8_t>> check_run(engine::Device device, int ep
   const float p = static_cast<float>(c.model.dropout);
   auto model = std::make_unique<TappedMlp>(test_util::SyntheticDataset::kShape, 24, test_util::SyntheticDataset::kClasses, p);
   TappedMlp* tapped = model.get();
-  Trainer trainer(c, device, std::move(model), nullptr, SplitsNeeded::All,
-                  std::make_unique<test_util::SyntheticDataset>(96, 48, 48, device));
+  TrainerOptions options;
+  options.data = std::make_unique<test_util::SyntheticDataset>(96, 48, 48, device);
+  Trainer trainer(c, device, std::move(model), std::move(options));
   const int64_t features = tapped->hidden();
   const float scale = 1.0f / (1.0f - p);
   std::vector<std::vector<uint8_t>> masks;

@@ -73,7 +73,9 @@ inline std::vector<std::string> keep_every_checkpoint(const engine::Config& cfg,
    private:
     std::string dir_;
   } keep(keep_dir);
-  engine::Trainer t(cfg, device, engine::make_model(cfg), &keep);
+  engine::TrainerOptions options;
+  options.observer = &keep;
+  engine::Trainer t(cfg, device, engine::make_model(cfg), std::move(options));
   if (fit_in_run_dir(t).ending != engine::FitResult::Ending::Completed)
     throw std::runtime_error("keep_every_checkpoint: the run in " + cfg.checkpoint.dir + " did not complete");
   return keep.kept;

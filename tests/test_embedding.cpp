@@ -34,9 +34,12 @@ Config synthetic_config(const std::string& dir) {
 }
 
 std::unique_ptr<Trainer> synthetic_trainer(const Config& c, TrainerObserver* observer = nullptr) {
+  TrainerOptions options;
+  options.observer = observer;
+  options.data = std::make_unique<SyntheticDataset>();
   return std::make_unique<Trainer>(
-      c, Device::cpu(), make_model_for(c.model, SyntheticDataset::kShape, SyntheticDataset::kClasses), observer,
-      SplitsNeeded::All, std::make_unique<SyntheticDataset>());
+      c, Device::cpu(), make_model_for(c.model, SyntheticDataset::kShape, SyntheticDataset::kClasses),
+      std::move(options));
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -177,8 +180,11 @@ TEST_CASE("own loop: train_step and train_epoch report each step and write no fi
 
   // A trainer built to evaluate only refuses to train instead of writing out of bounds.
   const Config c = synthetic_config(dir);
+  TrainerOptions test_only;
+  test_only.splits = SplitsNeeded::TestOnly;
+  test_only.data = std::make_unique<SyntheticDataset>();
   Trainer eval_only(c, Device::cpu(), make_model_for(c.model, SyntheticDataset::kShape, SyntheticDataset::kClasses),
-                    nullptr, SplitsNeeded::TestOnly, std::make_unique<SyntheticDataset>());
+                    std::move(test_only));
   CHECK(eval_only.evaluate(Split::Test).count == 48);
   CHECK_THROWS_AS(eval_only.train_step(), std::logic_error);
 }

@@ -64,9 +64,12 @@ Config synthetic_config(const std::string& dir, int64_t epochs = 1) {
 
 // A trainer on the synthetic data whose files and clocks are `env`'s.
 std::unique_ptr<Trainer> trainer_with(const Config& c, Env& env) {
+  TrainerOptions options;
+  options.data = std::make_unique<SyntheticDataset>();
+  options.env = &env;
   return std::make_unique<Trainer>(c, Device::cpu(),
                                    make_model_for(c.model, SyntheticDataset::kShape, SyntheticDataset::kClasses),
-                                   nullptr, SplitsNeeded::All, std::make_unique<SyntheticDataset>(), nullptr, &env);
+                                   std::move(options));
 }
 
 using test_support::error_of;

@@ -49,9 +49,11 @@ std::unique_ptr<Trainer> fashion_trainer(const Config& c) {
 }
 
 std::unique_ptr<Trainer> synthetic_trainer(const Config& c) {
+  TrainerOptions options;
+  options.data = std::make_unique<SyntheticDataset>();
   return std::make_unique<Trainer>(
-      c, Device::cpu(), make_model_for(c.model, SyntheticDataset::kShape, SyntheticDataset::kClasses), nullptr,
-      SplitsNeeded::All, std::make_unique<SyntheticDataset>());
+      c, Device::cpu(), make_model_for(c.model, SyntheticDataset::kShape, SyntheticDataset::kClasses),
+      std::move(options));
 }
 
 void expect_identical(const std::string& a, const std::string& b) {
@@ -145,8 +147,10 @@ TEST_CASE("registry: fashion_cnn and mlp by name, each checked against the data'
   CHECK_THROWS_WITH_AS(make_model_for(other, ImageShape{1, 28, 28}, 10), doctest::Contains("unknown model 'resnet'"),
                        std::invalid_argument);
   // A model that does not fit the dataset is refused before anything is loaded.
+  TrainerOptions synthetic;
+  synthetic.data = std::make_unique<SyntheticDataset>();
   CHECK_THROWS_WITH_AS(Trainer(synthetic_config(), Device::cpu(), std::make_unique<Mlp>(ImageShape{1, 28, 28}, 8, 10, 0.0f),
-                               nullptr, SplitsNeeded::All, std::make_unique<SyntheticDataset>()),
+                               std::move(synthetic)),
                        doctest::Contains("the dataset has 2x4x4 in 3"), std::invalid_argument);
 }
 

@@ -219,8 +219,11 @@ std::unique_ptr<Model> synthetic_model(const Config& c) {
 }
 
 std::unique_ptr<Trainer> synthetic_trainer(const Config& c, TrainerObserver* observer = nullptr, Env* env = nullptr) {
-  return std::make_unique<Trainer>(c, Device::cpu(), synthetic_model(c), observer, SplitsNeeded::All,
-                                   std::make_unique<SyntheticDataset>(), nullptr, env);
+  TrainerOptions options;
+  options.observer = observer;
+  options.data = std::make_unique<SyntheticDataset>();
+  options.env = env;
+  return std::make_unique<Trainer>(c, Device::cpu(), synthetic_model(c), std::move(options));
 }
 
 struct Messages : TrainerObserver {

@@ -344,7 +344,9 @@ TEST_CASE("Ctrl-C during validation or the test evaluation stops there; the run 
     StopAt observer(when, in_validation ? 1 : 2);
     {
       const Config t_cfg = tiny_config(run);
-      Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &observer);
+      TrainerOptions options;
+      options.observer = &observer;
+      Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), std::move(options));
       observer.trainer = &t;
       const FitResult r = test_util::fit_in_run_dir(t);
       INFO(observer.messages);
@@ -480,7 +482,9 @@ TEST_CASE("checkpoint.async: a save written while training goes on is byte for b
     Config cfg = tiny_config(dir + "/run");
     cfg.checkpoint.async = async;
     cfg.checkpoint.verify = false;
-    Trainer t(cfg, Device::cpu(), make_model(cfg), nullptr, SplitsNeeded::All, nullptr, nullptr, &gate);
+    TrainerOptions options;
+    options.env = &gate;
+    Trainer t(cfg, Device::cpu(), make_model(cfg), std::move(options));
     RunDirectory run(t);
     for (int i = 0; i < 5; ++i) t.train_step();
     t.save_checkpoint(dir + "/reference.h5");

@@ -298,7 +298,10 @@ TEST_CASE("checkpoint.on_error = stop: a failed save stops the run; it resumes b
   {
     FailingEpoch obs(dir, 2, ENOSPC);
     const Config t_cfg = small_config(dir, "stop", Writer::TrainingThread);
-    Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &obs, SplitsNeeded::All, nullptr, nullptr, obs.env());
+    TrainerOptions options;
+    options.observer = &obs;
+    options.env = obs.env();
+    Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), std::move(options));
     bool write_error = false;
     const std::string msg = error_of([&] { test_util::fit_in_run_dir(t); }, &write_error);
     obs.stop_failing();
@@ -325,7 +328,10 @@ TEST_CASE("checkpoint.on_error = continue: a failed save warns, training goes on
   const std::string dir = test_util::fresh_dir("save_faults_continue");
   FailingEpoch obs(dir, 2, EIO);
   const Config t_cfg = small_config(dir, "continue", Writer::TrainingThread);
-  Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &obs, SplitsNeeded::All, nullptr, nullptr, obs.env());
+  TrainerOptions options;
+  options.observer = &obs;
+  options.env = obs.env();
+  Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), std::move(options));
   REQUIRE(test_util::fit_in_run_dir(t).ending == FitResult::Ending::Completed);
   int warnings = 0;
   for (const std::string& m : obs.messages)
@@ -389,7 +395,10 @@ TEST_CASE("checkpoint.async: a save the disk refuses surfaces at the next step o
     std::string dir_;
   } obs(dir);
   const Config t_cfg = small_config(dir, "stop", Writer::Async);
-  Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), &obs, SplitsNeeded::All, nullptr, nullptr, &obs.env);
+  TrainerOptions options;
+  options.observer = &obs;
+  options.env = &obs.env;
+  Trainer t(t_cfg, Device::cpu(), make_model(t_cfg), std::move(options));
   RunDirectory run(t);
   obs.run = &run;
   obs.trainer = &t;

@@ -130,8 +130,12 @@ Trainer& RunSession::start(std::unique_ptr<Model> model, TrainerObserver* observ
   Impl& s = *impl_;
   if (s.trainer) throw std::logic_error("RunSession::start: the session has started already");
   apply_process_settings(s.cfg);  // cuda.deterministic is process-wide
-  s.trainer = std::make_unique<Trainer>(s.cfg, s.device, std::move(model), observer, SplitsNeeded::All,
-                                        std::move(data), s.comm.get(), s.env);
+  TrainerOptions options;
+  options.observer = observer;
+  options.data = std::move(data);
+  options.collective = s.comm.get();
+  options.env = s.env;
+  s.trainer = std::make_unique<Trainer>(s.cfg, s.device, std::move(model), std::move(options));
   if (writes_run_dir() || rank() == s.peer_rank) {
     s.run_dir = std::make_unique<RunDirectory>(*s.trainer, std::move(s.lock),
                                                writes_run_dir() ? RunDirRole::Owner : RunDirRole::PeerCopy);

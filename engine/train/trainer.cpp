@@ -153,16 +153,15 @@ class Trainer::MetricsState : public Stateful {
 
 // ---- construction ------------------------------------------------------------------
 
-Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, TrainerObserver* observer,
-                 SplitsNeeded splits, std::unique_ptr<Dataset> data, Collective* collective, Env* env)
-    : cfg_(std::move(cfg)), config_json_(config_to_json(cfg_).dump()), device_(device), env_(env_or_posix(env)),
-      observer_(observer ? observer : &silent_),
-      data_(std::move(data)), rng_(cfg_.seed), model_(std::move(model)) {
+Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, TrainerOptions options)
+    : cfg_(std::move(cfg)), config_json_(config_to_json(cfg_).dump()), device_(device),
+      env_(env_or_posix(options.env)), observer_(options.observer ? options.observer : &silent_),
+      data_(std::move(options.data)), rng_(cfg_.seed), model_(std::move(model)) {
   // cfg.cuda.deterministic is process-wide: the host applies
   // it (apply_process_settings, engine/train/process_settings.h), not each Trainer.
   if (!model_) throw std::invalid_argument("Trainer: no model given");
   (void)cpu_kernels_in_use();  // ENGINE_CPU_KERNELS that this CPU cannot run: refused here, not mid-step
-  if (collective) collective_ = collective;
+  if (options.collective) collective_ = options.collective;
   protocol_ = make_run_protocol(*collective_);
   require_world_size_fits(collective_->size(), cfg_.dist.chunks);
   if (collective_->size() > 1) {
@@ -188,7 +187,7 @@ Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, Traine
                                 " classes, the dataset has " + data_->sample_shape().str() + " in " +
                                 std::to_string(data_->num_classes()) + " (key model.name)");
   // Fail fast on missing or corrupt data, before any training.
-  if (splits == SplitsNeeded::All) data_->get(Split::Train);
+  if (options.splits == SplitsNeeded::All) data_->get(Split::Train);
   else data_->get(Split::Test);
   // The random initialisation runs either way, so the RNG's init stream is where a fresh
   // run leaves it; model.init_from then replaces the weights (fine-tuning, weights only).
@@ -231,7 +230,7 @@ Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, Traine
   best_metric_ = lower_is_better(cfg_.train.early_stopping.monitor)
                      ? std::numeric_limits<double>::infinity()
                      : -std::numeric_limits<double>::infinity();
-  epoch_sample_loss_ = Tensor::zeros({splits == SplitsNeeded::All ? data_->get(Split::Train).count : 0},
+  epoch_sample_loss_ = Tensor::zeros({options.splits == SplitsNeeded::All ? data_->get(Split::Train).count : 0},
                                      DType::F32, device_);
 }
 

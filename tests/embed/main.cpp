@@ -152,7 +152,9 @@ int run(const std::string& run_dir, const std::string& device_name, const std::s
 
   // 2. Train one epoch with the host's own observer.
   HostObserver obs;
-  Trainer trainer(cfg, device, make_model(cfg), &obs);
+  TrainerOptions options;
+  options.observer = &obs;
+  Trainer trainer(cfg, device, make_model(cfg), std::move(options));
   trainer.add_state_group("host", &host);
   RunDirectory run(trainer);  // run_dir's checkpoints, metrics.jsonl and lock
   const FitResult fit = run.fit();
@@ -180,7 +182,7 @@ int run(const std::string& run_dir, const std::string& device_name, const std::s
 
   // 4. A trainer that does not know the group refuses it strictly, naming it.
   {
-    Trainer stranger(cfg, device, make_model(cfg), nullptr);
+    Trainer stranger(cfg, device, make_model(cfg));
     bool refused = false;
     try {
       stranger.resume_from(path, LoadMode::Strict);
@@ -193,7 +195,7 @@ int run(const std::string& run_dir, const std::string& device_name, const std::s
   }
 
   // 5. A fresh trainer and a fresh host state, registered, reloaded strictly.
-  Trainer restored(cfg, device, make_model(cfg), nullptr);
+  Trainer restored(cfg, device, make_model(cfg));
   HostState host_back;
   restored.add_state_group("host", &host_back);
   const StateReport report = restored.resume_from(path, LoadMode::Strict);
@@ -207,7 +209,7 @@ int run(const std::string& run_dir, const std::string& device_name, const std::s
   check(same_training_state(trainer, restored), "every group came back bit for bit");
 
   // 6. The checkpoint fit() wrote itself (last.h5 holds "host" too), through resume_from.
-  Trainer resumed(cfg, device, make_model(cfg), nullptr);
+  Trainer resumed(cfg, device, make_model(cfg));
   HostState host_last;
   resumed.add_state_group("host", &host_last);
   const StateReport last_report = resumed.resume_from(obs.checkpoints["last"], LoadMode::Strict);

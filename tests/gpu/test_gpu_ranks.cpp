@@ -58,11 +58,15 @@ Config ranks_config(Arch arch) {
 std::unique_ptr<Trainer> make_trainer(Arch arch, Collective* comm) {
   const Config c = ranks_config(arch);
   const Device d = Device::cuda(0);
-  if (arch == Arch::Mlp)
+  TrainerOptions options;
+  options.collective = comm;
+  if (arch == Arch::Mlp) {
+    options.data = std::make_unique<test_util::SyntheticDataset>(90, 30, 21, d);
     return std::make_unique<Trainer>(
         c, d, make_model_for(c.model, test_util::SyntheticDataset::kShape, test_util::SyntheticDataset::kClasses),
-        nullptr, SplitsNeeded::All, std::make_unique<test_util::SyntheticDataset>(90, 30, 21, d), comm);
-  return std::make_unique<Trainer>(c, d, make_model(c), nullptr, SplitsNeeded::All, nullptr, comm);
+        std::move(options));
+  }
+  return std::make_unique<Trainer>(c, d, make_model(c), std::move(options));
 }
 
 struct Outcome {

@@ -145,8 +145,11 @@ std::unique_ptr<Trainer> mlp_trainer(Collective* comm, TrainerObserver* observer
   c.seed = 3;
   c.train.epochs = 2;
   auto model = make_model_for(c.model, test_util::SyntheticDataset::kShape, test_util::SyntheticDataset::kClasses);
-  return std::make_unique<Trainer>(c, Device::cpu(), std::move(model), observer, SplitsNeeded::All,
-                                   std::make_unique<test_util::SyntheticDataset>(64, 16, 16), comm);
+  TrainerOptions options;
+  options.observer = observer;
+  options.data = std::make_unique<test_util::SyntheticDataset>(64, 16, 16);
+  options.collective = comm;
+  return std::make_unique<Trainer>(c, Device::cpu(), std::move(model), std::move(options));
 }
 
 // The two ways the op facade completes a conv or linear gradient (core/tensor_ops.cpp):

@@ -98,8 +98,11 @@ std::unique_ptr<Trainer> make_trainer(Arch arch, Collective* comm, TrainerObserv
     data = std::make_unique<test_util::SyntheticDataset>(90, 45, 21);
     model = make_model_for(c.model, test_util::SyntheticDataset::kShape, test_util::SyntheticDataset::kClasses);
   }
-  return std::make_unique<Trainer>(c, Device::cpu(), std::move(model), observer, SplitsNeeded::All,
-                                   std::move(data), comm);
+  TrainerOptions options;
+  options.observer = observer;
+  options.data = std::move(data);
+  options.collective = comm;
+  return std::make_unique<Trainer>(c, Device::cpu(), std::move(model), std::move(options));
 }
 
 struct RunOutcome {

@@ -67,7 +67,9 @@ int main(int argc, char** argv) {
   try {
     const engine::Config cfg = engine::config_from_json(j, config_path);
     KillAfterStep killer(kill_step);
-    engine::Trainer trainer(cfg, engine::resolve_device(cfg.device), engine::make_model(cfg), &killer);
+    engine::TrainerOptions options;
+    options.observer = &killer;
+    engine::Trainer trainer(cfg, engine::resolve_device(cfg.device), engine::make_model(cfg), std::move(options));
     const std::string last = (std::filesystem::path(cfg.checkpoint.dir) / "last.h5").string();
     if (std::filesystem::exists(last)) trainer.resume_from(last, engine::LoadMode::Strict);
     engine::RunDirectory run_dir(trainer);

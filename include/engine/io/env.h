@@ -2,8 +2,8 @@
 // file a run reads, writes, lists, locks or removes, and the clocks it reads, go through
 // one Env. Env::posix() is the real one; a host passes its own (a wrapper that counts,
 // traces or fails calls, a fake clock) to the objects that do the I/O, as LevelDB's
-// Options::env: RunSessionOptions::env, the Trainer's constructor (its RunDirectory uses
-// the trainer's Env), RunDirLock::acquire, and the checkpoint functions (engine/io/checkpoint.h).
+// Options::env: RunSessionOptions::env, TrainerOptions::env (the trainer's RunDirectory
+// uses it too), RunDirLock::acquire, and the checkpoint functions (engine/io/checkpoint.h).
 // A null Env* always means Env::posix(). docs/embedding.md, "Your own Env".
 //
 // The calls are the system calls' own: -1 (or a null result) and errno on failure, so

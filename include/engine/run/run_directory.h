@@ -7,7 +7,9 @@
 // copies the state into a reusable snapshot buffer, and waits only while the previous
 // checkpoint still holds that buffer.
 //
-//   Trainer trainer(cfg, device, make_model(cfg), &observer);
+//   TrainerOptions options;
+//   options.observer = &observer;
+//   Trainer trainer(cfg, device, make_model(cfg), std::move(options));
 //   RunDirectory run(trainer);      // takes <run-dir>/.lock; RunDirBusy when taken
 //   FitResult r = run.fit(stop);    // trainer.fit(stop, &run)
 //

@@ -115,7 +115,7 @@ class RunSession {
   // each batch through collective()), and on rank 0 the RunDirectory over it, which takes
   // the lock this session holds. Applies the config's process-wide settings first
   // (apply_process_settings: cuda.deterministic). `observer` (may be null) must outlive
-  // the session; `data` as in the Trainer's constructor (null: cfg.data's Fashion-MNIST).
+  // the session; `data` as TrainerOptions::data (null: cfg.data's Fashion-MNIST).
   // Throws what the Trainer's constructor throws (DataError, ...), and
   // std::logic_error when called twice.
   Trainer& start(std::unique_ptr<Model> model, TrainerObserver* observer = nullptr,

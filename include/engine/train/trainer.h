@@ -130,26 +130,40 @@ class RunSink {
   virtual void flush(Trainer& trainer) = 0;
 };
 
+// What a Trainer needs besides its config, device and model; every field may stay at its
+// default (Trainer t(cfg, device, make_model(cfg)) takes them all). As with LevelDB's
+// Options::env, the host sets the fields it needs on a named TrainerOptions and hands it
+// to the constructor.
+struct TrainerOptions {
+  // Hears what the trainer has to say (null: nothing is reported). Must outlive the
+  // trainer.
+  TrainerObserver* observer = nullptr;
+  // The splits the constructor loads onto the device, so that missing files fail there:
+  // All, or TestOnly for a trainer that only evaluates (train_step() refuses).
+  SplitsNeeded splits = SplitsNeeded::All;
+  // The data, owned by the trainer from then on; its splits must be on the trainer's
+  // device, and its images and classes must match the model's. Null:
+  // make_dataset(cfg.data, device).
+  std::unique_ptr<Dataset> data;
+  // Data-parallel (docs/distributed.md): with W ranks (W <= dist.chunks),
+  // data.batch_size is the global batch; each rank computes its chunks of every batch
+  // and the ranks complete the sums in a fixed order, so every rank holds the state of
+  // the one-process run, bit for bit. Null: one process. Must outlive the trainer.
+  Collective* collective = nullptr;
+  // The run's file system and clocks (engine/io/env.h): the checkpoints resume_from()
+  // and save_checkpoint() read and write, the clock of the time limit and of the epoch
+  // timings, and everything a RunDirectory over this trainer does (the dataset reads its
+  // own files). Null: Env::posix(). Must outlive the trainer.
+  Env* env = nullptr;
+};
+
 class Trainer {
  public:
   // Trains `model` (e.g. make_model(cfg) from engine/train/model_factory.h, or a host's
-  // own) on `data`, or on make_dataset(cfg.data, device) when `data` is null. The
-  // trainer moves the model to `device` and initialises its parameters from the seed;
-  // the model's input shape and classes must match the dataset's. Loads the data (all
-  // splits, or only the test set) onto `device` at once, so missing files fail here.
-  //
-  // Data-parallel (docs/distributed.md): with a `collective` of W ranks (W <= dist.chunks;
-  // null: one process), data.batch_size is the global batch; each rank computes its
-  // chunks of every batch and the ranks complete the sums in a fixed order, so every
-  // rank holds the state of the one-process run, bit for bit. It must outlive the trainer.
-  //
-  // `env` (engine/io/env.h; null: Env::posix()) is the run's file system and clocks: the
-  // checkpoints resume_from() and save_checkpoint() read and write, the clock of the time
-  // limit and of the epoch timings, and everything a RunDirectory over this trainer does.
-  // It must outlive the trainer. (The dataset reads its own files.)
-  Trainer(Config cfg, Device device, std::unique_ptr<Model> model, TrainerObserver* observer = nullptr,
-          SplitsNeeded splits = SplitsNeeded::All, std::unique_ptr<Dataset> data = nullptr,
-          Collective* collective = nullptr, Env* env = nullptr);
+  // own) on options.data, or on cfg.data's data set. The trainer moves the model to
+  // `device` and initialises its parameters from the seed; the model's input shape and
+  // classes must match the dataset's.
+  Trainer(Config cfg, Device device, std::unique_ptr<Model> model, TrainerOptions options = {});
   ~Trainer();
 
   const Config& config() const { return cfg_; }
