@@ -37,6 +37,15 @@ void forward_blocks(const BatchChunks& plan, const Shape& s, const float* x, flo
     op(block_shape(s, b), b.chunks, b.bounds.data(), x + b.begin * in_sample(s), y + b.begin * out_sample(s));
 }
 
+// The bias block sums of one CPU backward with nothing to complete: a buffer per thread,
+// reused by every call on it (a call needs it only until it returns), so that a training
+// step allocates nothing (tests/test_op_trace.cpp).
+double* cpu_bias_sums(int64_t n) {
+  thread_local std::vector<double> sums;
+  if (sums.size() < static_cast<std::size_t>(n)) sums.resize(static_cast<std::size_t>(n));
+  return sums.data();
+}
+
 // Where a backward's weight and bias block sums go: straight into the gradients when
 // there is one block and nothing to complete; into the plan's deferred parts when the
 // trainer completes them in its pass after backward; otherwise into block-sum tensors on
@@ -48,6 +57,10 @@ class GradientBlocks {
       : plan_(plan), dw_(dw), db_(db), blocks_(plan.blocks().size()) {
     const Device d = dw.device();
     if (!plan.needs_completion()) {
+      if (d.is_cpu() && db.defined()) {
+        db_scratch_ = cpu_bias_sums(db.numel());
+        return;
+      }
       db_parts_ = Tensor::empty({db.numel()}, DType::F64, d);
       return;
     }
@@ -65,11 +78,16 @@ class GradientBlocks {
     return (dw_deferred_ ? dw_deferred_ : dw_parts_.f32()) + block * static_cast<std::size_t>(dw_.numel());
   }
   double* db(std::size_t block) {
+    if (db_scratch_) return db_scratch_;
     return (db_deferred_ ? db_deferred_ : db_parts_.f64()) + block * static_cast<std::size_t>(db_.numel());
   }
   // The gradients complete (the bias's double tree rounded to float), unless deferred.
   void complete() {
     if (db_deferred_) return;
+    if (db_scratch_) {  // one block on the CPU: its tree is the sum, rounded into db
+      for (int64_t i = 0; i < db_.numel(); ++i) db_.f32()[i] = static_cast<float>(db_scratch_[i]);
+      return;
+    }
     if (plan_.needs_completion()) {
       if (dw_.device().is_cuda()) plan_.complete_device(dw_parts_.f32(), dw_.numel(), dw_.f32());
       else plan_.complete(dw_parts_.f32(), dw_.numel(), dw_.f32());
@@ -89,6 +107,7 @@ class GradientBlocks {
   std::size_t blocks_;
   float* dw_deferred_ = nullptr;
   double* db_deferred_ = nullptr;
+  double* db_scratch_ = nullptr;
   Tensor dw_parts_, db_parts_;
 };
 
