@@ -6,12 +6,16 @@
 namespace engine::kernels {
 namespace {
 
-// The CPU's entries for the ops it does not have (CudaOnly): reaching one is a bug in
-// the caller (the facade runs fp16 as fp32 on the CPU), reported with the op's name.
+// The CPU's entries for the ops it does not have (RefCuda, CudaOnly): reaching one is a
+// bug in the caller (the facade runs fp16 as fp32 on the CPU), reported with the op's name.
 #define ENGINE_OP_MISSING_Every(name, ret, params)
 #define ENGINE_OP_MISSING_CudaOnly(name, ret, params)                                   \
   [[noreturn]] ret name params {                                                        \
     throw std::logic_error("kernels: " #name " has no CPU backend (it is CUDA only)"); \
+  }
+#define ENGINE_OP_MISSING_RefCuda(name, ret, params)                                          \
+  [[noreturn]] ret name params {                                                             \
+    throw std::logic_error("kernels: " #name " has no CPU backend (the CPU runs fp16 as fp32)"); \
   }
 namespace cpu_missing {
 #define ENGINE_OP(name, batch, precision, backends, ret, params, args) \
@@ -22,6 +26,7 @@ namespace cpu_missing {
 
 #define ENGINE_OP_CPU_ENTRY_Every(name) &cpu::name,
 #define ENGINE_OP_CPU_ENTRY_CudaOnly(name) &cpu_missing::name,
+#define ENGINE_OP_CPU_ENTRY_RefCuda(name) &cpu_missing::name,
 const OpTable kCpu{
     "cpu",
 #define ENGINE_OP(name, batch, precision, backends, ret, params, args) ENGINE_OP_CPU_ENTRY_##backends(name)

@@ -11,7 +11,7 @@ namespace engine::kernels {
 
 enum class OpBatch { Whole, Chunks };
 enum class OpPrecision { Fp32, Fp16 };
-enum class OpBackends { Every, CudaOnly };
+enum class OpBackends { Every, RefCuda, CudaOnly };
 
 struct OpInfo {
   const char* name;
@@ -30,7 +30,7 @@ inline constexpr OpInfo kOps[] = {
 inline constexpr std::size_t kOpCount = sizeof(kOps) / sizeof(kOps[0]);
 
 // One backend: a function pointer per op, named as the op. An op the backend lacks
-// (a CudaOnly op in the CPU's table) throws std::logic_error naming the op.
+// (a RefCuda or CudaOnly op in the CPU's table) throws std::logic_error naming the op.
 struct OpTable {
   const char* backend;  // "cpu", "cuda", or a test's own name
 #define ENGINE_OP(name, batch, precision, backends, ret, params, args) ret(*name) params;

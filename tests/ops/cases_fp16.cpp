@@ -1,8 +1,21 @@
 // The fp16 (mixed-precision) forms, cuda only: against the fp32 reference with the fp16
 // product bound of tests/ops/harness.h; bias gradients stay fp32 (1e-4 of magnitude).
+// And against the fp16 reference (kernels/ref/mixed_precision.cpp), which rounds the
+// operands as the CUDA ops do: then only the library's summation order separates them
+// (1e-4 of the magnitude, as the fp32 cuDNN and cuBLAS ops), plus, where the result
+// itself is rounded to fp16 (conv), one fp16 ulp (2^-10 relative).
 #include "ops/harness.h"
 
 using namespace ops_test;
+
+namespace {
+enum class ResultRounding { Fp32, Fp16 };
+void check_f16_ref(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
+                   ResultRounding rounding) {
+  const double ulp = rounding == ResultRounding::Fp16 ? 1.0 / 1024.0 : 0.0;
+  check_rel(what, got, want, ulp, 1e-4 * std::max(1.0, magnitude(want)));
+}
+}  // namespace
 
 OP_CASE("every conv shape, with and without bias; dx null (dx untouched)", conv2d_forward_f16, conv2d_backward_f16) {
   uint32_t seed = 11;
@@ -24,14 +37,21 @@ OP_CASE("every conv shape, with and without bias; dx null (dx untouched)", conv2
     const float *x = m.in(xh), *w = m.in(wh), *dy = m.in(dyh);
     float *y = m.out<float>(ny), *y2 = m.out<float>(ny), *dx = m.out<float>(nx), *dw = m.out<float>(nw),
           *db = m.out<float>(s.k);
+    std::vector<float> y16_ref(ny), dx16_ref(nx), dw16_ref(nw), db16_ref(s.k);
+    ref::conv2d_forward_f16(s, xh.data(), wh.data(), bh.data(), y16_ref.data());
+    ref::conv2d_backward_f16(s, xh.data(), wh.data(), dyh.data(), dx16_ref.data(), dw16_ref.data(), db16_ref.data());
     b.ops->conv2d_forward_f16(s, x, w, m.in(bh), y);
     check_f16("fp16 conv forward", m.get(y), y_ref, k_fwd, mx, mw, mb);
+    check_f16_ref("fp16 conv forward against the fp16 reference", m.get(y), y16_ref, ResultRounding::Fp16);
     b.ops->conv2d_forward_f16(s, x, w, nullptr, y2);
     check_f16("fp16 conv forward (no bias)", m.get(y2), y_nb, k_fwd, mx, mw, 0.0);
     b.ops->conv2d_backward_f16(s, x, w, dy, dx, dw, db);
     check_f16("fp16 conv dx", m.get(dx), dx_ref, k_dx, mw, mdy, 0.0);
     const auto dw1 = m.get(dw), db1 = m.get(db);
     check_f16("fp16 conv dw", dw1, dw_ref, k_dw, mx, mdy, 0.0);
+    check_f16_ref("fp16 conv dx against the fp16 reference", m.get(dx), dx16_ref, ResultRounding::Fp16);
+    check_f16_ref("fp16 conv dw against the fp16 reference", dw1, dw16_ref, ResultRounding::Fp16);
+    check_gemm_like("fp16 conv db against the fp16 reference", db1, db16_ref);
     check_gemm_like("fp16 conv db", db1, db_ref);
     float *dx2 = m.out<float>(nx), *dw2 = m.out<float>(nw), *db2 = m.out<float>(s.k);
     b.ops->conv2d_backward_f16(s, x, w, dy, nullptr, dw2, db2);
@@ -62,6 +82,13 @@ OP_CASE("every linear shape; dx and db null; no input features gives the bias", 
           *db = m.out<float>(bh.size());
     b.ops->linear_forward_f16(s, x, w, m.in(bh), y);
     b.ops->linear_backward_f16(s, x, w, dy, dx, dw, db);
+    std::vector<float> y16_ref(dyh.size()), dx16_ref(xh.size()), dw16_ref(wh.size()), db16_ref(bh.size());
+    ref::linear_forward_f16(s, xh.data(), wh.data(), bh.data(), y16_ref.data());
+    ref::linear_backward_f16(s, xh.data(), wh.data(), dyh.data(), dx16_ref.data(), dw16_ref.data(),
+                             db16_ref.data());
+    check_f16_ref("fp16 linear forward against the fp16 reference", m.get(y), y16_ref, ResultRounding::Fp32);
+    check_f16_ref("fp16 linear dx against the fp16 reference", m.get(dx), dx16_ref, ResultRounding::Fp32);
+    check_f16_ref("fp16 linear dw against the fp16 reference", m.get(dw), dw16_ref, ResultRounding::Fp32);
     check_f16("fp16 linear forward", m.get(y), y_ref, s.in, mx, mw, mb);
     check_f16("fp16 linear dx", m.get(dx), dx_ref, s.out, mw, mdy, 0.0);
     const auto dw1 = m.get(dw);
