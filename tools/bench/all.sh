@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every CPU benchmark, each side by side with its peer, in one command; replaces, in
 # place, the "Current figures" table of docs/benchmarks.md (commit, date, machine; between
-# its all.sh markers) and the figures the README quotes (between theirs), and changes
+# its all.sh markers) and the figures the README quotes (between theirs: the checkpoint
+# I/O sentence and the epoch sentence), and changes
 # nothing else. The table it replaces is not kept: git has it.
 #
 #   tools/bench/all.sh [--quick] [--no-write] [--build DIR] [--python PATH]
@@ -195,22 +196,29 @@ if ratios["load"] > 1:
 if ratios["save"] > 1:
     readme_text += f" **Saving is slower than `torch.save`** ({ratios['save']:.2f}×)."
 print(readme_text)
+epoch_text = (f"On {machine}, {started[:10]}: one epoch of the shipped config trains in {e.group(1)} s with "
+              f"the engine's own kernels, {time_ratio:.3f}× PyTorch eager's {t.group(1)} s, measured side by side "
+              f"by `tools/bench/all.sh` at `{commit}`{', quick mode' if quick else ''}")
+print(epoch_text)
 if not write:
     sys.exit(0)
 
-# Both files are checked before either is written, so a missing marker changes nothing.
+# Every file is checked before any is written, so a missing marker changes nothing.
 BEGIN, END = "<!-- all.sh: current figures begin -->", "<!-- all.sh: current figures end -->"
 RB, RE = "<!-- all.sh: readme figures begin -->", "<!-- all.sh: readme figures end -->"
+EB, EE = "<!-- all.sh: readme epoch begin -->", "<!-- all.sh: readme epoch end -->"
 doc_path = os.path.join(root, "docs", "benchmarks.md")
 readme_path = os.path.join(root, "README.md")
 doc, readme = open(doc_path).read(), open(readme_path).read()
-for path, text, (b_mark, e_mark) in ((doc_path, doc, (BEGIN, END)), (readme_path, readme, (RB, RE))):
+for path, text, (b_mark, e_mark) in ((doc_path, doc, (BEGIN, END)), (readme_path, readme, (RB, RE)),
+                                     (readme_path, readme, (EB, EE))):
     if text.count(b_mark) != 1 or text.count(e_mark) != 1 or text.index(b_mark) > text.index(e_mark):
         sys.exit(f"all.sh: {os.path.relpath(path, root)} needs the markers {b_mark} ... {e_mark}, once each, in that order")
 b, e = doc.index(BEGIN) + len(BEGIN), doc.index(END)
 doc = doc[:b] + "\n" + table + "\n" + doc[e:]
-b, e = readme.index(RB) + len(RB), readme.index(RE)
-readme = readme[:b] + readme_text + readme[e:]
+for b_mark, e_mark, text in ((RB, RE, readme_text), (EB, EE, epoch_text)):
+    b, e = readme.index(b_mark) + len(b_mark), readme.index(e_mark)
+    readme = readme[:b] + text + readme[e:]
 open(doc_path, "w").write(doc)
 open(readme_path, "w").write(readme)
 print(f"all.sh: wrote the current figures into docs/benchmarks.md and README.md")
