@@ -19,13 +19,6 @@ extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
 
 namespace {
 
-void check_message(const std::string& path, const std::string& what) {
-  if (what.rfind(path, 0) != 0 || what.find('\n') != std::string::npos) {
-    std::cerr << "rejection is not one line starting with the path: [" << what << "]\n";
-    std::abort();
-  }
-}
-
 // FUZZ_VERBOSE=1: print each outcome (to see what a replayed input does).
 bool verbose() {
   static const bool on = std::getenv("FUZZ_VERBOSE") != nullptr;
@@ -42,7 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     engine::verify_checkpoint_file(path);
     verified = true;
   } catch (const engine::CheckpointError& e) {
-    check_message(path, e.what());
+    fuzz::require_one_line(e.what(), path);
     if (verbose()) std::cerr << "refused: " << e.what() << "\n";
   }
   if (verbose() && verified) std::cerr << "accepted\n";

@@ -19,17 +19,6 @@
 #include "fuzz_util.h"
 #include "io/checkpoint_header.h"
 
-namespace {
-
-void check_message(const std::string& path, const std::string& what) {
-  if (what.rfind(path, 0) != 0 || what.find('\n') != std::string::npos) {
-    std::cerr << "rejection is not one line starting with the path: [" << what << "]\n";
-    std::abort();
-  }
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static fuzz::MemFile file;
   const std::string& path = file.write(data, size);
@@ -47,12 +36,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ci::check_checksum(path, "the HDF5 metadata", fuzz::crc32_of(data + fuzz::kUserBlock, h.metadata_bytes), h.metadata_crc);
     ci::check_checksum(path, "the HDF5 payload", fuzz::crc32_of(data + fuzz::kUserBlock, h.payload_bytes), h.payload_crc);
   } catch (const engine::CheckpointError& e) {
-    check_message(path, e.what());
+    fuzz::require_one_line(e.what(), path);
   }
   try {
     engine::verify_checkpoint_file(path);
   } catch (const engine::CheckpointError& e) {
-    check_message(path, e.what());
+    fuzz::require_one_line(e.what(), path);
   }
   return 0;
 }

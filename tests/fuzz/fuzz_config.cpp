@@ -15,17 +15,6 @@
 #include "engine/train/config.h"
 #include "fuzz_util.h"
 
-namespace {
-
-void check_message(const std::string& what) {
-  if (what.empty() || what.find('\n') != std::string::npos) {
-    std::cerr << "config error is not one line: [" << what << "]\n";
-    std::abort();
-  }
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static fuzz::MemFile file;
   std::vector<std::string> pieces(1);
@@ -53,7 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::abort();
     }
   } catch (const engine::ConfigError& e) {
-    check_message(e.what());
+    fuzz::require_one_line(e.what(), "");
   }
   return 0;
 }

@@ -9,17 +9,6 @@
 #include "engine/io/idx.h"
 #include "fuzz_util.h"
 
-namespace {
-
-void check_message(const std::string& path, const std::string& what) {
-  if (what.rfind(path + ": ", 0) != 0 || what.find('\n') != std::string::npos) {
-    std::cerr << "rejection is not one line starting with the path: [" << what << "]\n";
-    std::abort();
-  }
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static fuzz::MemFile file;
   const std::string& path = file.write(data, size);
@@ -31,14 +20,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::abort();
     }
   } catch (const engine::DataError& e) {
-    check_message(path, e.what());
+    fuzz::require_one_line(e.what(), path + ": ");
   }
   try {
     const std::vector<uint8_t> labels = engine::read_idx_labels(path);
     for (uint8_t l : labels)
       if (l > 9) { std::cerr << "label out of range accepted\n"; std::abort(); }
   } catch (const engine::DataError& e) {
-    check_message(path, e.what());
+    fuzz::require_one_line(e.what(), path + ": ");
   }
   return 0;
 }

@@ -11,17 +11,6 @@
 #include "fuzz_util.h"
 #include "io/safetensors.h"
 
-namespace {
-
-void check_message(const std::string& path, const std::string& what) {
-  if (what.rfind(path + ": ", 0) != 0 || what.find('\n') != std::string::npos) {
-    std::cerr << "rejection is not one line starting with the path: [" << what << "]\n";
-    std::abort();
-  }
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static fuzz::MemFile file;
   const std::string& path = file.write(data, size);
@@ -29,7 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     content = engine::decode_safetensors(data, size, path);
   } catch (const engine::SafetensorsError& e) {
-    check_message(path, e.what());
+    fuzz::require_one_line(e.what(), path + ": ");
     return 0;
   }
   for (const auto& [name, t] : content.tensors) {
@@ -49,7 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     engine::verify_export(path);
   } catch (const engine::ExportError& e) {
-    check_message(path, e.what());
+    fuzz::require_one_line(e.what(), path + ": ");
   }
   return 0;
 }

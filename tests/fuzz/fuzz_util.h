@@ -11,9 +11,20 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <string>
 
 namespace fuzz {
+
+// The engine's refusal of a bad input is one non-empty line that starts with `prefix`
+// (the file's path, or the path and ": "); anything else aborts, for libFuzzer to keep
+// the input.
+inline void require_one_line(const std::string& what, const std::string& prefix) {
+  if (what.empty() || what.rfind(prefix, 0) != 0 || what.find('\n') != std::string::npos) {
+    std::cerr << "rejection is not one line starting with [" << prefix << "]: [" << what << "]\n";
+    std::abort();
+  }
+}
 
 // An anonymous in-memory file, reachable by path as /proc/self/fd/N: no disk I/O and
 // nothing left behind when the fuzzer is killed.
