@@ -53,6 +53,17 @@ def short_run(tmp):
     return os.path.join(run_dir, "best.h5")
 
 
+def export(ckpt, fmt, path):
+    """`engine export` of ckpt to path in fmt, then the export's self-test (verify-export)."""
+    print(run(["export", ckpt, "--format", fmt, "-o", path, "--data-dir", DATA_DIR]).strip())
+    print(run(["verify-export", path]).strip())
+
+
+def check_probes(path):
+    """The export's recorded probes through this consumer (tools/check_export.py): its exit status."""
+    return subprocess.run([sys.executable, os.path.join(SOURCE, "tools", "check_export.py"), path]).returncode
+
+
 def engine_eval(ckpt, tmp):
     """(logits [10000, 10], the accuracy `engine eval` prints, in %)."""
     import numpy as np

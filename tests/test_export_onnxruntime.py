@@ -8,7 +8,6 @@ engine recorded equal the ones computed here. Exit 77 (skipped) only where onnxr
 torch or the dataset is missing (tools/setup-debian.sh installs onnxruntime from PyPI).
 """
 import os
-import subprocess
 import sys
 
 import export_consumer as ec
@@ -29,8 +28,7 @@ def main():
     tmp = ec.workdir("export_onnxruntime")
     ckpt = ec.short_run(tmp)
     onnx = os.path.join(tmp, "best.onnx")
-    print(ec.run(["export", ckpt, "--format", "onnx", "-o", onnx, "--data-dir", ec.DATA_DIR]).strip())
-    print(ec.run(["verify-export", onnx]).strip())
+    ec.export(ckpt, "onnx", onnx)
     sess = ort.InferenceSession(onnx, providers=["CPUExecutionProvider"])
     meta = sess.get_modelmeta().custom_metadata_map
     x, labels = ec.test_set(meta)
@@ -48,8 +46,7 @@ def main():
         print("FAILED: recorded probe tolerances differ from this derivation by up to %.3g relative"
               % float(np.abs(mine / probe_tol - 1).max()))
         status = 1
-    check = subprocess.run([sys.executable, os.path.join(ec.SOURCE, "tools", "check_export.py"), onnx])
-    return status or check.returncode
+    return status or ec.check_probes(onnx)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ probes pass through PyTorch (tools/check_export.py). Exit 77 (skipped) only wher
 safetensors or the dataset is missing (tools/setup-debian.sh installs safetensors).
 """
 import os
-import subprocess
 import sys
 
 import export_consumer as ec
@@ -30,8 +29,7 @@ def main():
     tmp = ec.workdir("export_torch")
     ckpt = ec.short_run(tmp)
     path = os.path.join(tmp, "best.safetensors")
-    print(ec.run(["export", ckpt, "--format", "safetensors", "-o", path, "--data-dir", ec.DATA_DIR]).strip())
-    print(ec.run(["verify-export", path]).strip())
+    ec.export(ckpt, "safetensors", path)
     with safetensors.safe_open(path, "pt") as f:
         meta = f.metadata()
     state = safetensors.torch.load_file(path)
@@ -42,8 +40,7 @@ def main():
     engine_logits, engine_accuracy = ec.engine_eval(ckpt, tmp)
     status = ec.check("torch %s" % torch.__version__, logits, engine_logits, engine_accuracy, labels,
                       ec.tolerance(state, x))
-    check = subprocess.run([sys.executable, os.path.join(ec.SOURCE, "tools", "check_export.py"), path])
-    return status or check.returncode
+    return status or ec.check_probes(path)
 
 
 if __name__ == "__main__":
