@@ -17,7 +17,12 @@
 // work, it does not emulate fp16 arithmetic); tree_sum_parts(_f64) sum on the host in the
 // fixed tree order of kernels/chunk_tree.h, as kernels/cuda/chunk_ops.cu does. Only the
 // casts round as a GPU would (fp32 -> fp16 round-to-nearest-even, fp16 -> fp32 exact).
-// Streams do not exist: everything is done when it is called.
+// Streams do not exist: everything is done when it is called. Nor is what a CUDA op does
+// inside itself seen: its scratch buffers, and its own host round-trips (the chunked
+// batch norm's per-channel finish on the host, kernels/cuda/chunk_ops.cu, copies a few
+// per-channel vectors each way inside batchnorm_*_chunks); only reduce_sum's result,
+// which the op's contract returns to the host, is traced (`copy_d2h 8 result`). The
+// counts are of what the engine asks of the device through the runtime and the op list.
 //
 // Trace: when the environment variable ENGINE_EMULATED_CUDA_TRACE names a file, one line
 // per event is appended to it:

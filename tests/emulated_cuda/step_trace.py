@@ -9,6 +9,8 @@ variant, and holds for two consecutive mid-epoch steps of each:
   * the allocations, device-to-host copies and synchronisations of a step;
   * the op arguments (op.arg) that differ between the two steps: each is a value that a
     replayed CUDA graph would freeze, so each must reach the device by another way.
+What a CUDA op does inside itself (its scratch, the chunked batch norm's host finish in
+kernels/cuda/chunk_ops.cu) is not seen: the emulated op is the CPU's.
 The numbers are the baseline as the engine is NOW: the GPU work (issue 40) is to drive
 the allocations, device-to-host copies, synchronisations and changed arguments to 0, and
 this test is updated as it does (docs/architecture.md, "A training step").
