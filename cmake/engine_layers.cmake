@@ -92,16 +92,32 @@ endfunction()
 # Kernels work on raw pointers and know no Tensor: the op list, its three
 # implementations, and the device runtime (memory, copies) the core types allocate through.
 set(_kernel_sources kernels/op_table.cpp kernels/ref/*.cpp kernels/cpu/*.cpp)
+# ENGINE_CUDA_EMULATION_SOURCE is for tests only (tests/emulated_cuda/, the emulated_cuda_*
+# tests): a file under the source root that replaces kernels/no_cuda.cpp in a build
+# without CUDA, e.g. an emulated CUDA device on host memory that traces what a CUDA step
+# asks for. Empty by default: a normal build (with or without CUDA) never uses it.
+set(ENGINE_CUDA_EMULATION_SOURCE "" CACHE FILEPATH
+  "Test only: replaces kernels/no_cuda.cpp in a build without CUDA (empty: no_cuda.cpp)")
+set(_kernel_no_cuda kernels/no_cuda.cpp)
+if(ENGINE_CUDA_EMULATION_SOURCE AND NOT ENGINE_WITH_CUDA)
+  file(RELATIVE_PATH _kernel_no_cuda ${PROJECT_SOURCE_DIR} ${ENGINE_CUDA_EMULATION_SOURCE})
+  if(_kernel_no_cuda MATCHES "^\\.\\./" OR NOT EXISTS ${PROJECT_SOURCE_DIR}/${_kernel_no_cuda})
+    message(FATAL_ERROR "ENGINE_CUDA_EMULATION_SOURCE: ${ENGINE_CUDA_EMULATION_SOURCE} is not a file under ${PROJECT_SOURCE_DIR}")
+  endif()
+  message(STATUS "engine: TEST BUILD, the CUDA runtime and ops are ${_kernel_no_cuda}")
+elseif(ENGINE_CUDA_EMULATION_SOURCE)
+  message(FATAL_ERROR "ENGINE_CUDA_EMULATION_SOURCE needs a build without CUDA (-DENGINE_CUDA=OFF)")
+endif()
 if(ENGINE_WITH_CUDA)
   list(APPEND _kernel_sources kernels/cuda/*.cu kernels/cuda/*.cpp)
 else()
-  list(APPEND _kernel_sources kernels/no_cuda.cpp)
+  list(APPEND _kernel_sources ${_kernel_no_cuda})
 endif()
 engine_layer(kernels
   SOURCES ${_kernel_sources}
   PREFIXES kernels=kernels)
 # The generated stubs keep the parameter names of the op list.
-set_source_files_properties(kernels/no_cuda.cpp kernels/op_table.cpp PROPERTIES COMPILE_OPTIONS -Wno-unused-parameter)
+set_source_files_properties(${_kernel_no_cuda} kernels/op_table.cpp PROPERTIES COMPILE_OPTIONS -Wno-unused-parameter)
 
 # Core types: tensors on a device, the state interface, named random streams. engine/core/collective/
 # (the Collective) belongs here too; its sources are chosen by cmake/engine_mpi.cmake

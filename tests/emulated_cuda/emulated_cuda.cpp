@@ -1,0 +1,366 @@
+// TEST ONLY: an emulated CUDA device, for the emulated_cuda_* tests (tests/CMakeLists.txt,
+// docs/testing.md). A drop-in replacement of kernels/no_cuda.cpp, chosen only by the CMake
+// cache variable ENGINE_CUDA_EMULATION_SOURCE in a build with ENGINE_CUDA=OFF; no normal
+// build compiles it.
+//
+// "The GPU" is host memory: built() is true, one device exists, alloc/free/copy/memset/
+// synchronize, pinned memory, stream marks and the casts work on host memory, and every
+// op of the op list (kernels/op_list.inc) is a forwarder that writes a trace line and runs
+// the CPU's op. So the engine's CUDA control flow (whole-batch ops with
+// cuda.batch_chunks=false, the loss scaler's flag read-back, the host-side finishing of
+// batch norm with batch_chunks=true, ...) runs, and its cost can be counted, without a GPU.
+//
+// What it emulates: the calls (which op, with which arguments, in which order) and the
+// device work around them (allocations, copies each way, synchronisations, memsets).
+// What it does not: the bits of the CUDA kernels. The Every ops run the CPU's op (cpu::);
+// the *_f16 ops run the fp32 CPU op of the same name without `_f16` (the emulation counts
+// work, it does not emulate fp16 arithmetic); tree_sum_parts(_f64) sum on the host in the
+// fixed tree order of kernels/chunk_tree.h, as kernels/cuda/chunk_ops.cu does. Only the
+// casts round as a GPU would (fp32 -> fp16 round-to-nearest-even, fp16 -> fp32 exact).
+// Streams do not exist: everything is done when it is called. Nor is what a CUDA op does
+// inside itself seen: its scratch buffers, and its own host round-trips (the chunked
+// batch norm's per-channel finish on the host, kernels/cuda/chunk_ops.cu, copies a few
+// per-channel vectors each way inside batchnorm_*_chunks); only reduce_sum's result,
+// which the op's contract returns to the host, is traced (`copy_d2h 8 result`). The
+// counts are of what the engine asks of the device through the runtime and the op list.
+//
+// Trace: when the environment variable ENGINE_EMULATED_CUDA_TRACE names a file, one line
+// per event is appended to it:
+//   op NAME arg=value ...   (pointers in hex; a chunked op's bounds as [b0,...,bchunks])
+//   alloc BYTES POINTER | copy_h2d BYTES | copy_d2h BYTES | copy_d2d BYTES | memset BYTES | sync
+//   copy_d2h BYTES result   (after an op that returns a value to the host: reduce_sum)
+// (pinned host memory: alloc_pinned BYTES, copy_d2h_async BYTES, mark, wait).
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/chunk_tree.h"
+#include "kernels/cuda/cast.h"
+#include "kernels/cuda/settings.h"
+#include "kernels/cuda_runtime.h"
+#include "kernels/ops.h"
+
+namespace engine::kernels::cuda {
+
+namespace {
+
+// ---- The trace ----------------------------------------------------------------------------
+
+std::mutex g_trace_mutex;
+
+std::FILE* trace_file() {
+  static std::FILE* f = [] {
+    const char* path = std::getenv("ENGINE_EMULATED_CUDA_TRACE");
+    return (path && *path) ? std::fopen(path, "a") : nullptr;
+  }();
+  return f;
+}
+
+void trace_line(const std::string& line) {
+  std::FILE* f = trace_file();
+  if (!f) return;
+  std::lock_guard<std::mutex> lock(g_trace_mutex);
+  std::fputs(line.c_str(), f);
+  std::fputc('\n', f);
+  std::fflush(f);
+}
+
+void trace_bytes(const char* event, std::size_t bytes) {
+  if (trace_file()) trace_line(std::string(event) + " " + std::to_string(bytes));
+}
+
+std::string hex(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+std::string describe(const void* p) { return hex(p); }
+std::string describe(int v) { return std::to_string(v); }
+std::string describe(long v) { return std::to_string(v); }
+std::string describe(unsigned long v) { return std::to_string(v); }
+std::string describe(float v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%a", static_cast<double>(v));
+  return buf;
+}
+std::string describe(const ConvShape& s) {
+  std::ostringstream o;
+  o << "conv{n=" << s.n << ",c=" << s.c << ",h=" << s.h << ",w=" << s.w << ",k=" << s.k << ",r=" << s.r
+    << ",s=" << s.s << ",pad=" << s.pad << "}";
+  return o.str();
+}
+std::string describe(const LinearShape& s) {
+  return "linear{n=" + std::to_string(s.n) + ",in=" + std::to_string(s.in) + ",out=" + std::to_string(s.out) + "}";
+}
+std::string describe(const BatchNormShape& s) {
+  return "bn{n=" + std::to_string(s.n) + ",c=" + std::to_string(s.c) + ",hw=" + std::to_string(s.hw) +
+         ",channels=" + std::to_string(s.c_begin) + ".." + std::to_string(s.c_end) + "}";
+}
+std::string describe(const PoolShape& s) {
+  return "pool{n=" + std::to_string(s.n) + ",c=" + std::to_string(s.c) + ",h=" + std::to_string(s.h) +
+         ",w=" + std::to_string(s.w) + "}";
+}
+std::string describe(const PhiloxStream& s) {
+  return "philox{" + std::to_string(s.seed) + "," + std::to_string(s.subsequence) + "}";
+}
+std::string describe(const AdamHyper& h) {
+  return "hyper{lr=" + describe(h.lr) + ",b1=" + describe(h.beta1) + ",b2=" + describe(h.beta2) +
+         ",eps=" + describe(h.eps) + ",wd=" + describe(h.weight_decay) + "}";
+}
+std::string describe(const AdamStepFactors& f) {
+  return "factors{" + describe(f.step_size) + "," + describe(f.bias_correction2_sqrt) + "," +
+         describe(f.decay_factor) + "," + describe(f.one_minus_beta1) + "," + describe(f.one_minus_beta2) + "}";
+}
+
+std::vector<std::string> split_names(const char* text) {  // "(s, x, w)" -> {s, x, w}
+  std::vector<std::string> out;
+  std::string cur;
+  for (const char* p = text; *p; ++p) {
+    if (*p == '(' || *p == ' ' || *p == '\n' || *p == '\\') continue;
+    if (*p == ',' || *p == ')') {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += *p;
+    }
+  }
+  return out;
+}
+
+// One `op` line. A chunked op's `bounds` is a host array read when the op is called: its
+// values, not its address, are what a replayed graph would keep.
+template <class... Args>
+void trace_op(const char* op, const char* arg_names, const Args&... args) {
+  if (!trace_file()) return;
+  const std::vector<std::string> names = split_names(arg_names);
+  std::vector<std::string> values = {describe(args)...};
+  int chunks = -1;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (names[i] == "chunks") chunks = std::stoi(values[i]);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (names[i] != "bounds" || chunks < 0) continue;
+    const int* bounds = reinterpret_cast<const int*>(std::stoull(values[i], nullptr, 16));
+    std::string v;
+    for (int c = 0; c <= chunks; ++c) v += (c ? "," : "[") + std::to_string(bounds[c]);
+    values[i] = v + "]";
+  }
+  std::string line = std::string("op ") + op;
+  for (std::size_t i = 0; i < names.size(); ++i) line += " " + names[i] + "=" + values[i];
+  trace_line(line);
+}
+
+// ---- fp16 on the host ------------------------------------------------------------------
+
+uint16_t f32_to_f16(float f) {  // round to nearest even; overflow gives +-inf; NaN stays NaN
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t exp = (x >> 23) & 0xffu;
+  uint32_t mant = x & 0x7fffffu;
+  if (exp == 0xffu) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u | (mant >> 13) : 0u));
+  const int e = static_cast<int>(exp) - 127 + 15;
+  if (e >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
+  if (e <= 0) {  // subnormal fp16 (or zero)
+    if (e < -10) return sign;
+    mant |= 0x800000u;  // the implicit bit
+    const int shift = 14 - e;  // 24-bit significand down to the fp16 subnormal grid
+    const uint32_t half = 1u << (shift - 1);
+    uint32_t q = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1);
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return static_cast<uint16_t>(sign | q);  // a carry into the exponent is correct
+  }
+  uint32_t q = (static_cast<uint32_t>(e) << 10) | (mant >> 13);
+  const uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) ++q;  // a carry may round up to inf: correct
+  return static_cast<uint16_t>(sign | q);
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  uint32_t x;
+  if (exp == 0x1fu) {
+    x = sign | 0x7f800000u | (mant << 13);
+  } else if (exp == 0) {
+    const float v = std::ldexp(static_cast<float>(mant), -24);
+    return sign ? -v : v;
+  } else {
+    x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+template <class T>
+void host_tree_sum_parts(int count, int64_t len, const T* parts, T* out) {
+  if (count != 1 && count != 2 && count != 4 && count != 8)
+    throw std::invalid_argument("tree_sum_parts: count must be 1, 2, 4 or 8, got " + std::to_string(count));
+  // Per element, pairwise in the order of tree_sum_in_place (kernels/chunk_tree.h), as
+  // the CUDA kernel sums each element's `count` parts.
+  for (int64_t j = 0; j < len; ++j) {
+    T v[8];
+    for (int r = 0; r < count; ++r) v[r] = parts[static_cast<int64_t>(r) * len + j];
+    tree_sum_in_place(v, count, 1, 1);
+    out[j] = v[0];
+  }
+}
+
+template <class R>
+void trace_result() {
+  if constexpr (!std::is_void_v<R>)
+    if (trace_file()) trace_line("copy_d2h " + std::to_string(sizeof(R)) + " result");
+}
+
+}  // namespace
+
+// ---- The runtime -------------------------------------------------------------------------
+
+bool built() { return true; }
+int device_count() { return 1; }
+std::string device_name(int index) { return index == 0 ? "emulated CUDA device (host memory, test only)" : ""; }
+void set_device(int index) {
+  if (index != 0) throw std::runtime_error("emulated CUDA: no device " + std::to_string(index));
+}
+void* alloc(std::size_t bytes) {
+  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  if (!p) throw std::bad_alloc();
+  if (trace_file()) trace_line("alloc " + std::to_string(bytes) + " " + hex(p));
+  return p;
+}
+void free(void* p) { std::free(p); }
+void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind) {
+  trace_bytes(kind == CopyKind::HostToDevice   ? "copy_h2d"
+              : kind == CopyKind::DeviceToHost ? "copy_d2h"
+                                               : "copy_d2d",
+              bytes);
+  if (bytes) std::memmove(dst, src, bytes);
+}
+void memset_zero(void* p, std::size_t bytes) {
+  trace_bytes("memset", bytes);
+  if (bytes) std::memset(p, 0, bytes);
+}
+void synchronize() {
+  if (trace_file()) trace_line("sync");
+}
+void* alloc_pinned_host(std::size_t bytes) {
+  trace_bytes("alloc_pinned", bytes);
+  // Page-aligned, as cudaHostAlloc's memory is (the async save wraps it as tensors).
+  void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096 + 4096);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+void free_pinned_host(void* p) { std::free(p); }
+void copy_to_pinned_host_async(void* dst, const void* src, std::size_t bytes) {
+  trace_bytes("copy_d2h_async", bytes);
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+StreamMark mark_stream() {
+  if (trace_file()) trace_line("mark");
+  return std::make_shared<int>(0);  // the work before it is already done
+}
+void wait_for(const StreamMark& mark) {
+  if (mark && trace_file()) trace_line("wait");
+}
+void* compute_stream() {
+  static int stream = 0;
+  return &stream;
+}
+BackendVersions backend_versions() {
+  BackendVersions v;
+  v.runtime = "emulated";
+  return v;
+}
+
+// As kernels/no_cuda.cpp: the settings are kept.
+static bool g_deterministic = true;
+void set_deterministic(bool on) { g_deterministic = on; }
+bool deterministic() { return g_deterministic; }
+static bool g_batch_chunks = false;  // the config default (cuda.batch_chunks)
+void set_batch_chunks(bool on) { g_batch_chunks = on; }
+bool batch_chunks() { return g_batch_chunks; }
+
+void cast_f32_to_f16(int64_t n, const float* in, void* out) {
+  trace_op("cast_f32_to_f16", "(n, in, out)", n, static_cast<const void*>(in), static_cast<const void*>(out));
+  uint16_t* o = static_cast<uint16_t*>(out);
+  for (int64_t i = 0; i < n; ++i) o[i] = f32_to_f16(in[i]);
+}
+void cast_f16_to_f32(int64_t n, const void* in, float* out) {
+  trace_op("cast_f16_to_f32", "(n, in, out)", n, in, static_cast<const void*>(out));
+  const uint16_t* h = static_cast<const uint16_t*>(in);
+  for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(h[i]);
+}
+
+// ---- The ops: trace, then the CPU's op --------------------------------------------------
+
+// The CPU op each op runs: cpu::name for the Every ops; for the CudaOnly ops, below.
+#define ENGINE_EMU_RUN_Every(name, args) return cpu::name args;
+#define ENGINE_EMU_RUN_CudaOnly(name, args) return emulated_##name args;
+
+namespace {
+void emulated_conv2d_forward_f16(const ConvShape& s, const float* x, const float* w, const float* b, float* y) {
+  cpu::conv2d_forward(s, x, w, b, y);
+}
+void emulated_conv2d_backward_f16(const ConvShape& s, const float* x, const float* w, const float* dy, float* dx,
+                                  float* dw, float* db) {
+  cpu::conv2d_backward(s, x, w, dy, dx, dw, db);
+}
+void emulated_linear_forward_f16(const LinearShape& s, const float* x, const float* w, const float* b, float* y) {
+  cpu::linear_forward(s, x, w, b, y);
+}
+void emulated_linear_backward_f16(const LinearShape& s, const float* x, const float* w, const float* dy,
+                                  float* dx, float* dw, float* db) {
+  cpu::linear_backward(s, x, w, dy, dx, dw, db);
+}
+void emulated_conv2d_forward_chunks_f16(const ConvShape& s, int chunks, const int* bounds, const float* x,
+                                        const float* w, const float* b, float* y) {
+  cpu::conv2d_forward_chunks(s, chunks, bounds, x, w, b, y);
+}
+void emulated_linear_forward_chunks_f16(const LinearShape& s, int chunks, const int* bounds, const float* x,
+                                        const float* w, const float* b, float* y) {
+  cpu::linear_forward_chunks(s, chunks, bounds, x, w, b, y);
+}
+void emulated_conv2d_backward_chunks_f16(const ConvShape& s, int chunks, const int* bounds, const float* x,
+                                         const float* w, const float* dy, float* dx, float* dw_tree,
+                                         double* db_tree) {
+  cpu::conv2d_backward_chunks(s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
+}
+void emulated_linear_backward_chunks_f16(const LinearShape& s, int chunks, const int* bounds, const float* x,
+                                         const float* w, const float* dy, float* dx, float* dw_tree,
+                                         double* db_tree) {
+  cpu::linear_backward_chunks(s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
+}
+void emulated_tree_sum_parts(int count, int64_t len, const float* parts, float* out) {
+  host_tree_sum_parts(count, len, parts, out);
+}
+void emulated_tree_sum_parts_f64(int count, int64_t len, const double* parts, double* out) {
+  host_tree_sum_parts(count, len, parts, out);
+}
+}  // namespace
+
+// An op that returns a value (reduce_sum) reads it back to the host on a GPU: a
+// device-to-host copy, traced after the op as `copy_d2h BYTES result`.
+#define ENGINE_OP(name, batch, precision, backends, ret, params, args)                      \
+  ret name params {                                                                         \
+    trace_op(#name, #args, ENGINE_EMU_UNPACK args);                                         \
+    trace_result<ret>();                                                                    \
+    ENGINE_EMU_RUN_##backends(name, args)                                                   \
+  }
+#define ENGINE_EMU_UNPACK(...) __VA_ARGS__
+#include "kernels/op_list.inc"
+#undef ENGINE_OP
+#undef ENGINE_EMU_UNPACK
+#undef ENGINE_EMU_RUN_Every
+#undef ENGINE_EMU_RUN_CudaOnly
+
+}  // namespace engine::kernels::cuda

@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""emulated_cuda_step: what a CUDA training step costs, held without a GPU.
+
+Trains configs/mnist.json with --device cuda on the emulated-CUDA CLI (the fixture
+emulated_cuda_build: tests/emulated_cuda/emulated_cuda.cpp, an emulated device on host
+memory that writes one trace line per op, allocation, copy and synchronisation), once per
+variant, and holds for two consecutive mid-epoch steps of each:
+  * the ops of a step, in order;
+  * the allocations, device-to-host copies and synchronisations of a step;
+  * the op arguments (op.arg) that differ between the two steps: each is a value that a
+    replayed CUDA graph would freeze, so each must reach the device by another way.
+What a CUDA op does inside itself (its scratch, the chunked batch norm's host finish in
+kernels/cuda/chunk_ops.cu) is not seen: the emulated op is the CPU's.
+The numbers are the baseline as the engine is NOW: the GPU work (issue 40) is to drive
+the allocations, device-to-host copies, synchronisations and changed arguments to 0, and
+this test is updated as it does (docs/architecture.md, "A training step").
+
+Then: the emulated run's last.h5 evaluates on the CPU, and `engine diff` compares an
+emulated cuda.batch_chunks=true run with a CPU run of the same config (printed, not held:
+on a GPU the bits differ; on the emulation the ops are the CPU's).
+
+  step_trace.py ENGINE_BIN CONFIG TMP_DIR        exit 0 pass, 1 fail, 77 no data set
+"""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+engine, config, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
+data_dir = os.environ.get("ENGINE_DATA_DIR", "/usr/share/datasets/fashion-mnist")
+if not any(os.path.exists(os.path.join(data_dir, f)) for f in ("train-images-idx3-ubyte.gz", "train-images-idx3-ubyte")):
+    print(f"Fashion-MNIST not found in {data_dir}: skipped")
+    sys.exit(77)
+if not os.access(engine, os.X_OK):
+    print(f"{engine}: no emulated-CUDA CLI (the fixture emulated_cuda_build builds it)")
+    sys.exit(1)
+
+# 512 training images in batches of 64: 8 steps; steps 3 and 4 are mid-epoch.
+COMMON = ["--set", f"data.dir={data_dir}", "--set", "data.train_limit=512", "--set", "data.val_split=256",
+          "--set", "data.test_limit=256", "--set", "data.batch_size=64", "--set", "train.epochs=1"]
+FIRST, SECOND = 3, 4  # 1-based steps of the epoch
+
+# ---- The baseline: what a step costs now (to be driven to 0 by the GPU work) ---------------
+
+FWD_WHOLE = ["gather_batch",
+             "conv2d_forward", "batchnorm_forward_train", "maxpool2x2_forward", "relu_forward",
+             "conv2d_forward", "batchnorm_forward_train", "maxpool2x2_forward", "relu_forward",
+             "linear_forward", "relu_forward", "dropout_forward", "linear_forward",
+             "cross_entropy"]
+BWD_WHOLE = ["linear_backward", "dropout_backward", "relu_backward", "linear_backward",
+             "relu_backward", "maxpool2x2_backward", "batchnorm_backward", "conv2d_backward",
+             "relu_backward", "maxpool2x2_backward", "batchnorm_backward", "conv2d_backward"]
+ADAM = ["adam_update"] * 12
+
+UNSCALE = ["unscale_check"] * 12
+
+
+def rename(ops, chunks, f16):
+    out = []
+    for op in ops:
+        if op.startswith(("conv2d_", "linear_")):
+            op += ("_chunks" if chunks else "") + ("_f16" if f16 else "")
+        elif op.startswith("batchnorm_") and chunks:
+            op += "_chunks"
+        out.append(op)
+    return out
+
+
+# Every variant: the indices of the batch (gather), the dropout counter, Adam's per-step
+# factors and the loss buffer's position change from step to step.
+PER_STEP = ["adam_update.f", "cross_entropy.sample_loss", "dropout_forward.offset", "gather_batch.indices"]
+# cuda.batch_chunks=true: each of the 4 conv/linear backward ops allocates its bias
+# gradient's double tree (db_tree), reads it back (d2h, a wait for the GPU) and copies the
+# rounded bias gradient up again (h2d): 4 allocations, 4 d2h, 4 h2d a step.
+CHUNK_BIAS = ["conv2d_backward_chunks{}.db_tree", "linear_backward_chunks{}.db_tree"]
+# precision fp16: the loss scaler zeroes its found_inf flag (memset) and reads it back
+# (engine/nn/scaler.cpp): 1 d2h a step, the step's only wait in the whole-batch variant.
+EXPECTED = {
+    "fp32 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, False) + ADAM,
+                         "allocs": 0, "d2h": 0, "syncs": 0, "changed": PER_STEP},
+    "fp32 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, False) + ADAM,
+                          "allocs": 4, "d2h": 4, "syncs": 0,
+                          "changed": PER_STEP + [c.format("") for c in CHUNK_BIAS]},
+    "fp16 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, True) + UNSCALE + ADAM,
+                         "allocs": 0, "d2h": 1, "syncs": 0, "changed": PER_STEP},
+    "fp16 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, True) + UNSCALE + ADAM,
+                          "allocs": 4, "d2h": 5, "syncs": 0,
+                          "changed": PER_STEP + [c.format("_f16") for c in CHUNK_BIAS]},
+}
+
+VARIANTS = [
+    ("fp32 whole batch", ["--set", "cuda.batch_chunks=false"]),
+    ("fp32 batch chunks", ["--set", "cuda.batch_chunks=true"]),
+    ("fp16 whole batch", ["--set", "cuda.batch_chunks=false", "--set", "precision.mode=fp16"]),
+    ("fp16 batch chunks", ["--set", "cuda.batch_chunks=true", "--set", "precision.mode=fp16"]),
+]
+
+
+def run(args, env=None, check=True):
+    t0 = time.time()
+    p = subprocess.run([engine] + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if check and p.returncode != 0:
+        print(f"FAILED ({p.returncode}): engine {' '.join(args)}\n{p.stdout[-4000:]}")
+        sys.exit(1)
+    return p, time.time() - t0
+
+
+def parse(path):
+    """The trace as steps: each from an `op gather_batch` up to the next one."""
+    steps, cur = [], None
+    with open(path) as f:
+        for line in f:
+            words = line.split()
+            if not words:
+                continue
+            if words[0] == "op" and words[1] == "gather_batch":
+                cur = []
+                steps.append(cur)
+            if cur is not None:
+                cur.append(words)
+    return steps
+
+
+def strip_progress(step):
+    """The step without fit()'s progress read: a reduce_sum of the epoch's losses so far
+    (and its result's copy) after the step's last adam_update, done when 200 ms have
+    passed since the last one (engine/train/run_loop.cpp): timing, not the step. Returns
+    the step and the number of progress reads taken out."""
+    last_adam = max((i for i, w in enumerate(step) if w[:2] == ["op", "adam_update"]), default=-1)
+    out, reads, skip_result = [], 0, False
+    for i, w in enumerate(step):
+        if i > last_adam and w[:2] == ["op", "reduce_sum"]:
+            reads += 1
+            skip_result = True
+            continue
+        if skip_result and w[0] == "copy_d2h" and w[-1] == "result":
+            skip_result = False
+            continue
+        out.append(w)
+    return out, reads
+
+
+def summary(step):
+    ops = [w[1] for w in step if w[0] == "op"]
+    count = lambda kind: sum(1 for w in step if w[0] == kind)
+    return {"ops": ops, "allocs": count("alloc"), "h2d": count("copy_h2d"), "d2h": count("copy_d2h"),
+            "syncs": count("sync"), "memsets": count("memset")}
+
+
+def changed_args(a, b):
+    opa = [w for w in a if w[0] == "op"]
+    opb = [w for w in b if w[0] == "op"]
+    if [w[1] for w in opa] != [w[1] for w in opb]:
+        return None
+    # A pointer to memory allocated during the step counts as changed whatever its
+    # address (the allocator may or may not hand out the same block again): a graph
+    # would freeze it.
+    fresh_a = {w[2] for w in a if w[0] == "alloc" and len(w) > 2}
+    fresh_b = {w[2] for w in b if w[0] == "alloc" and len(w) > 2}
+    out = set()
+    for x, y in zip(opa, opb):
+        for ax, ay in zip(x[2:], y[2:]):
+            va, vb = ax.split("=", 1)[1], ay.split("=", 1)[1]
+            if ax != ay or va in fresh_a or vb in fresh_b:
+                out.add(x[1] + "." + ax.split("=", 1)[0])
+    return sorted(out)
+
+
+failures = []
+rows = []
+shutil.rmtree(tmp, ignore_errors=True)
+os.makedirs(tmp)
+for name, extra in VARIANTS:
+    tag = name.replace(" ", "_")
+    trace = os.path.join(tmp, tag + ".trace")
+    run_dir = os.path.join(tmp, tag)
+    env = dict(os.environ, ENGINE_EMULATED_CUDA_TRACE=trace)
+    _, secs = run(["train", config, "--device", "cuda", "--run-dir", run_dir] + COMMON + extra, env=env)
+    steps = parse(trace)
+    if len(steps) < SECOND:
+        failures.append(f"{name}: only {len(steps)} steps in the trace")
+        continue
+    (a, ra), (b, rb) = strip_progress(steps[FIRST - 1]), strip_progress(steps[SECOND - 1])
+    sa, sb = summary(a), summary(b)
+    ch = changed_args(a, b)
+    print(f"== {name} ({secs:.1f} s): step {FIRST}, {len(sa['ops'])} ops:")
+    print("   " + " ".join(sa["ops"]))
+    print(f"   allocs {sa['allocs']}, h2d {sa['h2d']}, d2h {sa['d2h']}, syncs {sa['syncs']}, memsets {sa['memsets']}")
+    print(f"   changed between steps {FIRST} and {SECOND}: {ch}")
+    print(f"   (progress reads taken out, timing-dependent: {ra} and {rb})")
+    for line in a:
+        if line[0] != "op":
+            print("     " + " ".join(line))
+    rows.append((name, len(sa["ops"]), sa["allocs"], sa["h2d"], sa["d2h"], sa["syncs"], sa["memsets"],
+                 ", ".join(ch or ["(op sequences differ)"])))
+    exp = EXPECTED.get(name)
+    if exp is None:
+        failures.append(f"{name}: no expectation written")
+        continue
+    for s, label in ((sa, FIRST), (sb, SECOND)):
+        for key in ("ops", "allocs", "d2h", "syncs"):
+            if s[key] != exp[key]:
+                failures.append(f"{name}: step {label} {key}: {s[key]} != expected {exp[key]}")
+    if ch != sorted(exp["changed"]):
+        failures.append(f"{name}: changed args {ch} != expected {sorted(exp['changed'])}")
+    # The emulated run's checkpoint is an ordinary checkpoint: it evaluates on the CPU.
+    p, _ = run(["eval", os.path.join(run_dir, "last.h5"), "--device", "cpu", "--data-dir", data_dir], check=False)
+    if p.returncode != 0:
+        failures.append(f"{name}: engine eval last.h5 --device cpu failed:\n{p.stdout[-2000:]}")
+
+print("\n| variant | ops | allocs | h2d | d2h | syncs | memsets | args changed between steps |")
+print("|---|---|---|---|---|---|---|---|")
+for r in rows:
+    print("| " + " | ".join(str(x) for x in r) + " |")
+
+# An emulated cuda.batch_chunks=true run against a CPU run of the same config.
+cpu_dir = os.path.join(tmp, "cpu")
+run(["train", config, "--device", "cpu", "--run-dir", cpu_dir] + COMMON)
+p, _ = run(["diff", os.path.join(tmp, "fp32_batch_chunks", "last.h5"), os.path.join(cpu_dir, "last.h5")], check=False)
+verdict = "identical" if p.returncode == 0 else "different"
+print(f"\nengine diff (emulated cuda, batch_chunks=true) vs (cpu): exit {p.returncode}, {verdict}")
+print("\n".join(p.stdout.strip().splitlines()[-15:]))
+
+if failures:
+    print("\nFAILED:\n  " + "\n  ".join(failures))
+    sys.exit(1)
+print("\nemulated_cuda_step: passed")
