@@ -13,10 +13,11 @@
 // What it emulates: the calls (which op, with which arguments, in which order) and the
 // device work around them (allocations, copies each way, synchronisations, memsets).
 // What it does not: the bits of the CUDA kernels. The Every ops run the CPU's op (cpu::);
-// the *_f16 ops run the fp32 CPU op of the same name without `_f16` (the emulation counts
-// work, it does not emulate fp16 arithmetic); tree_sum_parts(_f64) sum on the host in the
+// the whole-batch *_f16 ops their reference (ref::, which rounds operands and results as
+// the CUDA ops do); the chunked *_f16 ops the fp32 CPU op of the same name without `_f16`
+// (counted work, not fp16 arithmetic); tree_sum_parts(_f64) sum on the host in the
 // fixed tree order of kernels/chunk_tree.h, as kernels/cuda/chunk_ops.cu does. Only the
-// casts round as a GPU would (fp32 -> fp16 round-to-nearest-even, fp16 -> fp32 exact).
+// casts round as a GPU would (kernels/fp16_math.h: round to nearest even; widening exact).
 // Streams do not exist: everything is done when it is called. Nor is what a CUDA op does
 // inside itself seen: its scratch buffers, and its own host round-trips (the chunked
 // batch norm's per-channel finish on the host, kernels/cuda/chunk_ops.cu, copies a few
@@ -46,6 +47,7 @@
 #include "kernels/cuda/cast.h"
 #include "kernels/cuda/settings.h"
 #include "kernels/cuda_runtime.h"
+#include "kernels/fp16_math.h"
 #include "kernels/ops.h"
 
 namespace engine::kernels::cuda {
@@ -159,49 +161,6 @@ void trace_op(const char* op, const char* arg_names, const Args&... args) {
 
 // ---- fp16 on the host ------------------------------------------------------------------
 
-uint16_t f32_to_f16(float f) {  // round to nearest even; overflow gives +-inf; NaN stays NaN
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  const uint32_t exp = (x >> 23) & 0xffu;
-  uint32_t mant = x & 0x7fffffu;
-  if (exp == 0xffu) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u | (mant >> 13) : 0u));
-  const int e = static_cast<int>(exp) - 127 + 15;
-  if (e >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
-  if (e <= 0) {  // subnormal fp16 (or zero)
-    if (e < -10) return sign;
-    mant |= 0x800000u;  // the implicit bit
-    const int shift = 14 - e;  // 24-bit significand down to the fp16 subnormal grid
-    const uint32_t half = 1u << (shift - 1);
-    uint32_t q = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1);
-    if (rem > half || (rem == half && (q & 1u))) ++q;
-    return static_cast<uint16_t>(sign | q);  // a carry into the exponent is correct
-  }
-  uint32_t q = (static_cast<uint32_t>(e) << 10) | (mant >> 13);
-  const uint32_t rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) ++q;  // a carry may round up to inf: correct
-  return static_cast<uint16_t>(sign | q);
-}
-
-float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t mant = h & 0x3ffu;
-  uint32_t x;
-  if (exp == 0x1fu) {
-    x = sign | 0x7f800000u | (mant << 13);
-  } else if (exp == 0) {
-    const float v = std::ldexp(static_cast<float>(mant), -24);
-    return sign ? -v : v;
-  } else {
-    x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-
 template <class T>
 void host_tree_sum_parts(int count, int64_t len, const T* parts, T* out) {
   if (count != 1 && count != 2 && count != 4 && count != 8)
@@ -293,12 +252,12 @@ bool batch_chunks() { return g_batch_chunks; }
 void cast_f32_to_f16(int64_t n, const float* in, void* out) {
   trace_op("cast_f32_to_f16", "(n, in, out)", n, static_cast<const void*>(in), static_cast<const void*>(out));
   uint16_t* o = static_cast<uint16_t*>(out);
-  for (int64_t i = 0; i < n; ++i) o[i] = f32_to_f16(in[i]);
+  for (int64_t i = 0; i < n; ++i) o[i] = f16_bits_from_f32(in[i]);
 }
 void cast_f16_to_f32(int64_t n, const void* in, float* out) {
   trace_op("cast_f16_to_f32", "(n, in, out)", n, in, static_cast<const void*>(out));
   const uint16_t* h = static_cast<const uint16_t*>(in);
-  for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(h[i]);
+  for (int64_t i = 0; i < n; ++i) out[i] = f32_from_f16_bits(h[i]);
 }
 
 // ---- The ops: trace, then the CPU's op --------------------------------------------------
@@ -306,22 +265,11 @@ void cast_f16_to_f32(int64_t n, const void* in, float* out) {
 // The CPU op each op runs: cpu::name for the Every ops; for the CudaOnly ops, below.
 #define ENGINE_EMU_RUN_Every(name, args) return cpu::name args;
 #define ENGINE_EMU_RUN_CudaOnly(name, args) return emulated_##name args;
+// The whole-batch fp16 ops run their reference (kernels/ref/mixed_precision.cpp), which
+// rounds as the CUDA ops do.
+#define ENGINE_EMU_RUN_RefCuda(name, args) return ref::name args;
 
 namespace {
-void emulated_conv2d_forward_f16(const ConvShape& s, const float* x, const float* w, const float* b, float* y) {
-  cpu::conv2d_forward(s, x, w, b, y);
-}
-void emulated_conv2d_backward_f16(const ConvShape& s, const float* x, const float* w, const float* dy, float* dx,
-                                  float* dw, float* db) {
-  cpu::conv2d_backward(s, x, w, dy, dx, dw, db);
-}
-void emulated_linear_forward_f16(const LinearShape& s, const float* x, const float* w, const float* b, float* y) {
-  cpu::linear_forward(s, x, w, b, y);
-}
-void emulated_linear_backward_f16(const LinearShape& s, const float* x, const float* w, const float* dy,
-                                  float* dx, float* dw, float* db) {
-  cpu::linear_backward(s, x, w, dy, dx, dw, db);
-}
 void emulated_conv2d_forward_chunks_f16(const ConvShape& s, int chunks, const int* bounds, const float* x,
                                         const float* w, const float* b, float* y) {
   cpu::conv2d_forward_chunks(s, chunks, bounds, x, w, b, y);
@@ -362,5 +310,6 @@ void emulated_tree_sum_parts_f64(int count, int64_t len, const double* parts, do
 #undef ENGINE_EMU_UNPACK
 #undef ENGINE_EMU_RUN_Every
 #undef ENGINE_EMU_RUN_CudaOnly
+#undef ENGINE_EMU_RUN_RefCuda
 
 }  // namespace engine::kernels::cuda
