@@ -42,7 +42,10 @@ within() { awk -v s="$1" -v bound="$2" 'BEGIN { exit !(s <= bound) }'; }
 rank_pid() {
   local p
   for p in $(pgrep -P "$1"); do
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo "$p"; return; fi
+    # grep -z reads the NUL-separated file itself: a pipe from tr would die of SIGPIPE when
+    # grep -q stops early, which pipefail turns into "no match" (an environment over one
+    # pipe write made this test fail at random).
+    if grep -qxz "OMPI_COMM_WORLD_RANK=$2" "/proc/$p/environ" 2>/dev/null; then echo "$p"; return; fi
   done
   fail "no process of rank $2 under mpirun $1"
 }
