@@ -9,10 +9,8 @@
 // Recording changes no bit: a traced trainer's state equals an untraced one's.
 #include <doctest/doctest.h>
 
-#include <cstdio>
 #include <map>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -21,6 +19,7 @@
 #include "engine/train/model_factory.h"
 #include "engine/train/trainer.h"
 #include "kernels/op_table.h"
+#include "support/op_call.h"
 
 using namespace engine;
 using namespace engine::kernels;
@@ -29,104 +28,21 @@ namespace {
 
 // ---- The recording table --------------------------------------------------------------------
 
-struct Call {
-  std::string op;
-  std::vector<std::string> names, values;
-};
+using test_support::OpCall;
 
-std::vector<Call>* g_log = nullptr;
-
-std::string hex(const void* p) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%p", p);
-  return buf;
-}
-std::string describe(const void* p) { return hex(p); }
-std::string describe(int v) { return std::to_string(v); }
-std::string describe(long v) { return std::to_string(v); }
-std::string describe(long long v) { return std::to_string(v); }
-std::string describe(unsigned long v) { return std::to_string(v); }
-std::string describe(unsigned long long v) { return std::to_string(v); }
-std::string describe(float v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%a", static_cast<double>(v));
-  return buf;
-}
-std::string describe(const ConvShape& s) {
-  std::ostringstream o;
-  o << "conv{n=" << s.n << " c=" << s.c << " h=" << s.h << " w=" << s.w << " k=" << s.k << " r=" << s.r
-    << " s=" << s.s << " pad=" << s.pad << "}";
-  return o.str();
-}
-std::string describe(const LinearShape& s) {
-  return "linear{n=" + std::to_string(s.n) + " in=" + std::to_string(s.in) + " out=" + std::to_string(s.out) + "}";
-}
-std::string describe(const BatchNormShape& s) {
-  return "bn{n=" + std::to_string(s.n) + " c=" + std::to_string(s.c) + " hw=" + std::to_string(s.hw) +
-         " channels=" + std::to_string(s.c_begin) + ".." + std::to_string(s.c_end) + "}";
-}
-std::string describe(const PoolShape& s) {
-  return "pool{n=" + std::to_string(s.n) + " c=" + std::to_string(s.c) + " h=" + std::to_string(s.h) +
-         " w=" + std::to_string(s.w) + "}";
-}
-std::string describe(const PhiloxStream& s) {
-  return "philox{" + std::to_string(s.seed) + "," + std::to_string(s.subsequence) + "}";
-}
-std::string describe(const AdamHyper& h) {
-  return "hyper{lr=" + describe(h.lr) + " b1=" + describe(h.beta1) + " b2=" + describe(h.beta2) +
-         " eps=" + describe(h.eps) + " wd=" + describe(h.weight_decay) + "}";
-}
-std::string describe(const AdamStepFactors& f) {
-  return "factors{" + describe(f.step_size) + "," + describe(f.bias_correction2_sqrt) + "," +
-         describe(f.decay_factor) + "," + describe(f.one_minus_beta1) + "," + describe(f.one_minus_beta2) + "}";
-}
-
-template <class... Args>
-std::vector<std::string> describe_all(const Args&... args) {
-  return {describe(args)...};
-}
-
-std::vector<std::string> split_names(const char* text) {  // "(s, x, w)" -> {s, x, w}
-  std::vector<std::string> out;
-  std::string cur;
-  for (const char* p = text; *p; ++p) {
-    if (*p == '(' || *p == ' ') continue;
-    if (*p == ',' || *p == ')') {
-      out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += *p;
-    }
-  }
-  return out;
-}
-
-void record(const char* op, const char* arg_names, std::vector<std::string> values) {
-  if (!g_log) return;
-  Call call{op, split_names(arg_names), std::move(values)};
-  // A chunked op's `bounds` is a host array read when the op is called: what a graph
-  // would keep is its values, not its address.
-  int chunks = -1;
-  for (std::size_t i = 0; i < call.names.size(); ++i)
-    if (call.names[i] == "chunks") chunks = std::stoi(call.values[i]);
-  for (std::size_t i = 0; i < call.names.size(); ++i) {
-    if (call.names[i] != "bounds" || chunks < 0) continue;
-    const int* bounds = reinterpret_cast<const int*>(std::stoull(call.values[i], nullptr, 16));
-    std::string v;
-    for (int c = 0; c <= chunks; ++c) v += (c ? "," : "[") + std::to_string(bounds[c]);
-    call.values[i] = v + "]";
-  }
-  g_log->push_back(std::move(call));
-}
+std::vector<OpCall>* g_log = nullptr;
 
 namespace recording {
-#define ENGINE_OP(name, batch, precision, backends, ret, params, args) \
-  ret name params {                                                    \
-    record(#name, #args, describe_all args);                           \
-    return builtin_cpu_ops().name args;                                \
+#define ENGINE_TRACE_UNPACK(...) __VA_ARGS__
+#define ENGINE_OP(name, batch, precision, backends, ret, params, args)                       \
+  ret name params {                                                                          \
+    if (g_log)                                                                               \
+      g_log->push_back(test_support::describe_call(#name, #args, ENGINE_TRACE_UNPACK args)); \
+    return builtin_cpu_ops().name args;                                                      \
   }
 #include "kernels/op_list.inc"
 #undef ENGINE_OP
+#undef ENGINE_TRACE_UNPACK
 }  // namespace recording
 
 const OpTable kRecording{
@@ -146,8 +62,8 @@ class Recorder {
   }
   // The ops of one call of `f`, and the device work it asked for.
   template <class F>
-  std::vector<Call> record_calls(F f, DeviceActivity* activity) {
-    std::vector<Call> log;
+  std::vector<OpCall> record_calls(F f, DeviceActivity* activity) {
+    std::vector<OpCall> log;
     const DeviceActivity before = device_activity();
     g_log = &log;
     f();
@@ -172,9 +88,9 @@ std::string joined(const List& list) {
   return out;
 }
 
-std::string op_names(const std::vector<Call>& calls) {
+std::string op_names(const std::vector<OpCall>& calls) {
   std::vector<std::string> out;
-  for (const Call& c : calls) out.push_back(c.op);
+  for (const OpCall& c : calls) out.push_back(c.op);
   return joined(out);
 }
 
@@ -227,8 +143,8 @@ TEST_CASE("a CPU training step, op by op: what it launches and what changes betw
   Recorder recorder;
   DeviceActivity a2, a3;
   StepResult r2, r3;
-  const std::vector<Call> step2 = recorder.record_calls([&] { r2 = traced.train_step(); }, &a2);
-  const std::vector<Call> step3 = recorder.record_calls([&] { r3 = traced.train_step(); }, &a3);
+  const std::vector<OpCall> step2 = recorder.record_calls([&] { r2 = traced.train_step(); }, &a2);
+  const std::vector<OpCall> step3 = recorder.record_calls([&] { r3 = traced.train_step(); }, &a3);
 
   SUBCASE("the ops of a step") {
     CHECK(op_names(step2) == joined(kStepOps));
@@ -250,7 +166,7 @@ TEST_CASE("a CPU training step, op by op: what it launches and what changes betw
     REQUIRE(step2.size() == step3.size());
     std::set<std::string> changed;
     for (std::size_t i = 0; i < step2.size(); ++i) {
-      const Call &a = step2[i], &b = step3[i];
+      const OpCall &a = step2[i], &b = step3[i];
       REQUIRE(a.names == b.names);
       for (std::size_t j = 0; j < a.values.size(); ++j)
         if (a.values[j] != b.values[j]) changed.insert(a.op + "." + a.names[j]);
@@ -280,12 +196,12 @@ TEST_CASE("the recording table is the op list, forwarding to the CPU's ops") {
   DeviceActivity activity;
   const float x[4] = {-1.0f, 0.5f, -0.0f, 3.0f};
   float y[4] = {};
-  const std::vector<Call> calls = recorder.record_calls([&] { cpu_ops().relu_forward(4, x, y); }, &activity);
+  const std::vector<OpCall> calls = recorder.record_calls([&] { cpu_ops().relu_forward(4, x, y); }, &activity);
   REQUIRE(calls.size() == 1);
   CHECK(calls[0].op == "relu_forward");
   CHECK(calls[0].names == std::vector<std::string>{"n", "x", "y"});
   CHECK(calls[0].values[0] == "4");
-  CHECK(calls[0].values[1] == hex(x));
+  CHECK(calls[0].values[1] == test_support::hex(x));
   CHECK(y[1] == 0.5f);
   CHECK(y[3] == 3.0f);
   CHECK(std::string(cpu_ops().backend) == "recording");

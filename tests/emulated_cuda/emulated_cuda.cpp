@@ -37,7 +37,6 @@
 #include <cstring>
 #include <mutex>
 #include <new>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -49,6 +48,8 @@
 #include "kernels/cuda_runtime.h"
 #include "kernels/fp16_math.h"
 #include "kernels/ops.h"
+// Test support, by its path from here: this file is compiled in the kernels layer.
+#include "../support/op_call.h"
 
 namespace engine::kernels::cuda {
 
@@ -79,83 +80,13 @@ void trace_bytes(const char* event, std::size_t bytes) {
   if (trace_file()) trace_line(std::string(event) + " " + std::to_string(bytes));
 }
 
-std::string hex(const void* p) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%p", p);
-  return buf;
-}
-std::string describe(const void* p) { return hex(p); }
-std::string describe(int v) { return std::to_string(v); }
-std::string describe(long v) { return std::to_string(v); }
-std::string describe(unsigned long v) { return std::to_string(v); }
-std::string describe(float v) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%a", static_cast<double>(v));
-  return buf;
-}
-std::string describe(const ConvShape& s) {
-  std::ostringstream o;
-  o << "conv{n=" << s.n << ",c=" << s.c << ",h=" << s.h << ",w=" << s.w << ",k=" << s.k << ",r=" << s.r
-    << ",s=" << s.s << ",pad=" << s.pad << "}";
-  return o.str();
-}
-std::string describe(const LinearShape& s) {
-  return "linear{n=" + std::to_string(s.n) + ",in=" + std::to_string(s.in) + ",out=" + std::to_string(s.out) + "}";
-}
-std::string describe(const BatchNormShape& s) {
-  return "bn{n=" + std::to_string(s.n) + ",c=" + std::to_string(s.c) + ",hw=" + std::to_string(s.hw) +
-         ",channels=" + std::to_string(s.c_begin) + ".." + std::to_string(s.c_end) + "}";
-}
-std::string describe(const PoolShape& s) {
-  return "pool{n=" + std::to_string(s.n) + ",c=" + std::to_string(s.c) + ",h=" + std::to_string(s.h) +
-         ",w=" + std::to_string(s.w) + "}";
-}
-std::string describe(const PhiloxStream& s) {
-  return "philox{" + std::to_string(s.seed) + "," + std::to_string(s.subsequence) + "}";
-}
-std::string describe(const AdamHyper& h) {
-  return "hyper{lr=" + describe(h.lr) + ",b1=" + describe(h.beta1) + ",b2=" + describe(h.beta2) +
-         ",eps=" + describe(h.eps) + ",wd=" + describe(h.weight_decay) + "}";
-}
-std::string describe(const AdamStepFactors& f) {
-  return "factors{" + describe(f.step_size) + "," + describe(f.bias_correction2_sqrt) + "," +
-         describe(f.decay_factor) + "," + describe(f.one_minus_beta1) + "," + describe(f.one_minus_beta2) + "}";
-}
-
-std::vector<std::string> split_names(const char* text) {  // "(s, x, w)" -> {s, x, w}
-  std::vector<std::string> out;
-  std::string cur;
-  for (const char* p = text; *p; ++p) {
-    if (*p == '(' || *p == ' ' || *p == '\n' || *p == '\\') continue;
-    if (*p == ',' || *p == ')') {
-      out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += *p;
-    }
-  }
-  return out;
-}
-
-// One `op` line. A chunked op's `bounds` is a host array read when the op is called: its
-// values, not its address, are what a replayed graph would keep.
+// One `op` line (tests/support/op_call.h says how each argument is written).
 template <class... Args>
 void trace_op(const char* op, const char* arg_names, const Args&... args) {
   if (!trace_file()) return;
-  const std::vector<std::string> names = split_names(arg_names);
-  std::vector<std::string> values = {describe(args)...};
-  int chunks = -1;
-  for (std::size_t i = 0; i < names.size(); ++i)
-    if (names[i] == "chunks") chunks = std::stoi(values[i]);
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    if (names[i] != "bounds" || chunks < 0) continue;
-    const int* bounds = reinterpret_cast<const int*>(std::stoull(values[i], nullptr, 16));
-    std::string v;
-    for (int c = 0; c <= chunks; ++c) v += (c ? "," : "[") + std::to_string(bounds[c]);
-    values[i] = v + "]";
-  }
-  std::string line = std::string("op ") + op;
-  for (std::size_t i = 0; i < names.size(); ++i) line += " " + names[i] + "=" + values[i];
+  const test_support::OpCall call = test_support::describe_call(op, arg_names, args...);
+  std::string line = "op " + call.op;
+  for (std::size_t i = 0; i < call.names.size(); ++i) line += " " + call.names[i] + "=" + call.values[i];
   trace_line(line);
 }
 
@@ -194,7 +125,7 @@ void set_device(int index) {
 void* alloc(std::size_t bytes) {
   void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
   if (!p) throw std::bad_alloc();
-  if (trace_file()) trace_line("alloc " + std::to_string(bytes) + " " + hex(p));
+  if (trace_file()) trace_line("alloc " + std::to_string(bytes) + " " + test_support::hex(p));
   return p;
 }
 void free(void* p) { std::free(p); }
