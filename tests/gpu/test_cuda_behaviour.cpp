@@ -70,11 +70,7 @@ using engine::kernels::LinearShape;
 using engine::kernels::PoolShape;
 using gpu_test::DeviceArray;
 
-// =========================================================================================
-// Runtime, Philox, casts, the timed fp32 conv algorithm choice, determinism
-// =========================================================================================
-
-namespace cuda_runtime_part {
+// ---- Shared by every part ----------------------------------------------------------------
 
 namespace {
 
@@ -99,18 +95,23 @@ double magnitude(const std::vector<float>& v) {
 }
 
 // |got - want| <= abs + rel * |want| elementwise (NaN matches NaN). Reports the count
-// of mismatches and the first one.
+// of mismatches, the first one, and the largest error relative to `abs` (so the margin
+// shows in logs).
 void check_close(const std::vector<float>& got, const std::vector<float>& want, double rel,
                  double abs, const std::string& what) {
   REQUIRE(got.size() == want.size());
   std::size_t bad = 0, first = 0;
+  double worst = 0.0;
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double g = got[i], w = want[i];
-    const bool ok = (std::isnan(g) && std::isnan(w)) || std::fabs(g - w) <= abs + rel * std::fabs(w);
+    const double err = std::fabs(g - w);
+    const bool ok = (std::isnan(g) && std::isnan(w)) || err <= abs + rel * std::fabs(w);
+    if (abs > 0 && std::isfinite(err)) worst = std::max(worst, err / abs);
     if (!ok && bad++ == 0) first = i;
   }
   INFO(what << ": " << bad << " of " << got.size() << " differ; first at " << first << ": got "
-            << (bad ? got[first] : 0.0f) << ", want " << (bad ? want[first] : 0.0f));
+            << (bad ? got[first] : 0.0f) << ", want " << (bad ? want[first] : 0.0f)
+            << " (abs tolerance " << abs << ", largest error / abs tolerance " << worst << ")");
   CHECK(bad == 0);
 }
 
@@ -130,6 +131,16 @@ void check_bits(const std::vector<T>& got, const std::vector<T>& want, const std
   INFO(what << ": " << bad << " of " << got.size() << " differ bitwise; first at " << first);
   CHECK(bad == 0);
 }
+
+}  // namespace
+
+// =========================================================================================
+// Runtime, Philox, casts, the timed fp32 conv algorithm choice, determinism
+// =========================================================================================
+
+namespace cuda_runtime_part {
+
+namespace {
 
 }  // namespace
 
@@ -391,91 +402,12 @@ namespace fp16_part {
 
 namespace {
 
-// ---- Device memory for tests ----------------------------------------------------------
-
-class DeviceFloats {
- public:
-  explicit DeviceFloats(std::size_t count)
-      : count_(count), ptr_(static_cast<float*>(gpu::alloc(count * sizeof(float)))) {}
-  explicit DeviceFloats(const std::vector<float>& host) : DeviceFloats(host.size()) {
-    upload(host);
-  }
-  ~DeviceFloats() { gpu::free(ptr_); }
-  DeviceFloats(const DeviceFloats&) = delete;
-  DeviceFloats& operator=(const DeviceFloats&) = delete;
-
-  float* get() { return ptr_; }
-  void upload(const std::vector<float>& host) {
-    REQUIRE(host.size() == count_);
-    gpu::copy(ptr_, host.data(), count_ * sizeof(float), gpu::CopyKind::HostToDevice);
-  }
-  std::vector<float> download() const {
-    std::vector<float> host(count_);
-    gpu::copy(host.data(), ptr_, count_ * sizeof(float), gpu::CopyKind::DeviceToHost);
-    return host;
-  }
-  // A byte pattern no op would produce, so "not written" shows up.
-  void poison() {
-    std::vector<float> junk(count_);
-    std::memset(junk.data(), 0x7f, count_ * sizeof(float));
-    upload(junk);
-  }
-
- private:
-  std::size_t count_;
-  float* ptr_;
-};
-
-using test_support::uniform;
-
-double magnitude(const std::vector<float>& v) {
-  double m = 0.0;
-  for (float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));
-  return m;
-}
-
-// |got - want| <= abs + rel * |want| elementwise. Reports the count of mismatches, the
-// first one, and the largest error relative to `abs` (so the margin shows in logs).
-void check_close(const std::vector<float>& got, const std::vector<float>& want, double rel,
-                 double abs, const std::string& what) {
-  REQUIRE(got.size() == want.size());
-  std::size_t bad = 0, first = 0;
-  double worst = 0.0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double g = got[i], w = want[i];
-    const double err = std::fabs(g - w);
-    const bool ok = err <= abs + rel * std::fabs(w);  // false for NaN
-    if (abs > 0) worst = std::max(worst, std::isfinite(err) ? err / abs : 1e300);
-    if (!ok && bad++ == 0) first = i;
-  }
-  INFO(what << ": " << bad << " of " << got.size() << " differ; first at " << first << ": got "
-            << (bad ? got[first] : 0.0f) << ", want " << (bad ? want[first] : 0.0f)
-            << " (abs tolerance " << abs << ", largest error / abs tolerance " << worst << ")");
-  CHECK(bad == 0);
-}
-
 // The fp16 product bound from the header: K terms of a*b.
 void check_f16(const std::vector<float>& got, const std::vector<float>& want, int64_t k,
                double max_a, double max_b, double max_bias, const std::string& what) {
   const double abs = 2e-3 * std::sqrt(static_cast<double>(std::max<int64_t>(k, 1))) * max_a *
                          max_b + 1e-3 * max_bias + 1e-30;
   check_close(got, want, 1e-3, abs, what);
-}
-
-// fp32 results (bias gradients): 1e-4 of the output's magnitude.
-void check_f32(const std::vector<float>& got, const std::vector<float>& want,
-               const std::string& what) {
-  check_close(got, want, 0.0, 1e-4 * std::max(1.0, magnitude(want)), what);
-}
-
-void check_bits(const std::vector<float>& got, const std::vector<float>& want,
-                const std::string& what) {
-  REQUIRE(got.size() == want.size());
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) ++bad;
-  INFO(what << ": " << bad << " of " << got.size() << " differ bitwise");
-  CHECK(bad == 0);
 }
 
 // Every element inf or NaN (what the loss scaler looks for), at least one of them inf.
@@ -552,7 +484,7 @@ void run_conv_f16_checks(const char* mode) {
     const int64_t k_dx = static_cast<int64_t>(s.k) * s.r * s.s;
     const int64_t k_dw = static_cast<int64_t>(s.n) * s.out_h() * s.out_w();
 
-    DeviceFloats x(xh), w(wh), b(bh), dy(dyh), y(dyh.size()), dx(xh.size()), dw(wh.size()),
+    DeviceArray<float> x(xh), w(wh), b(bh), dy(dyh), y(dyh.size()), dx(xh.size()), dw(wh.size()),
         db(bh.size());
     y.poison();
     dx.poison();
@@ -565,7 +497,7 @@ void run_conv_f16_checks(const char* mode) {
     const auto dx1 = dx.download(), dw1 = dw.download(), db1 = db.download();
     check_f16(dx1, dx_ref, k_dx, mw, mdy, 0.0, tag + " dx");
     check_f16(dw1, dw_ref, k_dw, mx, mdy, 0.0, tag + " dw");
-    check_f32(db1, db_ref, tag + " db");
+    check_gemm_like(db1, db_ref, tag + " db");
 
     // Again without dx (first layer) and into poisoned outputs: the same bits (the
     // deterministic setting holds for fp16 too in "deterministic" mode), dx untouched.
@@ -614,7 +546,7 @@ TEST_CASE("fp16 conv2d: results beyond the fp16 range are +inf, not clamped") {
   const auto xh = uniform(x_size(s), rng, 0.5f, 1.0f);
   const auto wh = uniform(w_size(s), rng, 0.5f, 1.0f);
   const std::vector<float> dyh(y_size(s), 60000.0f);
-  DeviceFloats x(xh), w(wh), dy(dyh), dx(xh.size()), dw(wh.size()), db(static_cast<std::size_t>(s.k));
+  DeviceArray<float> x(xh), w(wh), dy(dyh), dx(xh.size()), dw(wh.size()), db(static_cast<std::size_t>(s.k));
   gpu::conv2d_backward_f16(s, x.get(), w.get(), dy.get(), dx.get(), dw.get(), db.get());
   check_all_pos_inf(dx.download(), "conv fp16 dx beyond 65504");
   check_all_pos_inf(dw.download(), "conv fp16 dw beyond 65504");
@@ -634,7 +566,7 @@ TEST_CASE("fp16 conv2d and linear: a scaled dy that overflows fp16 gives inf gra
     const auto wh = uniform(w_size(s), rng, 0.5f, 1.0f);
     auto dyh = uniform(y_size(s), rng, 0.5f, 1.0f);
     for (float& v : dyh) v *= 6e4f * scale;
-    DeviceFloats x(xh), w(wh), dy(dyh), dx(xh.size()), dw(wh.size());
+    DeviceArray<float> x(xh), w(wh), dy(dyh), dx(xh.size()), dw(wh.size());
     gpu::conv2d_backward_f16(s, x.get(), w.get(), dy.get(), dx.get(), dw.get(), nullptr);
     check_all_nonfinite(dx.download(), "conv fp16 dx from overflowing dy");
     check_all_nonfinite(dw.download(), "conv fp16 dw from overflowing dy");
@@ -645,7 +577,7 @@ TEST_CASE("fp16 conv2d and linear: a scaled dy that overflows fp16 gives inf gra
     const auto wh = uniform(static_cast<std::size_t>(s.out) * s.in, rng, 0.5f, 1.0f);
     auto dyh = uniform(static_cast<std::size_t>(s.n) * s.out, rng, 0.5f, 1.0f);
     for (float& v : dyh) v *= 6e4f * scale;
-    DeviceFloats x(xh), w(wh), dy(dyh), dx(xh.size()), dw(wh.size());
+    DeviceArray<float> x(xh), w(wh), dy(dyh), dx(xh.size()), dw(wh.size());
     gpu::linear_backward_f16(s, x.get(), w.get(), dy.get(), dx.get(), dw.get(), nullptr);
     check_all_nonfinite(dx.download(), "linear fp16 dx from overflowing dy");
     check_all_nonfinite(dw.download(), "linear fp16 dw from overflowing dy");
@@ -662,7 +594,7 @@ TEST_CASE("fp16 linear: results are fp32, so sums beyond 65504 stay finite and a
   std::vector<float> dx_ref(xh.size()), dw_ref(wh.size());
   ref::linear_backward(s, xh.data(), wh.data(), dyh.data(), dx_ref.data(), dw_ref.data(), nullptr);
   CHECK(magnitude(dx_ref) > 65504.0);
-  DeviceFloats x(xh), w(wh), dy(dyh), dx(xh.size()), dw(wh.size());
+  DeviceArray<float> x(xh), w(wh), dy(dyh), dx(xh.size()), dw(wh.size());
   gpu::linear_backward_f16(s, x.get(), w.get(), dy.get(), dx.get(), dw.get(), nullptr);
   // Same-sign terms: the error is at most ~2u of the sum itself.
   check_close(dx.download(), dx_ref, 2e-3, 0.0, "linear fp16 dx beyond 65504");
