@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cli_util.h"
+#include "gpu/device_test_util.h"  // skips (exit 77) without a GPU
 #include "run_dir_util.h"
 #include "engine/train/config.h"
 #include "engine/core/device.h"
@@ -36,20 +37,6 @@
 
 using namespace test_util;
 namespace gpu = engine::kernels::cuda;
-
-namespace {
-
-struct SkipWithoutGpu {
-  SkipWithoutGpu() {
-    if (engine::cuda_device_count() == 0) {
-      std::printf("no CUDA GPU: skipping\n");
-      std::fflush(stdout);
-      std::exit(77);
-    }
-  }
-} skip_without_gpu;
-
-}  // namespace
 
 #if defined(ENGINE_WITH_CUDA)
 namespace {

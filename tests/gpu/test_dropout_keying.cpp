@@ -1,25 +1,9 @@
 // Golden dropout masks on a GPU (tests/golden_dropout.h): a run on CUDA draws the masks
 // the documented keying defines, at every step of every epoch. Exits 77 (skipped) where
 // no GPU is present; tests/test_dropout_keying.cpp runs the same on the CPU everywhere.
-#include <cstdio>
-#include <cstdlib>
-
 #include "engine/core/device.h"
 #include "golden_dropout.h"
-
-namespace {
-
-struct SkipWithoutGpu {
-  SkipWithoutGpu() {
-    if (engine::cuda_device_count() == 0) {
-      std::printf("no CUDA GPU: skipping\n");
-      std::fflush(stdout);
-      std::exit(77);
-    }
-  }
-} skip_without_gpu;
-
-}  // namespace
+#include "gpu/device_test_util.h"  // skips (exit 77) without a GPU
 
 TEST_CASE("dropout masks are the documented keying's, at every step of every epoch (cuda)") {
   const auto masks = golden_dropout::check_run(engine::Device::cuda(0), 2);

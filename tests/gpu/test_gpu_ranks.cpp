@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli_util.h"
+#include "gpu/device_test_util.h"  // skips (exit 77) without a GPU
 #include "engine/core/device.h"
 #include "engine/nn/models/registry.h"
 #include "engine/train/model_factory.h"
@@ -25,15 +26,6 @@ namespace {
 
 using namespace engine;
 using test_support::run_ranks;
-
-struct SkipWithoutGpu {
-  SkipWithoutGpu() {
-    if (cuda_device_count() == 0) {
-      std::printf("no CUDA GPU: skipping\n");
-      std::exit(77);
-    }
-  }
-} skip_without_gpu;
 
 enum class Arch { Mlp, Cnn };
 

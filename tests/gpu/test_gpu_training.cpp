@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "cli_util.h"
+#include "gpu/device_test_util.h"  // skips (exit 77) without a GPU
 #include "run_dir_util.h"
 #include "engine/train/config.h"
 #include "engine/core/device.h"
@@ -18,15 +19,6 @@
 using namespace test_util;
 
 namespace {
-
-struct SkipWithoutGpu {
-  SkipWithoutGpu() {
-    if (engine::cuda_device_count() == 0) {
-      std::printf("no CUDA GPU: skipping\n");
-      std::exit(77);
-    }
-  }
-} skip_without_gpu;
 
 std::string gpu_run(const std::string& dir, const std::string& extra = "") {
   return small_run(dir, "cuda") + extra;
