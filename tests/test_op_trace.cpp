@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "cli_util.h"
+#include "run_dir_util.h"
 #include "engine/core/device.h"
 #include "engine/train/model_factory.h"
 #include "engine/train/trainer.h"
@@ -94,18 +94,6 @@ std::string op_names(const std::vector<OpCall>& calls) {
   return joined(out);
 }
 
-// 512 training images in batches of 64: 8 steps an epoch.
-Config step_config() {
-  Config c;
-  c.device = "cpu";
-  c.data.dir = test_util::data_dir();
-  c.data.train_limit = 512;
-  c.data.val_split = 256;
-  c.data.test_limit = 256;
-  c.data.batch_size = 64;
-  c.checkpoint.every_n_epochs = std::nullopt;
-  return c;
-}
 
 // The ops of one mid-epoch CPU training step of fashion_cnn, forward then backward then
 // the optimizer: conv1 bn1 pool relu conv2 bn2 pool relu fc1 relu dropout fc2, the
@@ -133,7 +121,8 @@ TEST_CASE("a CPU training step, op by op: what it launches and what changes betw
     MESSAGE("Fashion-MNIST not found: skipped");
     return;
   }
-  const Config c = step_config();
+  // 512 training images in batches of 64: 8 steps an epoch; nothing is written (train_step).
+  const Config c = test_util::small_run_config("cpu", "runs/unused");
   Trainer traced(c, Device::cpu(), make_model(c));
   Trainer plain(c, Device::cpu(), make_model(c));
   // The first step sizes every buffer; steps 2 and 3 are the steady state.
