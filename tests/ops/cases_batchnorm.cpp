@@ -15,20 +15,6 @@ const BatchNormShape kBnShapes[] = {
     {4, 3, 25},   {16, 32, 196}, {2, 5, 1}, {128, 8, 49}, {128, 4, 784},
 };
 
-// x[n, c, i] = mu_c + sigma_c * U(-1, 1): channels with different offsets and scales.
-std::vector<float> bn_input(const BatchNormShape& s, std::mt19937& g) {
-  std::uniform_real_distribution<float> mu(-3.0f, 3.0f), sigma(0.1f, 2.0f), u(-1.0f, 1.0f);
-  std::vector<float> m(s.c), sd(s.c);
-  for (int c = 0; c < s.c; ++c) {
-    m[c] = mu(g);
-    sd[c] = sigma(g);
-  }
-  std::vector<float> x(static_cast<std::size_t>(s.n) * s.c * s.hw);
-  for (int n = 0; n < s.n; ++n)
-    for (int c = 0; c < s.c; ++c)
-      for (int i = 0; i < s.hw; ++i) x[(static_cast<std::size_t>(n) * s.c + c) * s.hw + i] = m[c] + sd[c] * u(g);
-  return x;
-}
 std::string bn_name(const BatchNormShape& s) {
   std::ostringstream o;
   o << "bn N" << s.n << " C" << s.c << " HW" << s.hw;

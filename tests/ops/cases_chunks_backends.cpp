@@ -28,16 +28,12 @@ OP_CASE("against the ref chunked ops, every chunk shape (empty chunks too); dete
     if (!kConvShapes[t].chunks) continue;
     const ConvShape s = kConvShapes[t].s;
     CAPTURE(conv_name(s));
-    const std::vector<int> bd = whole(s.n).bounds;
-    const std::size_t xn = static_cast<std::size_t>(s.n) * s.c * s.h * s.w,
-                      yn = static_cast<std::size_t>(s.n) * s.k * s.out_h() * s.out_w(),
-                      wn = static_cast<std::size_t>(s.k) * s.c * s.r * s.s;
-    const auto x = uniform(xn, g), w = uniform(wn, g, -0.5f, 0.5f), bias = uniform(s.k, g), dy = uniform(yn, g);
-    std::vector<float> y_ref(yn), dx_ref(xn), dw_ref(wn);
-    std::vector<double> db_ref(s.k);
-    ref::conv2d_forward_chunks(s, kTreeChunks, bd.data(), x.data(), w.data(), bias.data(), y_ref.data());
-    ref::conv2d_backward_chunks(s, kTreeChunks, bd.data(), x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(),
-                                db_ref.data());
+    const ChunkedLayerCase c = chunked_case(s, g, 0.5f);
+    const std::vector<int>& bd = c.bounds;
+    const auto &x = c.x, &w = c.w, &bias = c.bias, &dy = c.dy;
+    const std::size_t xn = x.size(), yn = dy.size(), wn = w.size();
+    const auto &y_ref = c.y_ref, &dx_ref = c.dx_ref, &dw_ref = c.dw_ref;
+    const auto& db_ref = c.db_ref;
     Mem m(b);
     const float *xd = m.in(x), *wd = m.in(w), *dyd = m.in(dy);
     float *y = m.out<float>(yn), *dx = m.out<float>(xn), *dw = m.out<float>(wn);
@@ -58,14 +54,11 @@ OP_CASE("against the ref chunked ops, every chunk shape (empty chunks too); dete
     CAPTURE(s.n);
     CAPTURE(s.in);
     CAPTURE(s.out);
-    const std::vector<int> bd = whole(s.n).bounds;
-    const auto x = uniform(static_cast<std::size_t>(s.n) * s.in, g), w = uniform(static_cast<std::size_t>(s.out) * s.in, g),
-               bias = uniform(s.out, g), dy = uniform(static_cast<std::size_t>(s.n) * s.out, g);
-    std::vector<float> y_ref(dy.size()), dx_ref(x.size()), dw_ref(w.size());
-    std::vector<double> db_ref(s.out);
-    ref::linear_forward_chunks(s, kTreeChunks, bd.data(), x.data(), w.data(), bias.data(), y_ref.data());
-    ref::linear_backward_chunks(s, kTreeChunks, bd.data(), x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(),
-                                db_ref.data());
+    const ChunkedLayerCase c = chunked_case(s, g, 1.0f);
+    const std::vector<int>& bd = c.bounds;
+    const auto &x = c.x, &w = c.w, &bias = c.bias, &dy = c.dy;
+    const auto &y_ref = c.y_ref, &dx_ref = c.dx_ref, &dw_ref = c.dw_ref;
+    const auto& db_ref = c.db_ref;
     Mem m(b);
     const float *xd = m.in(x), *wd = m.in(w);
     float *y = m.out<float>(dy.size()), *dx = m.out<float>(x.size()), *dw = m.out<float>(w.size());

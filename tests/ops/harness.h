@@ -229,6 +229,21 @@ inline std::vector<float> quantised(std::size_t n, std::mt19937& g, int levels) 
   for (float& x : v) x = static_cast<float>(d(g)) * 0.5f - 1.0f;
   return v;
 }
+// x[n, c, i] = mu_c + sigma_c * U(-1, 1): batch-norm input whose channels have different
+// offsets and scales.
+inline std::vector<float> bn_input(const BatchNormShape& s, std::mt19937& g) {
+  std::uniform_real_distribution<float> mu(-3.0f, 3.0f), sigma(0.1f, 2.0f), u(-1.0f, 1.0f);
+  std::vector<float> m(s.c), sd(s.c);
+  for (int c = 0; c < s.c; ++c) {
+    m[c] = mu(g);
+    sd[c] = sigma(g);
+  }
+  std::vector<float> x(static_cast<std::size_t>(s.n) * s.c * s.hw);
+  for (int n = 0; n < s.n; ++n)
+    for (int c = 0; c < s.c; ++c)
+      for (int i = 0; i < s.hw; ++i) x[(static_cast<std::size_t>(n) * s.c + c) * s.hw + i] = m[c] + sd[c] * u(g);
+  return x;
+}
 inline std::vector<float> squared(const std::vector<float>& v) {
   std::vector<float> s(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) s[i] = v[i] * v[i];
@@ -365,6 +380,47 @@ struct Share {
 };
 Share share(int n, int rank, int world);
 inline Share whole(int n) { return share(n, 0, 1); }
+
+// A conv or linear layer's inputs for the chunked ops (x, w in [-w_range, w_range], bias,
+// dy, drawn in that order) over the whole batch's chunks, and the ref chunked ops'
+// results: what the fp32 and fp16 chunked cases compare with.
+struct ChunkedLayerCase {
+  std::vector<int> bounds;
+  std::vector<float> x, w, bias, dy, y_ref, dx_ref, dw_ref;
+  std::vector<double> db_ref;
+};
+inline ChunkedLayerCase chunked_case(const ConvShape& s, std::mt19937& g, float w_range) {
+  ChunkedLayerCase c;
+  c.bounds = whole(s.n).bounds;
+  c.x = uniform(static_cast<std::size_t>(s.n) * s.c * s.h * s.w, g);
+  c.w = uniform(static_cast<std::size_t>(s.k) * s.c * s.r * s.s, g, -w_range, w_range);
+  c.bias = uniform(s.k, g);
+  c.dy = uniform(static_cast<std::size_t>(s.n) * s.k * s.out_h() * s.out_w(), g);
+  c.y_ref.resize(c.dy.size());
+  c.dx_ref.resize(c.x.size());
+  c.dw_ref.resize(c.w.size());
+  c.db_ref.resize(s.k);
+  ref::conv2d_forward_chunks(s, kTreeChunks, c.bounds.data(), c.x.data(), c.w.data(), c.bias.data(), c.y_ref.data());
+  ref::conv2d_backward_chunks(s, kTreeChunks, c.bounds.data(), c.x.data(), c.w.data(), c.dy.data(), c.dx_ref.data(),
+                              c.dw_ref.data(), c.db_ref.data());
+  return c;
+}
+inline ChunkedLayerCase chunked_case(const LinearShape& s, std::mt19937& g, float w_range) {
+  ChunkedLayerCase c;
+  c.bounds = whole(s.n).bounds;
+  c.x = uniform(static_cast<std::size_t>(s.n) * s.in, g);
+  c.w = uniform(static_cast<std::size_t>(s.out) * s.in, g, -w_range, w_range);
+  c.bias = uniform(s.out, g);
+  c.dy = uniform(static_cast<std::size_t>(s.n) * s.out, g);
+  c.y_ref.resize(c.dy.size());
+  c.dx_ref.resize(c.x.size());
+  c.dw_ref.resize(c.w.size());
+  c.db_ref.resize(s.out);
+  ref::linear_forward_chunks(s, kTreeChunks, c.bounds.data(), c.x.data(), c.w.data(), c.bias.data(), c.y_ref.data());
+  ref::linear_backward_chunks(s, kTreeChunks, c.bounds.data(), c.x.data(), c.w.data(), c.dy.data(), c.dx_ref.data(),
+                              c.dw_ref.data(), c.db_ref.data());
+  return c;
+}
 
 // Sums W ranks' subtree vectors (rank-major, len each) over the top of the tree.
 template <class T>
