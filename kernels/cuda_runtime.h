@@ -27,6 +27,10 @@ void free_pinned_host(void* p);
 // the work already queued there, and returns at once. What is queued behind it on that
 // stream (the next step's kernels) cannot change its source before it has read it.
 void copy_to_pinned_host_async(void* dst, const void* src, std::size_t bytes);
+// Queues a copy from pinned host memory into device memory on the compute stream and
+// returns at once: the per-step values' upload (engine/core/step_values.cpp), which
+// leaves `src` unchanged until a mark after the copy has passed.
+void copy_from_pinned_host_async(void* dst, const void* src, std::size_t bytes);
 // A mark on the compute stream after everything queued so far (a CUDA event), which any
 // thread may wait for: the async save's writer waits for its copies, the training thread
 // queues the next step at once.

@@ -24,6 +24,7 @@ void synchronize() {}
 void* alloc_pinned_host(std::size_t) { unavailable(); }
 void free_pinned_host(void*) {}
 void copy_to_pinned_host_async(void*, const void*, std::size_t) { unavailable(); }
+void copy_from_pinned_host_async(void*, const void*, std::size_t) { unavailable(); }
 StreamMark mark_stream() { unavailable(); }
 void wait_for(const StreamMark&) {}
 void* compute_stream() { unavailable(); }

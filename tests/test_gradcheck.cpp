@@ -46,6 +46,12 @@
 
 namespace {
 
+// The per-step values the ops read from memory (StepValues): zero counter and first
+// sample, loss scale 1.
+const uint64_t kNoCounter = 0;
+const int64_t kFirst0 = 0;
+const float kScale1 = 1.0f;
+
 namespace ref = engine::kernels::ref;
 namespace cpu = engine::kernels::cpu;
 using engine::kernels::BatchNormShape;
@@ -329,12 +335,12 @@ TEST_CASE("ref dropout_backward matches finite differences (fixed mask)") {
     auto loss = [&] {
       std::vector<float> y(static_cast<std::size_t>(n));
       std::vector<uint8_t> keep(static_cast<std::size_t>(n));
-      ref::dropout_forward(n, x.data(), p, stream, 5, y.data(), keep.data());
+      ref::dropout_forward(n, x.data(), p, stream, &kNoCounter, 5, y.data(), keep.data());
       return gradcheck::dot(y, r);
     };
     std::vector<float> y(static_cast<std::size_t>(n)), dx(static_cast<std::size_t>(n));
     std::vector<uint8_t> keep(static_cast<std::size_t>(n));
-    ref::dropout_forward(n, x.data(), p, stream, 5, y.data(), keep.data());
+    ref::dropout_forward(n, x.data(), p, stream, &kNoCounter, 5, y.data(), keep.data());
     ref::dropout_backward(n, r.data(), keep.data(), p, dx.data());
     CHECK_GRAD("dropout dx", gradcheck::check(loss, x.data(), n, dx.data()));
   }
@@ -354,13 +360,13 @@ TEST_CASE("ref cross_entropy dlogits (grad_scale 1) is the gradient of the batch
     for (auto& l : labels) l = lab(g);
     auto loss = [&] {
       std::vector<float> l(cs.n), c(cs.n);
-      ref::cross_entropy(cs.n, cs.n, cs.classes, z.data(), labels.data(), 1.0f, nullptr, l.data(), c.data());
+      ref::cross_entropy(cs.n, cs.n, cs.classes, z.data(), labels.data(), &kScale1, &kFirst0, nullptr, l.data(), c.data());
       double sum = 0.0;
       for (float v : l) sum += v;
       return sum / cs.n;
     };
     std::vector<float> l(cs.n), c(cs.n), d(z.size());
-    ref::cross_entropy(cs.n, cs.n, cs.classes, z.data(), labels.data(), 1.0f, d.data(), l.data(), c.data());
+    ref::cross_entropy(cs.n, cs.n, cs.classes, z.data(), labels.data(), &kScale1, &kFirst0, d.data(), l.data(), c.data());
     CHECK_GRAD("cross_entropy dlogits", gradcheck::check(loss, z.data(), static_cast<int64_t>(z.size()), d.data()));
   }
 }
@@ -567,7 +573,7 @@ struct ModelProblem {
   std::vector<float> forward_backward() {
     const std::vector<float> z = model.forward(x, engine::Mode::Train, rng).to_vector();
     std::vector<float> dl(z.size()), sl(n), sc(n);
-    cpu::cross_entropy(n, n, classes, z.data(), labels.data(), 1.0f, dl.data(), sl.data(), sc.data());
+    cpu::cross_entropy(n, n, classes, z.data(), labels.data(), &kScale1, &kFirst0, dl.data(), sl.data(), sc.data());
     model.backward(tensor_of({n, classes}, dl));
     return z;
   }
@@ -720,7 +726,7 @@ TEST_CASE("FashionCnn: gradients equal the reference-op chain (forward and backw
 
   // Backward.
   auto dz = vec(n * 10), sl = vec(n), sc = vec(n);
-  ref::cross_entropy(n, n, 10, z.data(), mp.labels.data(), 1.0f, dz.data(), sl.data(), sc.data());
+  ref::cross_entropy(n, n, 10, z.data(), mp.labels.data(), &kScale1, &kFirst0, dz.data(), sl.data(), sc.data());
   std::map<std::string, std::vector<float>> want;
   for (const auto& kv : value) want[kv.first] = vec(static_cast<int64_t>(kv.second.size()));
   auto d10 = vec(n * 128), d9 = vec(n * 128), d8 = vec(n * 3136), d7 = vec(n * 64 * 196), d6 = vec(n * 64 * 196);

@@ -17,6 +17,10 @@
 
 namespace {
 
+// The per-step values the ops read from memory (StepValues): first sample 0, loss scale 1.
+const int64_t kFirst0 = 0;
+const float kScale1 = 1.0f;
+
 namespace ref = engine::kernels::ref;
 namespace cpu = engine::kernels::cpu;
 using engine::kernels::AdamHyper;
@@ -94,8 +98,8 @@ TEST_CASE("adam_update (ref and cpu) follows PyTorch's Adam and AdamW algorithm"
         f.decay_factor = static_cast<float>(1.0 - want.lr * want.wd);
         f.one_minus_beta1 = static_cast<float>(1.0 - want.b1);
         f.one_minus_beta2 = static_cast<float>(1.0 - want.b2);
-        ref::adam_update(static_cast<int64_t>(n), p_ref.data(), grad.data(), m_ref.data(), v_ref.data(), h, f);
-        cpu::adam_update(static_cast<int64_t>(n), p_cpu.data(), grad.data(), m_cpu.data(), v_cpu.data(), h, f);
+        ref::adam_update(static_cast<int64_t>(n), p_ref.data(), grad.data(), m_ref.data(), v_ref.data(), h, &f);
+        cpu::adam_update(static_cast<int64_t>(n), p_cpu.data(), grad.data(), m_cpu.data(), v_cpu.data(), h, &f);
         want.step(t, grad);
       }
       // Float against double over six steps: a few float roundings per step of each
@@ -142,8 +146,8 @@ TEST_CASE("cross_entropy (ref and cpu): log-sum-exp loss, argmax, (softmax - one
         for (const bool fast : {false, true}) {
           CAPTURE(fast);
           std::vector<float> loss(n), correct(n), d(z.size());
-          (fast ? cpu::cross_entropy : ref::cross_entropy)(n, n, classes, z.data(), labels.data(), scale,
-                                                             d.data(), loss.data(), correct.data());
+          (fast ? cpu::cross_entropy : ref::cross_entropy)(n, n, classes, z.data(), labels.data(), &scale,
+                                                             &kFirst0, d.data(), loss.data(), correct.data());
           CHECK(count_far(loss, want_loss, 1e-6, 1e-6) == 0);
           CHECK(count_far(correct, want_correct, 0.0, 0.0) == 0);
           CHECK(count_far(d, want_d, 1e-6, 1e-9 * scale / n) == 0);
@@ -156,7 +160,7 @@ TEST_CASE("cross_entropy (ref and cpu): log-sum-exp loss, argmax, (softmax - one
   for (const bool fast : {false, true}) {
     float loss = 0, correct = -1;
     std::vector<float> d(10);
-    (fast ? cpu::cross_entropy : ref::cross_entropy)(1, 1, 10, z.data(), &label, 1.0f, d.data(), &loss, &correct);
+    (fast ? cpu::cross_entropy : ref::cross_entropy)(1, 1, 10, z.data(), &label, &kScale1, &kFirst0, d.data(), &loss, &correct);
     CHECK(loss == doctest::Approx(std::log(10.0)).epsilon(1e-7));
     CHECK(correct == 0.0f);  // ties: the first maximum (class 0) is the prediction
     CHECK(d[0] == doctest::Approx(0.1).epsilon(1e-7));
@@ -215,7 +219,7 @@ TEST_CASE("gather_batch (ref and cpu): (byte / 255 - mean) / std of the indexed 
     std::vector<float> out(want.size());
     std::vector<int32_t> lab(n, -1);
     (fast ? cpu::gather_batch : ref::gather_batch)(n, pixels, images.data(), labels.data(), idx.data(),
-                                                   static_cast<float>(mean), static_cast<float>(sd),
+                                                   &kFirst0, static_cast<float>(mean), static_cast<float>(sd),
                                                    out.data(), lab.data());
     // Three float roundings of values below 3 in magnitude.
     CHECK(count_far(out, want, 4e-7, 4e-7) == 0);

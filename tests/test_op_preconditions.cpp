@@ -95,12 +95,23 @@ TEST_CASE("a missing tensor, a wrong dtype and an odd pooling shape are refused 
 TEST_CASE("ops over a range of a tensor need the range inside it") {
   const Tensor logits = filled({4, 3}, 0.0f), labels = filled({4}, 0.0f, DType::I32);
   Tensor loss = filled({10}, 0.0f), correct = filled({10}, 0.0f);
-  CHECK(error_of([&] { tt::cross_entropy(logits, labels, 4, 1.0f, nullptr, loss, 8, correct, 0); }) ==
+  // The range starts at a per-step value; the check reads the value the upload sent.
+  StepValues at8, at6, at0;
+  at8.scalars.sample_first = 8;
+  at6.scalars.sample_first = 6;
+  for (StepValues* v : {&at8, &at6, &at0}) v->upload(Device::cpu());
+  CHECK(error_of([&] { tt::cross_entropy(logits, labels, 4, at8.loss_scale(), nullptr, loss, correct, at8.sample_first()); }) ==
         "tt::cross_entropy: sample_loss is float32[10] on cpu, the op needs float32[at least 12] on cpu");
-  CHECK(error_of([&] { tt::cross_entropy(logits, labels, 4, 1.0f, nullptr, loss, 6, correct, 6); }) == "NO ERROR");
+  CHECK(error_of([&] { tt::cross_entropy(logits, labels, 4, at6.loss_scale(), nullptr, loss, correct, at6.sample_first()); }) == "NO ERROR");
   const Tensor short_labels = filled({3}, 0.0f, DType::I32);
-  CHECK(error_of([&] { tt::cross_entropy(logits, short_labels, 4, 1.0f, nullptr, loss, 0, correct, 0); }) ==
+  CHECK(error_of([&] { tt::cross_entropy(logits, short_labels, 4, at0.loss_scale(), nullptr, loss, correct, at0.sample_first()); }) ==
         "tt::cross_entropy: labels is int32[3] on cpu, the op needs int32[at least 4] on cpu");
+  // A per-step value that is not there is refused before the kernel runs.
+  Tensor dlogits = filled({4, 3}, 0.0f);
+  CHECK(error_of([&] { tt::cross_entropy(logits, labels, 4, DeviceValue<float>{}, &dlogits, loss, correct, at0.sample_first()); }) ==
+        "tt::cross_entropy: grad_scale is missing (no value in device memory)");
+  CHECK(error_of([&] { tt::cross_entropy(logits, labels, 4, at0.loss_scale(), nullptr, loss, correct, DeviceValue<int64_t>{}); }) ==
+        "tt::cross_entropy: first is missing (no value in device memory)");
 
   const Tensor x = filled({10}, 1.0f);
   CHECK(error_of([&] { tt::reduce_sum(x, 4, 7); }) ==

@@ -6,6 +6,7 @@
 #include <new>
 #include <stdexcept>
 
+#include "core/device_upload.h"
 #include "kernels/cuda_runtime.h"
 
 namespace engine {
@@ -116,6 +117,36 @@ void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, std
     gpu::copy(dst, src, bytes, gpu::CopyKind::DeviceToDevice);
   }
 }
+
+namespace detail {
+
+void* alloc_upload_staging(Device d, std::size_t bytes) {
+  if (!d.is_cuda()) return ::operator new(bytes ? bytes : 1);
+  require_usable(d);
+  gpu::set_device(d.index);
+  return gpu::alloc_pinned_host(bytes);
+}
+
+void free_upload_staging(Device d, void* p) {
+  if (d.is_cuda())
+    gpu::free_pinned_host(p);
+  else
+    ::operator delete(p);
+}
+
+kernels::cuda::StreamMark upload_async(Device d, void* dst, const void* staging, std::size_t bytes) {
+  if (!d.is_cuda()) {
+    std::memcpy(dst, staging, bytes);
+    return nullptr;
+  }
+  count(g_activity.host_to_device);
+  gpu::copy_from_pinned_host_async(dst, staging, bytes);
+  return gpu::mark_stream();
+}
+
+void wait_for_upload(const kernels::cuda::StreamMark& mark) { gpu::wait_for(mark); }
+
+}  // namespace detail
 
 void device_memset_zero(Device d, void* p, std::size_t bytes) {
   require_usable(d);

@@ -28,6 +28,8 @@ class OpChecks {
   OpChecks& optional(const char* name, const Tensor& t, DType dtype, int64_t numel);
   // At least `numel` elements: the op reads or writes a range of the tensor.
   OpChecks& at_least(const char* name, const Tensor& t, DType dtype, int64_t numel);
+  // A value in device memory (a per-step value), on the device of the tensors.
+  OpChecks& value(const char* name, const void* ptr, Device device);
   // A condition on the shape, `what` saying what must hold ("H and W even").
   OpChecks& that(bool holds, const char* what);
   // The device every tensor checked is on.

@@ -42,6 +42,17 @@ OpChecks& OpChecks::at_least(const char* name, const Tensor& t, DType dtype, int
   return *this;
 }
 
+OpChecks& OpChecks::value(const char* name, const void* ptr, Device device) {
+  if (!ptr) fail(std::string(name) + " is missing (no value in device memory)");
+  if (has_device_ && device != device_)
+    fail(std::string(name) + " is a value on " + device.str() + ", the op needs it on " + device_.str());
+  if (!has_device_) {
+    device_ = device;
+    has_device_ = true;
+  }
+  return *this;
+}
+
 OpChecks& OpChecks::that(bool holds, const char* what) {
   if (!holds) fail(std::string("needs ") + what);
   return *this;

@@ -319,9 +319,24 @@ void dropout_forward(const BatchCompute& how, const Tensor& x, float p, Rng& rng
   const BatchChunks& plan = plan_for(how, n, whole);
   by_chunks(how, d);  // refuses whole-batch CUDA over several ranks
   const uint64_t first = rng.take(RngStream::Dropout, static_cast<uint64_t>(plan.global_batch()) * per_sample);
+  const uint64_t local = static_cast<uint64_t>(plan.local_begin()) * per_sample;
+  // The kernel reads the stream's counter at the step's start from the step's values, and
+  // adds this call's place in the step, the same every step.
+  const StepValues* step = how.plan ? how.plan->step_values() : nullptr;
+  if (step) {
+    const DeviceValue<uint64_t> counter = step->dropout_counter();
+    if (counter.device != d || first < counter.value)
+      throw std::logic_error("tt::dropout_forward (" + how.layer + "): the step's values are not this step's");
+    detail::ops_on(d).dropout_forward(x.numel(), x.f32(), p, rng.stream(RngStream::Dropout), counter.ptr,
+                                      first - counter.value + local, y.f32(), keep.u8());
+    return;
+  }
+  // No step's values (a layer used alone): the counter is sent for this call.
+  thread_local StepValues alone;
+  alone.scalars.dropout_counter = first;
+  alone.upload(d);
   detail::ops_on(d).dropout_forward(x.numel(), x.f32(), p, rng.stream(RngStream::Dropout),
-                                    first + static_cast<uint64_t>(plan.local_begin()) * per_sample, y.f32(),
-                                    keep.u8());
+                                    alone.dropout_counter().ptr, local, y.f32(), keep.u8());
 }
 
 void dropout_backward(const Tensor& dy, const Tensor& keep, float p, Tensor& dx) {
@@ -336,21 +351,21 @@ void dropout_backward(const Tensor& dy, const Tensor& keep, float p, Tensor& dx)
 
 // ---- Loss, sums, data, optimizer -----------------------------------------------------------
 
-void cross_entropy(const Tensor& logits, const Tensor& labels, int batch_total, float grad_scale, Tensor* dlogits,
-                   Tensor& sample_loss, int64_t loss_first, Tensor& sample_correct, int64_t correct_first) {
+void cross_entropy(const Tensor& logits, const Tensor& labels, int batch_total, DeviceValue<float> grad_scale,
+                   Tensor* dlogits, Tensor& sample_loss, Tensor& sample_correct, DeviceValue<int64_t> first) {
   OpChecks checks("cross_entropy");
   checks.that(logits.rank() == 2, "logits of shape [n, classes]");
   const int n = static_cast<int>(logits.dim(0)), classes = static_cast<int>(logits.dim(1));
-  checks.that(classes > 0 && batch_total >= n && loss_first >= 0 && correct_first >= 0,
-              "classes > 0, n <= batch_total and non-negative offsets")
+  checks.that(classes > 0 && batch_total >= n && first.value >= 0, "classes > 0, n <= batch_total and first >= 0")
       .exact("logits", logits, DType::F32, logits.numel())
       .at_least("labels", labels, DType::I32, n)
-      .at_least("sample_loss", sample_loss, DType::F32, loss_first + n)
-      .at_least("sample_correct", sample_correct, DType::F32, correct_first + n);
-  if (dlogits) checks.exact("dlogits", *dlogits, DType::F32, logits.numel());
+      .at_least("sample_loss", sample_loss, DType::F32, first.value + n)
+      .at_least("sample_correct", sample_correct, DType::F32, first.value + n)
+      .value("first", first.ptr, first.device);
+  if (dlogits) checks.exact("dlogits", *dlogits, DType::F32, logits.numel()).value("grad_scale", grad_scale.ptr, grad_scale.device);
   detail::ops_on(checks.device())
-      .cross_entropy(n, batch_total, classes, logits.f32(), labels.i32(), grad_scale, data_or_null(dlogits),
-                     sample_loss.f32() + loss_first, sample_correct.f32() + correct_first);
+      .cross_entropy(n, batch_total, classes, logits.f32(), labels.i32(), grad_scale.ptr, first.ptr,
+                     data_or_null(dlogits), sample_loss.f32(), sample_correct.f32());
 }
 
 void softmax(const Tensor& logits, Tensor& probs) {
@@ -369,32 +384,35 @@ double reduce_sum(const Tensor& x, int64_t first, int64_t n) {
   return detail::ops_on(d).reduce_sum(n, x.f32() + first);
 }
 
-void gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indices, int64_t first, int n,
-                  float mean, float std, Tensor& x, Tensor& labels_out) {
+void gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indices, DeviceValue<int64_t> first,
+                  int n, float mean, float std, Tensor& x, Tensor& labels_out) {
   int64_t pixels = 1;  // per sample, from x's shape: n may be 0
   for (int d = 1; d < x.rank(); ++d) pixels *= x.dim(d);
   const Device d = OpChecks("gather_batch")
-                       .that(first >= 0 && n >= 0 && x.rank() >= 1, "a non-negative range and a batch tensor x")
+                       .that(first.value >= 0 && n >= 0 && x.rank() >= 1, "a non-negative range and a batch tensor x")
                        .at_least("x", x, DType::F32, n * pixels)
                        .at_least("labels_out", labels_out, DType::I32, n)
-                       .at_least("indices", indices, DType::I32, first + n)
+                       .at_least("indices", indices, DType::I32, first.value + n)
                        .exact("images", images, DType::U8, labels.numel() * pixels)
                        .exact("labels", labels, DType::U8, labels.numel())
+                       .value("first", first.ptr, first.device)
                        .device();
-  detail::ops_on(d).gather_batch(n, static_cast<int>(pixels), images.u8(), labels.u8(), indices.i32() + first, mean,
-                                 std, x.f32(), labels_out.i32());
+  detail::ops_on(d).gather_batch(n, static_cast<int>(pixels), images.u8(), labels.u8(), indices.i32(), first.ptr,
+                                 mean, std, x.f32(), labels_out.i32());
 }
 
 void adam_update(Tensor& param, const Tensor& grad, int64_t first, int64_t n, Tensor& exp_avg,
-                 Tensor& exp_avg_sq, const kernels::AdamHyper& h, const kernels::AdamStepFactors& f) {
+                 Tensor& exp_avg_sq, const kernels::AdamHyper& h, DeviceValue<kernels::AdamStepFactors> f) {
   const Device d = OpChecks("adam_update")
                        .that(first >= 0 && n >= 0, "a non-negative range")
                        .at_least("param", param, DType::F32, first + n)
                        .at_least("grad", grad, DType::F32, first + n)
                        .at_least("exp_avg", exp_avg, DType::F32, n)
                        .at_least("exp_avg_sq", exp_avg_sq, DType::F32, n)
+                       .value("f", f.ptr, f.device)
                        .device();
-  detail::ops_on(d).adam_update(n, param.f32() + first, grad.f32() + first, exp_avg.f32(), exp_avg_sq.f32(), h, f);
+  detail::ops_on(d).adam_update(n, param.f32() + first, grad.f32() + first, exp_avg.f32(), exp_avg_sq.f32(), h,
+                                f.ptr);
 }
 
 void unscale_check(Tensor& grad, float inv_scale, Tensor& found_inf) {

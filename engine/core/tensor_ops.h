@@ -11,6 +11,7 @@
 
 #include "engine/core/batch_chunks.h"
 #include "engine/core/rng.h"
+#include "core/step_values.h"
 #include "engine/core/tensor.h"
 #include "kernels/ops.h"
 
@@ -68,11 +69,11 @@ void dropout_forward(const BatchCompute& how, const Tensor& x, float p, Rng& rng
 void dropout_backward(const Tensor& dy, const Tensor& keep, float p, Tensor& dx);
 
 // The loss: per-sample cross-entropy of logits' rows (this process's samples of a batch
-// of batch_total) into sample_loss from element loss_first and sample_correct from
-// correct_first; dlogits (null: not wanted) receives the gradient of the batch-mean loss
-// times grad_scale.
-void cross_entropy(const Tensor& logits, const Tensor& labels, int batch_total, float grad_scale, Tensor* dlogits,
-                   Tensor& sample_loss, int64_t loss_first, Tensor& sample_correct, int64_t correct_first);
+// of batch_total) into sample_loss and sample_correct from element `first`; dlogits
+// (null: not wanted, and grad_scale unread) receives the gradient of the batch-mean loss
+// times grad_scale. first and grad_scale are per-step values (StepValues).
+void cross_entropy(const Tensor& logits, const Tensor& labels, int batch_total, DeviceValue<float> grad_scale,
+                   Tensor* dlogits, Tensor& sample_loss, Tensor& sample_correct, DeviceValue<int64_t> first);
 
 // probs = the row-wise softmax of logits ([n, classes], on one device).
 void softmax(const Tensor& logits, Tensor& probs);
@@ -80,13 +81,15 @@ void softmax(const Tensor& logits, Tensor& probs);
 // Sum of x[first, first + n) in the fixed order, in double, on the host.
 double reduce_sum(const Tensor& x, int64_t first, int64_t n);
 
-// x, labels_out = the n samples images[indices[first + i]] normalised, and their labels.
-void gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indices, int64_t first, int n,
-                  float mean, float std, Tensor& x, Tensor& labels_out);
+// x, labels_out = the n samples images[indices[first + i]] normalised, and their labels;
+// first is a per-step value (StepValues).
+void gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indices, DeviceValue<int64_t> first,
+                  int n, float mean, float std, Tensor& x, Tensor& labels_out);
 
-// One Adam/AdamW step over param[first, first + n) with the moments of that range.
+// One Adam/AdamW step over param[first, first + n) with the moments of that range; f,
+// the step's factors, is a per-step value (StepValues).
 void adam_update(Tensor& param, const Tensor& grad, int64_t first, int64_t n, Tensor& exp_avg,
-                 Tensor& exp_avg_sq, const kernels::AdamHyper& h, const kernels::AdamStepFactors& f);
+                 Tensor& exp_avg_sq, const kernels::AdamHyper& h, DeviceValue<kernels::AdamStepFactors> f);
 
 // grad *= inv_scale; found_inf (one int32 on grad's device) set to 1 on inf or NaN.
 void unscale_check(Tensor& grad, float inv_scale, Tensor& found_inf);

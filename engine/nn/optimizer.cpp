@@ -6,6 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "core/step_values.h"
 #include "core/tensor_ops.h"
 #include "kernels/det_math.h"
 
@@ -23,7 +24,30 @@ AdamOptimizer::AdamOptimizer(const std::string& name, std::vector<Parameter*> pa
   }
 }
 
+void AdamOptimizer::prepare_step(StepValues& values) const {
+  values.adam.resize(slots_.size());
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    // Bias corrections in double on the host, as PyTorch computes them for a CPU step
+    // count; beta^t by the engine's own power (kernels/det_math.h), the same on every CPU.
+    const int64_t t = slots_[i].step + 1;
+    kernels::AdamStepFactors& f = values.adam[i];
+    f.step_size = static_cast<float>(lr_ / (1.0 - kernels::det::pow_int(beta1_, t)));
+    f.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - kernels::det::pow_int(beta2_, t)));
+    f.decay_factor = static_cast<float>(1.0 - lr_ * weight_decay_);
+    f.one_minus_beta1 = static_cast<float>(1.0 - beta1_);
+    f.one_minus_beta2 = static_cast<float>(1.0 - beta2_);
+  }
+}
+
 void AdamOptimizer::step() {
+  if (slots_.empty()) return;
+  if (!own_values_) own_values_ = std::make_shared<StepValues>();
+  prepare_step(*own_values_);
+  own_values_->upload(slots_.front().param->value.device());
+  step(*own_values_);
+}
+
+void AdamOptimizer::step(const StepValues& values) {
   kernels::AdamHyper h;
   h.lr = static_cast<float>(lr_);
   h.beta1 = static_cast<float>(beta1_);
@@ -31,21 +55,13 @@ void AdamOptimizer::step() {
   h.eps = static_cast<float>(eps_);
   h.weight_decay = static_cast<float>(weight_decay_);
   h.decay = name_ == "adamw" ? kernels::WeightDecayMode::Decoupled : kernels::WeightDecayMode::L2;
-  for (Slot& s : slots_) {
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
     ++s.step;
-    // Bias corrections in double on the host, as PyTorch computes them for a CPU step
-    // count; beta^t by the engine's own power (kernels/det_math.h), the same on every CPU.
-    const int64_t t = s.step;
-    kernels::AdamStepFactors f;
-    f.step_size = static_cast<float>(lr_ / (1.0 - kernels::det::pow_int(beta1_, t)));
-    f.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - kernels::det::pow_int(beta2_, t)));
-    f.decay_factor = static_cast<float>(1.0 - lr_ * weight_decay_);
-    f.one_minus_beta1 = static_cast<float>(1.0 - beta1_);
-    f.one_minus_beta2 = static_cast<float>(1.0 - beta2_);
     Tensor& p = s.param->value;
     const int64_t first = s.count < 0 ? 0 : s.offset, n = s.count < 0 ? p.numel() : s.count;
     if (n == 0) continue;  // no element of this parameter in this rank's shard
-    tt::adam_update(p, s.param->grad, first, n, s.exp_avg, s.exp_avg_sq, h, f);
+    tt::adam_update(p, s.param->grad, first, n, s.exp_avg, s.exp_avg_sq, h, values.adam_factors(i));
   }
 }
 

@@ -120,7 +120,9 @@ Predictions Classifier::run(const Pixel* images, int64_t n, Scores scores) const
       Tensor no_labels = Tensor::zeros({b}, DType::U8, device_);
       Tensor labels_out = Tensor::empty({b}, DType::I32, device_);
       if (device_.is_cuda()) raw = raw.to(device_), idx = idx.to(device_);
-      tt::gather_batch(raw, no_labels, idx, 0, b, static_cast<float>(cfg_.data.mean),
+      StepValues first;  // sample_first 0
+      first.upload(device_);
+      tt::gather_batch(raw, no_labels, idx, first.sample_first(), b, static_cast<float>(cfg_.data.mean),
                        static_cast<float>(cfg_.data.std), x, labels_out);
     } else {
       Tensor host = Tensor::empty({b, input_.channels, input_.height, input_.width}, DType::F32);
@@ -174,7 +176,10 @@ EvalResult score_logits(const Predictions& p, const uint8_t* labels) {
   // The trainer's loss (one definition), on the host.
   const Tensor logits = Tensor::from_vector({p.count, p.classes}, p.scores);
   Tensor loss = Tensor::empty({p.count}), correct = Tensor::empty({p.count});
-  tt::cross_entropy(logits, truth, static_cast<int>(p.count), 1.0f, nullptr, loss, 0, correct, 0);
+  StepValues values;  // sample_first 0, loss_scale 1 (unread)
+  values.upload(Device::cpu());
+  tt::cross_entropy(logits, truth, static_cast<int>(p.count), values.loss_scale(), nullptr, loss, correct,
+                    values.sample_first());
   r.loss = tt::reduce_sum(loss, 0, p.count) / static_cast<double>(p.count);
   r.accuracy = tt::reduce_sum(correct, 0, p.count) / static_cast<double>(p.count);
   return r;

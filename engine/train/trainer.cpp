@@ -11,6 +11,7 @@
 
 #include "engine/core/batch_chunks.h"
 #include "engine/core/build_info.h"
+#include "core/step_values.h"
 #include "engine/train/export.h"
 #include "train/run_protocol.h"
 #include "train/save_verification.h"

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "engine/core/batch_chunks.h"
+#include "core/step_values.h"
 #include "core/tensor_ops.h"
 #include "train/run_protocol.h"
 #include "train/time_budget.h"
@@ -65,10 +66,20 @@ void Trainer::run_step() {
     batch_x_ = Tensor::empty(batch_shape(local), DType::F32, device_);
     batch_labels_ = Tensor::empty({local}, DType::I32, device_);
     dlogits_ = Tensor::empty({local, classes}, DType::F32, device_);
-    sample_correct_ = Tensor::empty({local}, DType::F32, device_);
   }
-  tt::gather_batch(train.images, train.labels, permutation_, first, local, static_cast<float>(cfg_.data.mean),
-                   static_cast<float>(cfg_.data.std), batch_x_, batch_labels_);
+  if (sample_correct_.numel() != n) sample_correct_ = Tensor::empty({n}, DType::F32, device_);
+  // Every value of this step that its kernels read and that differs from the last
+  // step's, in one upload: the launches below are then the same every step.
+  if (!step_values_) step_values_ = std::make_unique<StepValues>();
+  StepValues& values = *step_values_;
+  values.scalars.sample_first = first;
+  values.scalars.dropout_counter = rng_.counter(RngStream::Dropout);
+  values.scalars.loss_scale = scaler_->loss_scale();
+  optimizer_->prepare_step(values);
+  values.upload(device_);
+  plan.use_step_values(&values);
+  tt::gather_batch(train.images, train.labels, permutation_, values.sample_first(), local,
+                   static_cast<float>(cfg_.data.mean), static_cast<float>(cfg_.data.std), batch_x_, batch_labels_);
   struct PlanScope {
     Model& m;
     ~PlanScope() { m.set_batch_chunks(nullptr); }
@@ -76,8 +87,8 @@ void Trainer::run_step() {
   model_->set_batch_chunks(&plan);
   Tensor logits = model_->forward(batch_x_, Mode::Train, rng_);
   // This rank's samples' losses, and the gradient of the mean over the global batch.
-  tt::cross_entropy(logits, batch_labels_, b, scaler_->loss_scale(), &dlogits_, epoch_sample_loss_, first,
-                    sample_correct_, 0);
+  tt::cross_entropy(logits, batch_labels_, b, values.loss_scale(), &dlogits_, epoch_sample_loss_, sample_correct_,
+                    values.sample_first());
   model_->backward(dlogits_);
   // Every rank holds every sample's loss (the state is the same on all ranks).
   gather_samples(plan, epoch_sample_loss_.f32() + start);
@@ -89,7 +100,7 @@ void Trainer::run_step() {
   const bool found_inf = scaler_->unscale(model_->parameters());
   scaler_->update(found_inf);
   if (!found_inf) {
-    optimizer_->step();
+    optimizer_->step(values);
     if (shards_) shards_->allgather(param_values_);
   }
   ++step_in_epoch_;
@@ -174,6 +185,7 @@ std::optional<EvalResult> Trainer::evaluate_impl(Split split, const RunControl* 
   Tensor correct = Tensor::empty({d.count}, DType::F32, device_);
   Tensor predictions = Tensor::empty({d.count}, DType::I32);  // host
   Tensor x, labels;
+  StepValues values;  // each batch's first sample
   struct PlanScope {
     Model& m;
     ~PlanScope() { m.set_batch_chunks(nullptr); }
@@ -190,11 +202,13 @@ std::optional<EvalResult> Trainer::evaluate_impl(Split split, const RunControl* 
       x = Tensor::empty(batch_shape(local), DType::F32, device_);
       labels = Tensor::empty({local}, DType::I32, device_);
     }
-    tt::gather_batch(d.images, d.labels, idx, first, local, static_cast<float>(cfg_.data.mean),
+    values.scalars.sample_first = first;
+    values.upload(device_);
+    tt::gather_batch(d.images, d.labels, idx, values.sample_first(), local, static_cast<float>(cfg_.data.mean),
                      static_cast<float>(cfg_.data.std), x, labels);
     model_->set_batch_chunks(&plan);
     Tensor logits = model_->forward(x, Mode::Eval, rng_);
-    tt::cross_entropy(logits, labels, local, 1.0f, nullptr, losses, first, correct, first);
+    tt::cross_entropy(logits, labels, local, values.loss_scale(), nullptr, losses, correct, values.sample_first());
     const std::vector<float> z = logits.to_vector();
     for (int i = 0; i < local; ++i) predictions.i32()[first + i] = kernels::argmax_first(z.data() + i * classes, classes);
     gather_samples(plan, losses.f32() + start);
@@ -216,8 +230,10 @@ Tensor Trainer::first_images(Split split, int64_t n) {
   Tensor idx = device_.is_cpu() ? idx_host : idx_host.to(device_);
   Tensor x = Tensor::empty(batch_shape(n), DType::F32, device_);
   Tensor labels = Tensor::empty({n}, DType::I32, device_);
-  tt::gather_batch(d.images, d.labels, idx, 0, static_cast<int>(n), static_cast<float>(cfg_.data.mean),
-                   static_cast<float>(cfg_.data.std), x, labels);
+  StepValues values;  // sample_first 0
+  values.upload(device_);
+  tt::gather_batch(d.images, d.labels, idx, values.sample_first(), static_cast<int>(n),
+                   static_cast<float>(cfg_.data.mean), static_cast<float>(cfg_.data.std), x, labels);
   return x;
 }
 

@@ -379,9 +379,10 @@ void maxpool2x2_backward(const PoolShape& s, const float* dy, const int32_t* arg
   }
 }
 
-void dropout_forward(int64_t n, const float* x, float p, PhiloxStream stream, uint64_t offset,
-                     float* y, uint8_t* keep) {
+void dropout_forward(int64_t n, const float* x, float p, PhiloxStream stream, const uint64_t* counter,
+                     uint64_t offset, float* y, uint8_t* keep) {
   const float scale = dropout_scale(p);
+  offset += *counter;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const bool k = dropout_keep(stream, offset, static_cast<uint64_t>(i), p);
@@ -403,9 +404,12 @@ void softmax(int n, int classes, const float* logits, float* probs) {
                 [](double x) { return det::exp(x); });
 }
 
-void cross_entropy(int n, int batch_total, int classes, const float* logits,
-                        const int32_t* labels, float grad_scale, float* dlogits,
-                        float* sample_loss, float* sample_correct) {
+void cross_entropy(int n, int batch_total, int classes, const float* logits, const int32_t* labels,
+                   const float* grad_scale_at, const int64_t* first, float* dlogits, float* sample_loss,
+                   float* sample_correct) {
+  sample_loss += *first;
+  sample_correct += *first;
+  const float grad_scale = dlogits ? *grad_scale_at : 0.0f;
   // One exp per logit (the reference takes two: one for the sum, one for the softmax):
   // the exponentials are kept and the softmax is e_k / sum.
 #pragma omp parallel
@@ -448,7 +452,9 @@ double reduce_sum(int64_t n, const float* x) {
 }
 
 void gather_batch(int n, int pixels, const uint8_t* images, const uint8_t* labels,
-                  const int32_t* indices, float mean, float std, float* out, int32_t* labels_out) {
+                  const int32_t* indices, const int64_t* first, float mean, float std, float* out,
+                  int32_t* labels_out) {
+  indices += *first;
   // A byte has 256 values: normalise each once (with the shared per-element function,
   // so the bits equal the reference's) and gather by table lookup.
   const float inv_std = 1.0f / std;
@@ -464,7 +470,8 @@ void gather_batch(int n, int pixels, const uint8_t* images, const uint8_t* label
 }
 
 void adam_update(int64_t n, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                 const AdamHyper& h, AdamStepFactors f) {
+                 const AdamHyper& h, const AdamStepFactors* factors) {
+  const AdamStepFactors f = *factors;
 #pragma omp parallel for schedule(static) if (n > 4096)
   for (int64_t i = 0; i < n; ++i) adam_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], h, f);
 }

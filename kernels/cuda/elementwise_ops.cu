@@ -163,8 +163,9 @@ __global__ void maxpool_backward_kernel(int64_t inputs, int h, int w, const floa
 // Each element draws its own Philox value by position (philox_at), so the mask is the
 // CPU's mask bit for bit, whatever the launch configuration.
 __global__ void dropout_forward_kernel(int64_t n, const float* x, float p, float scale,
-                                       PhiloxStream s, uint64_t offset, float* y,
-                                       uint8_t* keep) {
+                                       PhiloxStream s, const uint64_t* counter, uint64_t offset,
+                                       float* y, uint8_t* keep) {
+  offset += *counter;
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const bool k = dropout_keep(s, offset, static_cast<uint64_t>(i), p);
     y[i] = k ? x[i] * scale : 0.0f;
@@ -370,8 +371,9 @@ __global__ void softmax_kernel(int n, int classes, const float* logits, float* p
 // The gradient is normalised by batch_total (the whole batch's size; n when the kernel
 // sees all of it, more when it sees one rank's part: cross_entropy).
 __global__ void cross_entropy_kernel(int n, int batch_total, int classes, const float* logits,
-                                     const int32_t* labels, float grad_scale, float* dlogits,
-                                     float* sample_loss, float* sample_correct) {
+                                     const int32_t* labels, const float* grad_scale,
+                                     const int64_t* first, float* dlogits, float* sample_loss,
+                                     float* sample_correct) {
   const int lane = threadIdx.x % kWarp;
   const int64_t sample = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
   if (sample >= n) return;  // whole warps leave together (blockDim is a multiple of 32)
@@ -403,9 +405,9 @@ __global__ void cross_entropy_kernel(int n, int batch_total, int classes, const 
   const int label = labels[sample];
   const bool valid = label >= 0 && label < classes;
   if (lane == 0) {
-    sample_loss[sample] =
-        valid ? static_cast<float>(lse - static_cast<double>(row[label])) : NAN;
-    sample_correct[sample] = (valid && best_index == label) ? 1.0f : 0.0f;
+    const int64_t at = *first + sample;
+    sample_loss[at] = valid ? static_cast<float>(lse - static_cast<double>(row[label])) : NAN;
+    sample_correct[at] = (valid && best_index == label) ? 1.0f : 0.0f;
   }
   if (dlogits) {
     // The reference's expression and order: (softmax - onehot) * grad_scale / batch_total.
@@ -413,7 +415,7 @@ __global__ void cross_entropy_kernel(int n, int batch_total, int classes, const 
     for (int j = lane; j < classes; j += kWarp) {
       const double softmax = exp(static_cast<double>(row[j]) - lse);
       const double onehot = (j == label) ? 1.0 : 0.0;
-      drow[j] = static_cast<float>((softmax - onehot) * static_cast<double>(grad_scale) /
+      drow[j] = static_cast<float>((softmax - onehot) * static_cast<double>(*grad_scale) /
                                    static_cast<double>(batch_total));
     }
   }
@@ -443,8 +445,10 @@ __global__ void sum_final_kernel(int count, const double* partials, double* resu
 // ---- Batch gathering ----------------------------------------------------------------
 
 __global__ void gather_batch_kernel(int n, int pixels, const uint8_t* images,
-                                    const uint8_t* labels, const int32_t* indices, float mean,
-                                    float inv_std, float* out, int32_t* labels_out) {
+                                    const uint8_t* labels, const int32_t* indices,
+                                    const int64_t* first, float mean, float inv_std, float* out,
+                                    int32_t* labels_out) {
+  indices += *first;
   const int64_t total = static_cast<int64_t>(n) * pixels;
   for (int64_t e = first_index(); e < total; e += grid_stride()) {
     const int64_t i = e / pixels, p = e % pixels;
@@ -458,7 +462,8 @@ __global__ void gather_batch_kernel(int n, int pixels, const uint8_t* images,
 // ---- Optimiser and loss scaling -----------------------------------------------------
 
 __global__ void adam_kernel(int64_t n, float* param, const float* grad, float* exp_avg,
-                            float* exp_avg_sq, AdamHyper h, AdamStepFactors f) {
+                            float* exp_avg_sq, AdamHyper h, const AdamStepFactors* factors) {
+  const AdamStepFactors f = *factors;
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     float p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
     adam_element(p, grad[i], m, v, h, f);
@@ -550,11 +555,11 @@ void maxpool2x2_backward(const PoolShape& s, const float* dy, const int32_t* arg
   ENGINE_CUDA_CHECK_LAUNCH("maxpool_backward_kernel");
 }
 
-void dropout_forward(int64_t n, const float* x, float p, PhiloxStream s, uint64_t offset,
-                     float* y, uint8_t* keep) {
+void dropout_forward(int64_t n, const float* x, float p, PhiloxStream s, const uint64_t* counter,
+                     uint64_t offset, float* y, uint8_t* keep) {
   if (n <= 0) return;
   dropout_forward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
-      n, x, p, dropout_scale(p), s, offset, y, keep);
+      n, x, p, dropout_scale(p), s, counter, offset, y, keep);
   ENGINE_CUDA_CHECK_LAUNCH("dropout_forward_kernel");
 }
 
@@ -625,14 +630,14 @@ void softmax(int n, int classes, const float* logits, float* probs) {
   ENGINE_CUDA_CHECK_LAUNCH("softmax_kernel");
 }
 
-void cross_entropy(int n, int batch_total, int classes, const float* logits,
-                        const int32_t* labels, float grad_scale, float* dlogits,
-                        float* sample_loss, float* sample_correct) {
+void cross_entropy(int n, int batch_total, int classes, const float* logits, const int32_t* labels,
+                   const float* grad_scale, const int64_t* first, float* dlogits, float* sample_loss,
+                   float* sample_correct) {
   if (n <= 0 || classes <= 0) return;
   constexpr int kSamplesPerBlock = kThreads / kWarp;
   const unsigned int blocks = static_cast<unsigned int>((n + kSamplesPerBlock - 1) / kSamplesPerBlock);
   cross_entropy_kernel<<<blocks, kThreads, 0, stream()>>>(n, batch_total, classes, logits, labels, grad_scale,
-                                                          dlogits, sample_loss, sample_correct);
+                                                          first, dlogits, sample_loss, sample_correct);
   ENGINE_CUDA_CHECK_LAUNCH("cross_entropy_kernel");
 }
 
@@ -663,17 +668,18 @@ double reduce_sum(int64_t n, const float* x) {
 }
 
 void gather_batch(int n, int pixels, const uint8_t* images, const uint8_t* labels,
-                  const int32_t* indices, float mean, float std, float* out, int32_t* labels_out) {
+                  const int32_t* indices, const int64_t* first, float mean, float std, float* out,
+                  int32_t* labels_out) {
   if (n <= 0) return;
   const int64_t total = static_cast<int64_t>(n) * (pixels > 0 ? pixels : 1);
   const float inv_std = 1.0f / std;
   gather_batch_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(
-      n, pixels, images, labels, indices, mean, inv_std, out, labels_out);
+      n, pixels, images, labels, indices, first, mean, inv_std, out, labels_out);
   ENGINE_CUDA_CHECK_LAUNCH("gather_batch_kernel");
 }
 
 void adam_update(int64_t n, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                 const AdamHyper& h, AdamStepFactors f) {
+                 const AdamHyper& h, const AdamStepFactors* f) {
   if (n <= 0) return;
   adam_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(n, param, grad, exp_avg,
                                                                  exp_avg_sq, h, f);

@@ -91,6 +91,11 @@ void copy_to_pinned_host_async(void* dst, const void* src, std::size_t bytes) {
   ENGINE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, Context::get().stream()));
 }
 
+void copy_from_pinned_host_async(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  ENGINE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, Context::get().stream()));
+}
+
 StreamMark mark_stream() {
   cudaEvent_t event = nullptr;
   // Blocking sync: the waiting writer thread sleeps instead of spinning on a core that

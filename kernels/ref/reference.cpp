@@ -223,11 +223,11 @@ void maxpool2x2_backward(const PoolShape& s, const float* dy, const int32_t* arg
   for (int64_t o = 0; o < out_n; ++o) dx[argmax[o]] += dy[o];
 }
 
-void dropout_forward(int64_t n, const float* x, float p, PhiloxStream stream, uint64_t offset,
-                     float* y, uint8_t* keep) {
+void dropout_forward(int64_t n, const float* x, float p, PhiloxStream stream, const uint64_t* counter,
+                     uint64_t offset, float* y, uint8_t* keep) {
   const float scale = dropout_scale(p);
   for (int64_t i = 0; i < n; ++i) {
-    keep[i] = dropout_keep(stream, offset, static_cast<uint64_t>(i), p) ? 1 : 0;
+    keep[i] = dropout_keep(stream, *counter + offset, static_cast<uint64_t>(i), p) ? 1 : 0;
     y[i] = keep[i] ? x[i] * scale : 0.0f;
   }
 }
@@ -237,9 +237,11 @@ void dropout_backward(int64_t n, const float* dy, const uint8_t* keep, float p, 
   for (int64_t i = 0; i < n; ++i) dx[i] = keep[i] ? dy[i] * scale : 0.0f;
 }
 
-void cross_entropy(int n, int batch_total, int classes, const float* logits,
-                        const int32_t* labels, float grad_scale, float* dlogits,
-                        float* sample_loss, float* sample_correct) {
+void cross_entropy(int n, int batch_total, int classes, const float* logits, const int32_t* labels,
+                   const float* grad_scale, const int64_t* first, float* dlogits, float* sample_loss,
+                   float* sample_correct) {
+  sample_loss += *first;
+  sample_correct += *first;
   for (int i = 0; i < n; ++i) {
     const float* z = logits + static_cast<int64_t>(i) * classes;
     int arg = 0;
@@ -255,7 +257,7 @@ void cross_entropy(int n, int batch_total, int classes, const float* logits,
       for (int k = 0; k < classes; ++k) {
         const double softmax = std::exp(z[k] - lse);
         dlogits[static_cast<int64_t>(i) * classes + k] =
-            static_cast<float>((softmax - (k == labels[i] ? 1.0 : 0.0)) * grad_scale / batch_total);
+            static_cast<float>((softmax - (k == labels[i] ? 1.0 : 0.0)) * *grad_scale / batch_total);
       }
   }
 }
@@ -280,8 +282,10 @@ double reduce_sum(int64_t n, const float* x) {
 }
 
 void gather_batch(int n, int pixels, const uint8_t* images, const uint8_t* labels,
-                  const int32_t* indices, float mean, float std, float* out, int32_t* labels_out) {
+                  const int32_t* indices, const int64_t* first, float mean, float std, float* out,
+                  int32_t* labels_out) {
   const float inv_std = 1.0f / std;
+  indices += *first;
   for (int i = 0; i < n; ++i) {
     const uint8_t* img = images + static_cast<int64_t>(indices[i]) * pixels;
     for (int p = 0; p < pixels; ++p)
@@ -291,8 +295,8 @@ void gather_batch(int n, int pixels, const uint8_t* images, const uint8_t* label
 }
 
 void adam_update(int64_t n, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                 const AdamHyper& h, AdamStepFactors f) {
-  for (int64_t i = 0; i < n; ++i) adam_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], h, f);
+                 const AdamHyper& h, const AdamStepFactors* f) {
+  for (int64_t i = 0; i < n; ++i) adam_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], h, *f);
 }
 
 void unscale_check(int64_t n, float* grad, float inv_scale, int32_t* found_inf) {

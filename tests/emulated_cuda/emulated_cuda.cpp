@@ -30,7 +30,8 @@
 //   op NAME arg=value ...   (pointers in hex; a chunked op's bounds as [b0,...,bchunks])
 //   alloc BYTES POINTER | copy_h2d BYTES | copy_d2h BYTES | copy_d2d BYTES | memset BYTES | sync
 //   copy_d2h BYTES result   (after an op that returns a value to the host: reduce_sum)
-// (pinned host memory: alloc_pinned BYTES, copy_d2h_async BYTES, mark, wait).
+// (pinned host memory: alloc_pinned BYTES, copy_d2h_async BYTES, copy_h2d_async BYTES, mark,
+// wait).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -153,6 +154,10 @@ void* alloc_pinned_host(std::size_t bytes) {
 void free_pinned_host(void* p) { std::free(p); }
 void copy_to_pinned_host_async(void* dst, const void* src, std::size_t bytes) {
   trace_bytes("copy_d2h_async", bytes);
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+void copy_from_pinned_host_async(void* dst, const void* src, std::size_t bytes) {
+  trace_bytes("copy_h2d_async", bytes);
   if (bytes) std::memcpy(dst, src, bytes);
 }
 StreamMark mark_stream() {

@@ -372,7 +372,8 @@ TEST_CASE("backward ops give identical bits when run twice") {
     gpu::relu_backward(n, y.get(), dy.get(), dx1.get());
     gpu::relu_backward(n, y.get(), dy.get(), dx2.get());
     check_bits(dx2.download(), dx1.download(), "relu dx twice");
-    gpu::dropout_forward(n, x.get(), 0.3f, PhiloxStream{11, 2}, 99, y.get(), keep.get());
+    DeviceArray<uint64_t> counter(std::vector<uint64_t>{90});
+    gpu::dropout_forward(n, x.get(), 0.3f, PhiloxStream{11, 2}, counter.get(), 9, y.get(), keep.get());
     gpu::dropout_backward(n, dy.get(), keep.get(), 0.3f, dx1.get());
     gpu::dropout_backward(n, dy.get(), keep.get(), 0.3f, dx2.get());
     check_bits(dx2.download(), dx1.download(), "dropout dx twice");
@@ -384,8 +385,10 @@ TEST_CASE("backward ops give identical bits when run twice") {
     for (int i = 0; i < n; ++i) labels[i] = i % classes;
     DeviceArray<float> zd(z), dl1(z.size()), dl2(z.size()), loss(n), corr(n);
     DeviceArray<int32_t> lab(labels);
-    gpu::cross_entropy(n, n, classes, zd.get(), lab.get(), 1.0f, dl1.get(), loss.get(), corr.get());
-    gpu::cross_entropy(n, n, classes, zd.get(), lab.get(), 1.0f, dl2.get(), loss.get(), corr.get());
+    DeviceArray<float> scale(std::vector<float>{1.0f});
+    DeviceArray<int64_t> first(std::vector<int64_t>{0});
+    gpu::cross_entropy(n, n, classes, zd.get(), lab.get(), scale.get(), first.get(), dl1.get(), loss.get(), corr.get());
+    gpu::cross_entropy(n, n, classes, zd.get(), lab.get(), scale.get(), first.get(), dl2.get(), loss.get(), corr.get());
     check_bits(dl2.download(), dl1.download(), "cross_entropy dlogits twice");
   }
 }

@@ -128,11 +128,14 @@ OP_CASE("masks from Philox bit for bit, every p and offset", dropout_forward, dr
           const auto x = uniform(static_cast<std::size_t>(n), g, -2.0f, 2.0f);
           std::vector<float> y_ref(x.size());
           std::vector<uint8_t> k_ref(x.size());
-          ref::dropout_forward(n, x.data(), p, stream, offset, y_ref.data(), k_ref.data());
+          // The counter (in memory) and the call's own offset add up: the whole offset
+          // split two ways gives the same bits.
+          const uint64_t counter = offset / 3, zero = 0;
+          ref::dropout_forward(n, x.data(), p, stream, &zero, offset, y_ref.data(), k_ref.data());
           Mem m(b);
           float* y = m.out<float>(x.size());
           uint8_t* k = m.out<uint8_t>(x.size());
-          b.ops->dropout_forward(n, m.in(x), p, stream, offset, y, k);
+          b.ops->dropout_forward(n, m.in(x), p, stream, m.value(counter), offset - counter, y, k);
           check_bits("dropout keep", m.get(k), k_ref);
           check_bits("dropout y", m.get(y), y_ref);
           // The documented rule, independent of both backends.
@@ -169,13 +172,22 @@ void check_ce(const Backend& b, int n, int total, int classes, const std::vector
   double zmax = 0.0;
   for (float v : z) zmax = std::max(zmax, static_cast<double>(std::fabs(v)));
   std::vector<float> l_ref(n), c_ref(n), d_ref(z.size());
-  ref::cross_entropy(n, total, classes, z.data(), labels.data(), scale, d_ref.data(), l_ref.data(), c_ref.data());
+  const int64_t zero = 0, first = 5;  // the backend writes from element `first`
+  ref::cross_entropy(n, total, classes, z.data(), labels.data(), &scale, &zero, d_ref.data(), l_ref.data(),
+                     c_ref.data());
   Mem m(b);
   const float* zd = m.in(z);
   const int32_t* ld = m.in(labels);
-  float *l = m.out<float>(n), *c = m.out<float>(n), *d = m.out<float>(z.size());
-  b.ops->cross_entropy(n, total, classes, zd, ld, scale, d, l, c);
-  const auto lg = m.get(l), cg = m.get(c), dg = m.get(d);
+  const float* scale_d = m.value(scale);
+  const int64_t* first_d = m.value(first);
+  float *l = m.out<float>(n + first), *c = m.out<float>(n + first), *d = m.out<float>(z.size());
+  b.ops->cross_entropy(n, total, classes, zd, ld, scale_d, first_d, d, l, c);
+  const auto after_first = [&](const std::vector<float>& v) {
+    const std::vector<float> before(v.begin(), v.begin() + first);
+    check_bits("ce: the elements before first untouched", before, Mem::poison<float>(first));
+    return std::vector<float>(v.begin() + first, v.end());
+  };
+  const auto lg = after_first(m.get(l)), cg = after_first(m.get(c)), dg = m.get(d);
   if (b.cuda) {
     check_rel("ce loss", lg, l_ref, 1e-5, 1e-6);
     check_rel("ce dlogits", dg, d_ref, 1e-5, 1e-6 * magnitude(d_ref));
@@ -186,10 +198,10 @@ void check_ce(const Backend& b, int n, int total, int classes, const std::vector
   }
   check_bits("ce correct", cg, c_ref);
   // dlogits null: the per-sample outputs do not change.
-  float *l2 = m.out<float>(n), *c2 = m.out<float>(n);
-  b.ops->cross_entropy(n, total, classes, zd, ld, scale, nullptr, l2, c2);
-  check_bits("ce loss with dlogits null", m.get(l2), lg);
-  check_bits("ce correct with dlogits null", m.get(c2), cg);
+  float *l2 = m.out<float>(n + first), *c2 = m.out<float>(n + first);
+  b.ops->cross_entropy(n, total, classes, zd, ld, nullptr, first_d, nullptr, l2, c2);
+  check_bits("ce loss with dlogits null", after_first(m.get(l2)), lg);
+  check_bits("ce correct with dlogits null", after_first(m.get(c2)), cg);
   if (d_out) *d_out = dg;
   if (l_out) *l_out = l_ref;
   if (c_out) *c_out = c_ref;
@@ -226,8 +238,11 @@ OP_CASE("loss, correct, dlogits; ties (first maximum wins); grad_scale 1, 1024, 
       std::vector<float> d, l_ref, c_ref;
       check_ce(b, cs.n, cs.n, cs.classes, z, labels, scale, &d, &l_ref, &c_ref);
       std::vector<float> d_ref(z.size()), l3(cs.n), c3(cs.n), l4(cs.n), c4(cs.n);
-      ref::cross_entropy(cs.n, cs.n, cs.classes, z.data(), labels.data(), scale, d_ref.data(), l4.data(), c4.data());
-      ref::cross_entropy(cs.n, cs.n, cs.classes, z.data(), labels.data(), scale, nullptr, l3.data(), c3.data());
+      const int64_t zero = 0;
+      ref::cross_entropy(cs.n, cs.n, cs.classes, z.data(), labels.data(), &scale, &zero, d_ref.data(), l4.data(),
+                         c4.data());
+      ref::cross_entropy(cs.n, cs.n, cs.classes, z.data(), labels.data(), nullptr, &zero, nullptr, l3.data(),
+                         c3.data());
       check_bits("ref ce loss with dlogits null", l3, l_ref);
       check_bits("ref ce correct with dlogits null", c3, c_ref);
       // The definition, checked in long double on the reference.
@@ -306,10 +321,13 @@ OP_CASE("NaN logits follow the reference's argmax rule", cross_entropy) {
   at(4, 5) = kNaN, at(4, 2) = 8.0f, at(4, 18) = 8.0f;  // tie behind a NaN: first wins
   const std::vector<int32_t> labels = {0, 7, 3, 0, 2, 11};
   std::vector<float> dl_ref(logits.size()), loss_ref(n), corr_ref(n);
-  ref::cross_entropy(n, n, classes, logits.data(), labels.data(), 1.0f, dl_ref.data(), loss_ref.data(), corr_ref.data());
+  const float one = 1.0f;
+  const int64_t zero = 0;
+  ref::cross_entropy(n, n, classes, logits.data(), labels.data(), &one, &zero, dl_ref.data(), loss_ref.data(),
+                     corr_ref.data());
   Mem m(b);
   float *dl = m.out<float>(logits.size()), *loss = m.out<float>(n), *corr = m.out<float>(n);
-  b.ops->cross_entropy(n, n, classes, m.in(logits), m.in(labels), 1.0f, dl, loss, corr);
+  b.ops->cross_entropy(n, n, classes, m.in(logits), m.in(labels), m.value(one), m.value(zero), dl, loss, corr);
   check_bits("cross_entropy NaN rows: correct", m.get(corr), corr_ref);
   check_rel("cross_entropy NaN rows: loss", m.get(loss), loss_ref, 1e-5, 1e-6);
   check_rel("cross_entropy NaN rows: dlogits", m.get(dl), dl_ref, 1e-5, 1e-6);
@@ -403,12 +421,17 @@ OP_CASE("bit for bit: bytes 0 and 255, repeated indices, the definition", gather
       const float mean = 0.2860f, std = 0.3530f;
       std::vector<float> out_ref(static_cast<std::size_t>(n) * pixels);
       std::vector<int32_t> lab_ref(n);
-      ref::gather_batch(n, pixels, images.data(), labels.data(), indices.data(), mean, std, out_ref.data(),
+      const int64_t zero = 0;
+      ref::gather_batch(n, pixels, images.data(), labels.data(), indices.data(), &zero, mean, std, out_ref.data(),
                         lab_ref.data());
+      // The backend reads the same indices after 7 others, from first = 7.
+      std::vector<int32_t> shifted(7, images_n - 1);
+      shifted.insert(shifted.end(), indices.begin(), indices.end());
+      const int64_t first = 7;
       Mem m(b);
       float* out = m.out<float>(out_ref.size());
       int32_t* lab = m.out<int32_t>(n);
-      b.ops->gather_batch(n, pixels, m.in(images), m.in(labels), m.in(indices), mean, std, out, lab);
+      b.ops->gather_batch(n, pixels, m.in(images), m.in(labels), m.in(shifted), m.value(first), mean, std, out, lab);
       check_bits("gather out", m.get(out), out_ref);
       check_bits("gather labels", m.get(lab), lab_ref);
       int wrong = 0;  // the definition: (byte / 255 - mean) / std, to float accuracy
@@ -455,8 +478,8 @@ OP_CASE("bit for bit over three steps: decoupled and L2 decay, zero and tiny gra
           f.decay_factor = static_cast<float>(1.0 - 3e-3 * wd);
           f.one_minus_beta1 = static_cast<float>(1.0 - 0.9);
           f.one_minus_beta2 = static_cast<float>(1.0 - 0.999);
-          ref::adam_update(n, p_ref.data(), grad.data(), m_ref.data(), v_ref.data(), h, f);
-          b.ops->adam_update(n, p, m.in(grad), md, vd, h, f);
+          ref::adam_update(n, p_ref.data(), grad.data(), m_ref.data(), v_ref.data(), h, &f);
+          b.ops->adam_update(n, p, m.in(grad), md, vd, h, m.value(f));
           check_bits("adam param", m.get(p), p_ref);
           check_bits("adam exp_avg", m.get(md), m_ref);
           check_bits("adam exp_avg_sq", m.get(vd), v_ref);

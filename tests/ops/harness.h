@@ -116,6 +116,11 @@ class Mem {
     put(p, host);
     return p;
   }
+  // One value in the backend's memory: what an op reads as a per-step value.
+  template <class T>
+  const T* value(const T& v) {
+    return in(std::vector<T>{v});
+  }
   template <class T>
   T* out(std::size_t n) {
     T* p = static_cast<T*>(alloc(n * sizeof(T)));

@@ -179,9 +179,13 @@ int main(int argc, char** argv) {
   b.op("relu2 forward", 0, [&] { cpu::relu_forward(n * 3136, m2.data(), r2.data()); });
   b.op("fc1 forward", 2.0 * n * 3136 * 128 * 1e-9, [&] { cpu::linear_forward_chunks(f1, chunks, bounds, r2.data(), wf1.data(), bf1.data(), h1.data()); });
   b.op("relu3 forward", 0, [&] { cpu::relu_forward(n * 128, h1.data(), hr.data()); });
-  b.op("dropout forward", 0, [&] { cpu::dropout_forward(n * 128, hr.data(), 0.25f, engine::PhiloxStream{0, 1}, 0, hd.data(), keep.data()); });
+  // The per-step values the ops read from (here host) memory.
+  const uint64_t zero_u64 = 0;
+  const int64_t zero_i64 = 0;
+  const float one_f32 = 1.0f;
+  b.op("dropout forward", 0, [&] { cpu::dropout_forward(n * 128, hr.data(), 0.25f, engine::PhiloxStream{0, 1}, &zero_u64, 0, hd.data(), keep.data()); });
   b.op("fc2 forward", 2.0 * n * 128 * 10 * 1e-9, [&] { cpu::linear_forward_chunks(f2, chunks, bounds, hd.data(), wf2.data(), bf2.data(), logits.data()); });
-  b.op("cross-entropy", 0, [&] { cpu::cross_entropy(n, n, classes, logits.data(), labels.data(), 1.0f, dlogits.data(), loss.data(), correct.data()); });
+  b.op("cross-entropy", 0, [&] { cpu::cross_entropy(n, n, classes, logits.data(), labels.data(), &one_f32, &zero_i64, dlogits.data(), loss.data(), correct.data()); });
   // ---- backward
   b.op("fc2 backward", 4.0 * n * 128 * 10 * 1e-9, [&] { cpu::linear_backward_chunks(f2, chunks, bounds, hd.data(), wf2.data(), dlogits.data(), dh.data(), dwf2.data(), dbf2.data()); });
   b.op("dropout backward", 0, [&] { cpu::dropout_backward(n * 128, g_h.data(), keep.data(), 0.25f, dh2.data()); });
@@ -203,7 +207,7 @@ int main(int argc, char** argv) {
   for (auto* p : params) grads.push_back(*p), m.emplace_back(p->size(), 0.0f), v.emplace_back(p->size(), 0.0f);
   b.op("adamw (all parameters)", 0, [&] {
     for (std::size_t i = 0; i < params.size(); ++i)
-      cpu::adam_update(static_cast<int64_t>(params[i]->size() / ranks), params[i]->data(), grads[i].data(), m[i].data(), v[i].data(), h, sf);
+      cpu::adam_update(static_cast<int64_t>(params[i]->size() / ranks), params[i]->data(), grads[i].data(), m[i].data(), v[i].data(), h, &sf);
   });
 
   double total = 0, flops = 0;

@@ -16,6 +16,7 @@
 namespace engine {
 
 class GradientParts;
+class StepValues;
 
 class BatchChunks {
  public:
@@ -71,6 +72,11 @@ class BatchChunks {
   // of completing them itself. Null (the default): each layer completes its own.
   void defer_gradients(GradientParts* parts) { deferred_ = parts; }
   GradientParts* deferred_gradients() const { return deferred_; }
+  // The step's values in device memory (engine/core/step_values.h), which ops read
+  // rather than take as arguments (dropout's counter). Null (the default): such an op
+  // sends its value itself.
+  void use_step_values(const StepValues* values) { step_values_ = values; }
+  const StepValues* step_values() const { return step_values_; }
   // batch_values: the whole batch's per-sample values (global_batch() * per_sample),
   // of which this rank filled its own samples; receives every other rank's.
   void gather_samples(float* batch_values, int per_sample = 1) const;
@@ -96,6 +102,7 @@ class BatchChunks {
   std::vector<int> rank_block_count_;
   int most_blocks_ = 1;
   GradientParts* deferred_ = nullptr;
+  const StepValues* step_values_ = nullptr;
 };
 
 // Throws std::invalid_argument unless `chunks` (dist.chunks) is a power of two in

@@ -1,6 +1,7 @@
 // Adam and AdamW (PyTorch semantics; see kernels/elementwise.h adam_element). State is
 // keyed by parameter name, never by position: exp_avg/<name>, exp_avg_sq/<name>, step/<name>.
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -8,6 +9,8 @@
 #include "engine/core/parameter_shards.h"
 
 namespace engine {
+
+class StepValues;
 
 class AdamOptimizer : public Stateful {
  public:
@@ -21,6 +24,12 @@ class AdamOptimizer : public Stateful {
   // One update of every parameter from its .grad (sharded: of this rank's shard only,
   // from the shard of .grad that ParameterShards::reduce_scatter completed).
   void step();
+  // The same in two halves, for a caller that sends the step's values itself (the
+  // Trainer, engine/core/step_values.h): prepare_step writes the next update's factors
+  // (learning rate and bias corrections, one per tensor) into values.adam; step(values)
+  // runs the update reading them from the values' upload.
+  void prepare_step(StepValues& values) const;
+  void step(const StepValues& values);
   // Re-creates the moments on the parameters' current device (after a model move).
   void to(Device device);
 
@@ -53,6 +62,7 @@ class AdamOptimizer : public Stateful {
   double lr_, beta1_, beta2_, eps_, weight_decay_;
   std::vector<Slot> slots_;
   bool sharded_ = false;
+  std::shared_ptr<StepValues> own_values_;  // step()'s
 };
 
 }  // namespace engine

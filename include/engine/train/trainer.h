@@ -105,6 +105,7 @@ struct FitResult {
 class TimeBudget;
 class RunProtocol;
 class BatchChunks;
+class StepValues;
 class Trainer;
 
 // Where fit() keeps its run: the checkpoints at the points the loop chooses and the
@@ -337,7 +338,9 @@ class Trainer {
   GradientParts grad_parts_;
   std::vector<Tensor*> param_values_, param_grads_;
 
-  // Workspaces.
+  // The values that change from one step to the next, in device memory (one upload a step).
+  std::unique_ptr<StepValues> step_values_;
+  // Workspaces. sample_correct_: the epoch's, as epoch_sample_loss_ (unread).
   Tensor batch_x_, batch_labels_, permutation_, sample_correct_, eval_loss_, eval_correct_;
   Tensor dlogits_;
 };
