@@ -38,6 +38,17 @@ using StreamMark = std::shared_ptr<void>;
 StreamMark mark_stream();
 // Blocks (sleeping, not spinning) until the work before `mark` is done; null: returns.
 void wait_for(const StreamMark& mark);
+// CUDA graphs of the compute stream (the training step, engine/train/trainer_step.cpp).
+// Between begin_capture and end_capture, what this thread queues on the compute stream is
+// recorded, not run; end_capture returns the recording, instantiated, for launch() to
+// replay (each replay reads its buffers and the per-step values at the addresses they
+// had in the capture). abandon_capture ends a capture that failed half-way, keeping
+// nothing.
+using Graph = std::shared_ptr<void>;
+void begin_capture();
+Graph end_capture();
+void abandon_capture();
+void launch(const Graph& graph);
 // The compute stream every op runs on, as a cudaStream_t (for NCCL, which must order
 // its exchanges on it: engine/core/collective/nccl_collective.cpp). Defined in kernels/cuda/chunk_ops.cu.
 void* compute_stream();

@@ -25,6 +25,10 @@ void* alloc_pinned_host(std::size_t) { unavailable(); }
 void free_pinned_host(void*) {}
 void copy_to_pinned_host_async(void*, const void*, std::size_t) { unavailable(); }
 void copy_from_pinned_host_async(void*, const void*, std::size_t) { unavailable(); }
+void begin_capture() { unavailable(); }
+Graph end_capture() { unavailable(); }
+void abandon_capture() {}
+void launch(const Graph&) { unavailable(); }
 StreamMark mark_stream() { unavailable(); }
 void wait_for(const StreamMark&) {}
 void* compute_stream() { unavailable(); }

@@ -51,7 +51,7 @@ while [ $# -gt 0 ]; do
 done
 
 # Stage budgets, seconds (keep the header comment in step).
-declare -A BUDGET=([setup]=25 [op-tests]=45 [train]=30 [nccl]=25 [ranks]=20 [resume]=60 [bench]=100 [ncu]=40 [sanitize]=85 [ab]=40)
+declare -A BUDGET=([setup]=25 [op-tests]=45 [train]=30 [graphs]=35 [nccl]=25 [ranks]=20 [resume]=60 [bench]=90 [ncu]=35 [sanitize]=65 [ab]=40)
 
 
 mkdir -p "$OUT"
@@ -200,6 +200,24 @@ if stage_begin train; then
   run train "$(left)" "${TRAIN[@]}" --run-dir "$RUN" --set train.epochs="$EPOCHS"
   [ -f "$RUN/metrics.jsonl" ] && sed 's/^/    /' "$RUN/metrics.jsonl" | tee -a "$SUMMARY"
   run verify-last "$(left)" "$ENGINE_BIN" verify "$RUN/last.h5"
+fi
+
+# ---- graphs --------------------------------------------------------------------------
+# cuda.graphs=true (each step replayed as a CUDA graph) must give the eager run's bits,
+# and a run stopped after an epoch and resumed with graphs on the straight run's.
+CURRENT=graphs
+if stage_begin graphs; then
+  G=(--set data.train_limit=4096 --set data.test_limit=512 --set checkpoint.verify=false
+     --set cuda.batch_chunks=false --set train.epochs=2)
+  rm -rf /tmp/engine-graphs-off /tmp/engine-graphs-on /tmp/engine-graphs-resumed
+  run graphs-off "$(left)" "${TRAIN[@]}" --fresh --run-dir /tmp/engine-graphs-off "${G[@]}" --set cuda.graphs=false
+  run graphs-on "$(left)" "${TRAIN[@]}" --fresh --run-dir /tmp/engine-graphs-on "${G[@]}" --set cuda.graphs=true
+  run graphs-diff "$(left)" "$ENGINE_BIN" diff /tmp/engine-graphs-off/last.h5 /tmp/engine-graphs-on/last.h5
+  run graphs-stop "$(left)" "${TRAIN[@]}" --fresh --run-dir /tmp/engine-graphs-resumed "${G[@]}" --set cuda.graphs=true \
+    --stop-after-epochs 1
+  run graphs-resume "$(left)" "${TRAIN[@]}" --run-dir /tmp/engine-graphs-resumed "${G[@]}" \
+    --set cuda.graphs=true
+  run graphs-resume-diff "$(left)" "$ENGINE_BIN" diff /tmp/engine-graphs-on/last.h5 /tmp/engine-graphs-resumed/last.h5
 fi
 
 # ---- nccl ----------------------------------------------------------------------------

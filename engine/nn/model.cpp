@@ -31,6 +31,10 @@ void SequentialModel::backward(const Tensor& dlogits) {
     g = layers_[i]->backward(g, i == 0 ? InputGrad::NotNeeded : InputGrad::Needed);
 }
 
+void SequentialModel::replayed_train_step() {
+  for (Layer* l : layers_) l->replayed_train_forward();
+}
+
 bool SequentialModel::set_batch_chunks(const BatchChunks* chunks) {
   for (Layer* l : layers_) l->set_batch_chunks(chunks);
   return true;

@@ -47,6 +47,10 @@ void AdamOptimizer::step() {
   step(*own_values_);
 }
 
+void AdamOptimizer::replayed_step() {
+  for (Slot& s : slots_) ++s.step;
+}
+
 void AdamOptimizer::step(const StepValues& values) {
   kernels::AdamHyper h;
   h.lr = static_cast<float>(lr_);

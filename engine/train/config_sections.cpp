@@ -116,6 +116,8 @@ const ConfigSection<CudaConfig>& cuda_config_keys() {
           R"doc(Restrict cuDNN to deterministic algorithms, so the same seed gives the same bits. `false` allows faster algorithms that may be non-deterministic. It has no effect on the CPU.)doc"),
       boolean_key("batch_chunks", &S::batch_chunks,
           R"doc(`true`: compute every batch by its 8 fixed chunks (docs/distributed.md, "GPU ranks"), so a CUDA run gives the same bits at every world size. `false` runs each layer over the whole batch at once: faster, but one process only (a CUDA run on several ranks is refused). The default stays `false` until the chunked CUDA kernels have run on GPUs more than once (they ran once, on an H200: `tools/gpu-check.sh`, stages op-tests, nccl and ranks). It has no effect on the CPU, which always computes by chunks.)doc"),
+      boolean_key("graphs", &S::graphs,
+          R"doc(`true`: after one step of a batch size that allocates nothing, capture the next step of that size as a CUDA graph and replay it for every later one: one launch a step instead of about 60, and the same bits as `false`, which launches every op of every step. Used in one process with `cuda.batch_chunks=false` in fp32 (the chunked path and the fp16 loss scaler still read values back to the host inside a step); elsewhere steps run eagerly. The default stays `false` until graphs have run on a GPU (`tools/gpu-check.sh`, stage graphs); on an emulated device (tests/emulated_cuda/) graphs on and off give the same checkpoint. It has no effect on the CPU.)doc"),
   };
   return keys;
 }

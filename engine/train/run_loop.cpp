@@ -118,6 +118,7 @@ FitResult Trainer::fit_loop(const StopPlan& stop) {
       return stopped(FitResult::StopCause::TimeLimit);
     }
     // Training is over: hold the test images instead of the training images.
+    drop_step_graphs();  // they point into the workspaces
     model_->release_workspaces();
     data_->release(Split::Train);
     result.test = evaluate_unless_stopped(Split::Test);
@@ -285,6 +286,7 @@ void Trainer::end_epoch(double seconds, bool& stop_early, bool& interrupted) {
 
   // The activation buffers are rebuilt by the next forward; without them the
   // checkpoint image and its verification do not add to the training peak.
+  drop_step_graphs();  // they point into the workspaces
   model_->release_workspaces();
   batch_x_ = batch_labels_ = dlogits_ = sample_correct_ = Tensor();
   save(CheckpointKind::Last);

@@ -15,6 +15,7 @@
 #include "engine/train/export.h"
 #include "train/run_protocol.h"
 #include "train/save_verification.h"
+#include "train/step_graphs.h"
 #include "train/time_budget.h"
 #include "train/trainer_common.h"
 
@@ -335,6 +336,7 @@ StateReport Trainer::restore(const Checkpoint& ckpt, LoadMode mode, RestoreObser
   // Every component touched is rolled back on failure, the one that threw included: it
   // may have changed part of its state before throwing.
   std::size_t touched = 0;
+  drop_step_graphs();  // a load may replace the tensors they point into
   try {
     for (std::size_t i = 0; i < comps.size(); ++i) {
       auto it = groups.find(comps[i].first);

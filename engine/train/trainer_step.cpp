@@ -1,12 +1,16 @@
 #include "engine/train/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
 
 #include "engine/core/batch_chunks.h"
 #include "core/step_values.h"
+#include "engine/core/device.h"
+#include "kernels/cuda/settings.h"
+#include "train/step_graphs.h"
 #include "core/tensor_ops.h"
 #include "train/run_protocol.h"
 #include "train/time_budget.h"
@@ -39,9 +43,41 @@ void Trainer::prepare_epoch() {
                                                      static_cast<int32_t>(n));
   Tensor perm_host = Tensor::empty({n}, DType::I32);
   std::copy(perm.begin(), perm.end(), perm_host.i32());
-  permutation_ = device_.is_cpu() ? perm_host : perm_host.to(device_);
+  // Into the same buffer when it has one (a CUDA graph of the step reads it there).
+  if (permutation_.defined() && permutation_.numel() == n && permutation_.device() == device_)
+    permutation_.copy_from(perm_host);
+  else
+    permutation_ = device_.is_cpu() ? perm_host : perm_host.to(device_);
   permutation_offset_ = epoch_shuffle_offset_;
   epoch_clock_ = env_.monotonic_now();
+}
+
+namespace {
+
+// Makes `t` a buffer of this shape on `device`: kept, a prefix view of its storage when a
+// smaller shape fits there (the epoch's last batch), else a new allocation. Buffers keep
+// their addresses from step to step, as a CUDA graph of the step needs.
+void fit_buffer(Tensor& t, const Shape& shape, DType dtype, Device device) {
+  if (t.defined() && t.device() == device && t.dtype() == dtype) {
+    if (t.shape() == shape) return;
+    if (static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype) <= t.storage_bytes()) {
+      t = t.prefix_view(shape);
+      return;
+    }
+  }
+  t = Tensor();
+  t = Tensor::empty(shape, dtype, device);
+}
+
+}  // namespace
+
+bool Trainer::step_graphs_apply() const {
+  return cfg_.cuda.graphs && device_.is_cuda() && !kernels::cuda::batch_chunks() && !shards_ && !scaler_->active() &&
+         collective_->size() == 1 && model_->supports_step_graphs();
+}
+
+void Trainer::drop_step_graphs() {
+  if (step_graphs_) step_graphs_->drop();
 }
 
 void Trainer::run_step() {
@@ -51,6 +87,12 @@ void Trainer::run_step() {
   const int classes = model_->num_classes();
   const int64_t start = step_in_epoch_ * batch;
   const int b = static_cast<int>(std::min<int64_t>(batch, n - start));
+  // A graph reads its buffers where they were when it was captured: any allocation since
+  // the last step (a buffer made again) drops every graph.
+  const bool graphs = step_graphs_apply();
+  if (!step_graphs_) step_graphs_ = std::make_unique<StepGraphs>();
+  if (device_activity().allocations != step_graphs_->allocations_seen) drop_step_graphs();
+  const uint64_t allocations_before = device_activity().allocations;
   // This rank's chunks of the batch (all of it in one process, docs/distributed.md).
   BatchChunks plan(b, collective_, cfg_.dist.chunks);
   if (shards_) {
@@ -62,12 +104,10 @@ void Trainer::run_step() {
   }
   const int local = plan.local_count();
   const int64_t first = start + plan.local_begin();
-  if (!batch_x_.defined() || batch_x_.dim(0) != local) {
-    batch_x_ = Tensor::empty(batch_shape(local), DType::F32, device_);
-    batch_labels_ = Tensor::empty({local}, DType::I32, device_);
-    dlogits_ = Tensor::empty({local, classes}, DType::F32, device_);
-  }
-  if (sample_correct_.numel() != n) sample_correct_ = Tensor::empty({n}, DType::F32, device_);
+  fit_buffer(batch_x_, batch_shape(local), DType::F32, device_);
+  fit_buffer(batch_labels_, {local}, DType::I32, device_);
+  fit_buffer(dlogits_, {local, classes}, DType::F32, device_);
+  fit_buffer(sample_correct_, {n}, DType::F32, device_);
   // Every value of this step that its kernels read and that differs from the last
   // step's, in one upload: the launches below are then the same every step.
   if (!step_values_) step_values_ = std::make_unique<StepValues>();
@@ -78,17 +118,56 @@ void Trainer::run_step() {
   optimizer_->prepare_step(values);
   values.upload(device_);
   plan.use_step_values(&values);
-  tt::gather_batch(train.images, train.labels, permutation_, values.sample_first(), local,
-                   static_cast<float>(cfg_.data.mean), static_cast<float>(cfg_.data.std), batch_x_, batch_labels_);
   struct PlanScope {
     Model& m;
     ~PlanScope() { m.set_batch_chunks(nullptr); }
   } plan_scope{*model_};
   model_->set_batch_chunks(&plan);
+
+  const bool allocated = device_activity().allocations != allocations_before;
+  if (graphs && allocated) drop_step_graphs();
+  if (const StepGraphs::Graph* g = graphs && !allocated ? step_graphs_->find(local) : nullptr) {
+    // The host's part of the step, as the capture did it; then the device's, replayed.
+    for (int s = 0; s < kRngStreamCount; ++s)
+      if (g->draws[s]) rng_.take(static_cast<RngStream>(s), g->draws[s]);
+    model_->replayed_train_step();
+    optimizer_->replayed_step();
+    kernels::cuda::launch(g->graph);
+  } else if (graphs && !allocated && step_graphs_->ready(local)) {
+    std::array<uint64_t, kRngStreamCount> before{};
+    for (int s = 0; s < kRngStreamCount; ++s) before[s] = rng_.counter(static_cast<RngStream>(s));
+    kernels::cuda::begin_capture();
+    try {
+      step_device_work(plan, b, local);
+    } catch (...) {
+      kernels::cuda::abandon_capture();
+      drop_step_graphs();
+      throw;
+    }
+    StepGraphs::Graph g{kernels::cuda::end_capture(), {}};
+    for (int s = 0; s < kRngStreamCount; ++s) g.draws[s] = rng_.counter(static_cast<RngStream>(s)) - before[s];
+    // The capture ran the step's host part and recorded its device part: run that now.
+    kernels::cuda::launch(g.graph);
+    step_graphs_->add(local, std::move(g));
+  } else {
+    step_device_work(plan, b, local);
+    if (graphs) step_graphs_->eager_step_done(local, device_activity().allocations != allocations_before);
+  }
+  step_graphs_->allocations_seen = device_activity().allocations;
+  ++step_in_epoch_;
+  ++global_step_;
+}
+
+void Trainer::step_device_work(const BatchChunks& plan, int batch_total, int local) {
+  const SplitData& train = data_->get(Split::Train);
+  const StepValues& values = *step_values_;
+  const int64_t start = step_in_epoch_ * cfg_.data.batch_size;
+  tt::gather_batch(train.images, train.labels, permutation_, values.sample_first(), local,
+                   static_cast<float>(cfg_.data.mean), static_cast<float>(cfg_.data.std), batch_x_, batch_labels_);
   Tensor logits = model_->forward(batch_x_, Mode::Train, rng_);
   // This rank's samples' losses, and the gradient of the mean over the global batch.
-  tt::cross_entropy(logits, batch_labels_, b, values.loss_scale(), &dlogits_, epoch_sample_loss_, sample_correct_,
-                    values.sample_first());
+  tt::cross_entropy(logits, batch_labels_, batch_total, values.loss_scale(), &dlogits_, epoch_sample_loss_,
+                    sample_correct_, values.sample_first());
   model_->backward(dlogits_);
   // Every rank holds every sample's loss (the state is the same on all ranks).
   gather_samples(plan, epoch_sample_loss_.f32() + start);
@@ -103,8 +182,6 @@ void Trainer::run_step() {
     optimizer_->step(values);
     if (shards_) shards_->allgather(param_values_);
   }
-  ++step_in_epoch_;
-  ++global_step_;
 }
 
 double Trainer::epoch_elapsed_seconds() const {

@@ -110,6 +110,32 @@ void wait_for(const StreamMark& mark) {
   if (mark) ENGINE_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(mark.get())));
 }
 
+void begin_capture() {
+  // Thread-local: the async save's writer thread may copy on its own while this thread
+  // captures the step.
+  ENGINE_CUDA_CHECK(cudaStreamBeginCapture(Context::get().stream(), cudaStreamCaptureModeThreadLocal));
+}
+
+Graph end_capture() {
+  cudaGraph_t graph = nullptr;
+  ENGINE_CUDA_CHECK(cudaStreamEndCapture(Context::get().stream(), &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  ENGINE_CUDA_CHECK(made);
+  return Graph(exec, [](void* g) { (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g)); });
+}
+
+void abandon_capture() {
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamEndCapture(Context::get().stream(), &graph) == cudaSuccess && graph) (void)cudaGraphDestroy(graph);
+  (void)cudaGetLastError();  // an invalidated capture leaves its error behind: not the next op's
+}
+
+void launch(const Graph& graph) {
+  ENGINE_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph.get()), Context::get().stream()));
+}
+
 void synchronize() {
   // Nothing can be queued before the context exists; do not create it (or touch the
   // driver) just to wait for nothing.

@@ -31,11 +31,12 @@
 //   alloc BYTES POINTER | copy_h2d BYTES | copy_d2h BYTES | copy_d2d BYTES | memset BYTES | sync
 //   copy_d2h BYTES result   (after an op that returns a value to the host: reduce_sum)
 // (pinned host memory: alloc_pinned BYTES, copy_d2h_async BYTES, copy_h2d_async BYTES, mark,
-// wait).
+// wait; graphs: capture_begin, capture_end OPS, graph_launch OPS, then the graph's ops).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <new>
 #include <stdexcept>
@@ -107,6 +108,17 @@ void host_tree_sum_parts(int count, int64_t len, const T* parts, T* out) {
   }
 }
 
+// ---- Graph capture ------------------------------------------------------------------------
+// A capture records the ops (and memsets) queued meanwhile as closures; a launch runs
+// them in order, traced as they run, after a `graph_launch N` line. What CUDA refuses
+// during a capture (an allocation, a copy the host waits for, a value read back) throws.
+
+std::vector<std::function<void()>>* g_recording = nullptr;
+
+[[noreturn]] void capture_refused(const std::string& what) {
+  throw std::logic_error("emulated CUDA: " + what + " during a graph capture");
+}
+
 template <class R>
 void trace_result() {
   if constexpr (!std::is_void_v<R>)
@@ -124,6 +136,7 @@ void set_device(int index) {
   if (index != 0) throw std::runtime_error("emulated CUDA: no device " + std::to_string(index));
 }
 void* alloc(std::size_t bytes) {
+  if (g_recording) capture_refused("an allocation of " + std::to_string(bytes) + " bytes");
   void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
   if (!p) throw std::bad_alloc();
   if (trace_file()) trace_line("alloc " + std::to_string(bytes) + " " + test_support::hex(p));
@@ -131,6 +144,7 @@ void* alloc(std::size_t bytes) {
 }
 void free(void* p) { std::free(p); }
 void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind) {
+  if (g_recording && kind != CopyKind::DeviceToDevice) capture_refused("a copy the host waits for");
   trace_bytes(kind == CopyKind::HostToDevice   ? "copy_h2d"
               : kind == CopyKind::DeviceToHost ? "copy_d2h"
                                                : "copy_d2d",
@@ -138,10 +152,18 @@ void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind) {
   if (bytes) std::memmove(dst, src, bytes);
 }
 void memset_zero(void* p, std::size_t bytes) {
+  if (g_recording) {
+    g_recording->push_back([=] {
+      trace_bytes("memset", bytes);
+      if (bytes) std::memset(p, 0, bytes);
+    });
+    return;
+  }
   trace_bytes("memset", bytes);
   if (bytes) std::memset(p, 0, bytes);
 }
 void synchronize() {
+  if (g_recording) capture_refused("a synchronization");
   if (trace_file()) trace_line("sync");
 }
 void* alloc_pinned_host(std::size_t bytes) {
@@ -157,8 +179,32 @@ void copy_to_pinned_host_async(void* dst, const void* src, std::size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
 }
 void copy_from_pinned_host_async(void* dst, const void* src, std::size_t bytes) {
+  if (g_recording) capture_refused("the per-step values' upload (it belongs before the graph's launch)");
   trace_bytes("copy_h2d_async", bytes);
   if (bytes) std::memcpy(dst, src, bytes);
+}
+void begin_capture() {
+  if (g_recording) capture_refused("a second capture");
+  if (trace_file()) trace_line("capture_begin");
+  g_recording = new std::vector<std::function<void()>>();
+}
+Graph end_capture() {
+  if (!g_recording) throw std::logic_error("emulated CUDA: end_capture without a capture");
+  auto* ops = g_recording;
+  g_recording = nullptr;
+  if (trace_file()) trace_line("capture_end " + std::to_string(ops->size()));
+  return Graph(ops, [](void* p) { delete static_cast<std::vector<std::function<void()>>*>(p); });
+}
+void abandon_capture() {
+  delete g_recording;
+  g_recording = nullptr;
+  if (trace_file()) trace_line("capture_abandoned");
+}
+void launch(const Graph& graph) {
+  if (g_recording) capture_refused("a graph launch");
+  const auto& ops = *static_cast<const std::vector<std::function<void()>>*>(graph.get());
+  if (trace_file()) trace_line("graph_launch " + std::to_string(ops.size()));
+  for (const auto& op : ops) op();
 }
 StreamMark mark_stream() {
   if (trace_file()) trace_line("mark");
@@ -234,8 +280,18 @@ void emulated_tree_sum_parts_f64(int count, int64_t len, const double* parts, do
 
 // An op that returns a value (reduce_sum) reads it back to the host on a GPU: a
 // device-to-host copy, traced after the op as `copy_d2h BYTES result`.
+// During a graph capture an op is recorded, with its arguments as they are now, and runs
+// when the graph is launched: a per-step value passed by value would run stale there.
 #define ENGINE_OP(name, batch, precision, backends, ret, params, args)                      \
   ret name params {                                                                         \
+    if (g_recording) {                                                                      \
+      if (!std::is_void_v<ret>) capture_refused(#name " returns a value to the host");      \
+      g_recording->push_back([=] {                                                          \
+        trace_op(#name, #args, ENGINE_EMU_UNPACK args);                                     \
+        ENGINE_EMU_RUN_##backends(name, args)                                               \
+      });                                                                                   \
+      return ret();                                                                         \
+    }                                                                                       \
     trace_op(#name, #args, ENGINE_EMU_UNPACK args);                                         \
     trace_result<ret>();                                                                    \
     ENGINE_EMU_RUN_##backends(name, args)                                                   \

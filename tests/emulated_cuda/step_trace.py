@@ -82,6 +82,12 @@ CHUNK_BIAS = ["conv2d_backward_chunks{}.db_tree", "linear_backward_chunks{}.db_t
 EXPECTED = {
     "fp32 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, False) + ADAM,
                          "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "changed": PER_STEP},
+    # cuda.graphs=true: steps 1 and 2 run eagerly (the first sizes the buffers), step 3 is
+    # captured and launched, later ones replay the graph: one `graph_launch` a step (at the
+    # end of the step before, in this trace's cut, as the upload), the same ops inside.
+    "fp32 whole batch, graphs": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, False) + ADAM,
+                                 "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "launches": 1,
+                                 "changed": PER_STEP},
     "fp32 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, False) + ADAM,
                           "allocs": 4, "d2h": 4, "syncs": 0, "uploads": 1,
                           "changed": PER_STEP + [c.format("") for c in CHUNK_BIAS]},
@@ -94,6 +100,7 @@ EXPECTED = {
 
 VARIANTS = [
     ("fp32 whole batch", ["--set", "cuda.batch_chunks=false"]),
+    ("fp32 whole batch, graphs", ["--set", "cuda.batch_chunks=false", "--set", "cuda.graphs=true"]),
     ("fp32 batch chunks", ["--set", "cuda.batch_chunks=true"]),
     ("fp16 whole batch", ["--set", "cuda.batch_chunks=false", "--set", "precision.mode=fp16"]),
     ("fp16 batch chunks", ["--set", "cuda.batch_chunks=true", "--set", "precision.mode=fp16"]),
@@ -147,7 +154,7 @@ def strip_progress(step):
 def summary(step):
     ops = [w[1] for w in step if w[0] == "op"]
     count = lambda kind: sum(1 for w in step if w[0] == kind)
-    return {"ops": ops, "allocs": count("alloc"), "h2d": count("copy_h2d"), "uploads": count("copy_h2d_async"),
+    return {"ops": ops, "allocs": count("alloc"), "h2d": count("copy_h2d"), "uploads": count("copy_h2d_async"), "launches": count("graph_launch"),
             "d2h": count("copy_d2h"), "syncs": count("sync"), "memsets": count("memset")}
 
 
@@ -203,8 +210,8 @@ for name, extra in VARIANTS:
         failures.append(f"{name}: no expectation written")
         continue
     for s, label in ((sa, FIRST), (sb, SECOND)):
-        for key in ("ops", "allocs", "d2h", "syncs", "uploads"):
-            if s[key] != exp[key]:
+        for key in ("ops", "allocs", "d2h", "syncs", "uploads", "launches"):
+            if s[key] != exp.get(key, 0):
                 failures.append(f"{name}: step {label} {key}: {s[key]} != expected {exp[key]}")
     if ch != sorted(exp["changed"]):
         failures.append(f"{name}: changed args {ch} != expected {sorted(exp['changed'])}")
@@ -217,6 +224,20 @@ print("\n| variant | ops | allocs | h2d | uploads | d2h | syncs | memsets | args
 print("|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     print("| " + " | ".join(str(x) for x in r) + " |")
+
+# Graphs on and off: the same checkpoint, bit for bit; and the graphs run was replayed.
+graphs_trace = open(os.path.join(tmp, "fp32_whole_batch,_graphs.trace")).read().split("\n")
+captures = sum(1 for l in graphs_trace if l.startswith("capture_end"))
+launches = sum(1 for l in graphs_trace if l.startswith("graph_launch"))
+print(f"\ncuda.graphs=true: {captures} capture(s), {launches} graph launches")
+if captures < 1 or launches < 5:
+    failures.append(f"cuda.graphs=true: {captures} captures and {launches} launches (expected >= 1 and >= 5)")
+p, _ = run(["diff", os.path.join(tmp, "fp32_whole_batch,_graphs", "last.h5"),
+            os.path.join(tmp, "fp32_whole_batch", "last.h5")], check=False)
+print(f"engine diff (emulated cuda, graphs on) vs (graphs off): exit {p.returncode}, "
+      f"{'identical' if p.returncode == 0 else 'different'}")
+if p.returncode != 0:
+    failures.append("cuda.graphs=true and false give different checkpoints:\n" + p.stdout[-2000:])
 
 # An emulated cuda.batch_chunks=true run against a CPU run of the same config.
 cpu_dir = os.path.join(tmp, "cpu")

@@ -42,6 +42,7 @@ class BatchNorm2d : public Layer {
   void load_buffers(const StateDict& in) override;
   void to(Device device) override;
   void release_workspaces() override { x_ = y_ = Tensor(); }
+  void replayed_train_forward() override { ++num_batches_tracked_; }
   int channels() const { return channels_; }
   float eps() const { return eps_; }
 

@@ -52,6 +52,11 @@ class Model : public Stateful {
   // with the other ranks. Null: the input is the whole batch. Returns whether the model
   // supports it (the default does not; the trainer then runs it in one process only).
   virtual bool set_batch_chunks(const BatchChunks*) { return false; }
+  // The host's part of a training forward and backward whose device work a CUDA graph
+  // replays (engine/train/step_graphs.h), for a model that supports_step_graphs() (the
+  // default does not; the trainer then runs its steps eagerly).
+  virtual bool supports_step_graphs() const { return false; }
+  virtual void replayed_train_step() {}
 
   // A new instance of the same architecture and settings (input shape, classes,
   // dropout...), on the CPU in fp32, with parameters not yet initialised: what a
@@ -72,6 +77,8 @@ class SequentialModel : public Model {
   void backward(const Tensor& dlogits) override;
   std::vector<Parameter*> parameters() override;
   bool set_batch_chunks(const BatchChunks* chunks) override;
+  bool supports_step_graphs() const override { return true; }
+  void replayed_train_step() override;
   StateDict state() const override;
   void load_state(const StateDict& in) override;
   // The layers in forward order (what an exporter walks: engine/train/export.h).

@@ -41,6 +41,9 @@ class Layer {
   // Frees the activation and gradient buffers kept between forward and backward
   // (re-created on the next forward): lowers the peak while checkpoints are written.
   virtual void release_workspaces() {}
+  // The host's part of a training forward whose device work a CUDA graph replays
+  // (engine/train/step_graphs.h): BatchNorm's batch count.
+  virtual void replayed_train_forward() {}
   // The chunks of the global batch this process computes (engine/core/batch_chunks.h), for
   // the next forward and backward; null: the input is the whole batch, in one process.
   void set_batch_chunks(const BatchChunks* chunks) { batch_chunks_ = chunks; }

@@ -30,6 +30,9 @@ class AdamOptimizer : public Stateful {
   // runs the update reading them from the values' upload.
   void prepare_step(StepValues& values) const;
   void step(const StepValues& values);
+  // The host's part of a step(values) whose device work a CUDA graph replays: each
+  // tensor's step count (engine/train/step_graphs.h).
+  void replayed_step();
   // Re-creates the moments on the parameters' current device (after a model move).
   void to(Device device);
 

@@ -66,6 +66,9 @@ struct CudaConfig {
   // Compute by the fixed chunks of the batch, dist.chunks (the same bits at any world size); false:
   // whole-batch calls, faster, one process only (docs/distributed.md, "GPU ranks").
   bool batch_chunks = false;
+  // Replay each training step as a CUDA graph (one launch a step) once its buffers are
+  // sized; false: launch every op of every step.
+  bool graphs = false;
 };
 
 // Data-parallel runs under mpirun/srun (docs/distributed.md); ignored in one process.

@@ -106,6 +106,7 @@ class TimeBudget;
 class RunProtocol;
 class BatchChunks;
 class StepValues;
+class StepGraphs;
 class Trainer;
 
 // Where fit() keeps its run: the checkpoints at the points the loop chooses and the
@@ -340,6 +341,14 @@ class Trainer {
 
   // The values that change from one step to the next, in device memory (one upload a step).
   std::unique_ptr<StepValues> step_values_;
+  // CUDA graphs of the step, by batch size (cuda.graphs); dropped by drop_step_graphs().
+  std::unique_ptr<StepGraphs> step_graphs_;
+  void drop_step_graphs();
+  // Whether this run's steps may be captured (cuda.graphs, and a step that reads nothing
+  // back to the host and allocates nothing: CUDA, whole batches, one process, no scaler).
+  bool step_graphs_apply() const;
+  // The step's device work, from the gather to the optimizer: what a graph captures.
+  void step_device_work(const BatchChunks& plan, int batch_total, int local);
   // Workspaces. sample_correct_: the epoch's, as epoch_sample_loss_ (unread).
   Tensor batch_x_, batch_labels_, permutation_, sample_correct_, eval_loss_, eval_correct_;
   Tensor dlogits_;
