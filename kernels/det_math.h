@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "engine/kernels/hd.h"
+
 namespace engine::kernels::det {
 
 // e^x. Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, then Taylor to r^13 (the next
@@ -93,7 +95,7 @@ inline double cos(double x) {
 
 // base^n for a whole n >= 0, by repeated squaring (the same multiplications, in the
 // same order, on every CPU): the Adam bias corrections beta^t.
-inline double pow_int(double base, int64_t n) {
+ENGINE_HD double pow_int(double base, int64_t n) {
   double result = 1.0, square = base;
   for (; n > 0; n >>= 1) {
     if (n & 1) result *= square;

@@ -5,6 +5,7 @@
 
 #include "engine/kernels/hd.h"
 #include "engine/kernels/philox.h"
+#include "kernels/det_math.h"
 
 namespace engine::kernels {
 
@@ -63,6 +64,24 @@ struct AdamStepFactors {
   float one_minus_beta2;
 };
 
+// The constants of Adam's per-step factors.
+struct AdamFactorInputs {
+  double beta1 = 0.9, beta2 = 0.999, weight_decay = 0.0;
+};
+
+// The factors of step t (1 for the first), in double as PyTorch computes them for a
+// CPU step count, each rounded to float once; beta^t by the engine's own power, so the
+// host and the GPU (no contraction: -ffp-contract=off, -fmad=false) get the same bits.
+ENGINE_HD AdamStepFactors adam_factors_at(double lr, const AdamFactorInputs& in, int64_t t) {
+  AdamStepFactors f;
+  f.step_size = static_cast<float>(lr / (1.0 - det::pow_int(in.beta1, t)));
+  f.bias_correction2_sqrt = static_cast<float>(::sqrt(1.0 - det::pow_int(in.beta2, t)));
+  f.decay_factor = static_cast<float>(1.0 - lr * in.weight_decay);
+  f.one_minus_beta1 = static_cast<float>(1.0 - in.beta1);
+  f.one_minus_beta2 = static_cast<float>(1.0 - in.beta2);
+  return f;
+}
+
 // One element of Adam/AdamW, in PyTorch's order of operations:
 //   AdamW: p *= 1 - lr*wd;  Adam: g += wd*p
 //   m = lerp(m, g, 1-b1);  v = b2*v + (1-b2)*g*g
@@ -85,6 +104,41 @@ ENGINE_HD void adam_element(float& p, float g, float& m, float& v, const AdamHyp
 ENGINE_HD bool unscale_element(float& g, float inv_scale) {
   g = g * inv_scale;
   return !(g - g == 0.0f);  // inf - inf and NaN - NaN are NaN
+}
+
+// The loss scaler's evolving state (engine/nn/scaler.h), in device memory when the scaler
+// runs on a GPU, so that no step reads anything back to the host.
+struct LossScaleState {
+  double scale = 1.0;
+  int64_t growth_tracker = 0;
+  float scale_f32 = 1.0f;      // the loss's multiplier: scale rounded to float
+  float inv_scale_f32 = 1.0f;  // the gradients' unscale factor: 1/scale rounded to float
+  int32_t found_inf = 0;       // set by unscale_check, cleared by the update
+  int32_t unused = 0;
+};
+struct LossScaleRule {
+  double growth_factor = 2.0, backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+};
+// The two factors the step uses, from the scale (GradScaler rounds 1/scale to float).
+ENGINE_HD void loss_scale_factors(LossScaleState& s) {
+  s.scale_f32 = static_cast<float>(s.scale);
+  s.inv_scale_f32 = static_cast<float>(1.0 / s.scale);
+}
+// GradScaler's update after a step: an inf or NaN gradient (the step was skipped) backs
+// the scale off and resets the tracker; otherwise the tracker counts up, and at
+// growth_interval the scale grows, unless that makes it infinite. Clears found_inf.
+ENGINE_HD void loss_scale_update_rule(LossScaleState& s, const LossScaleRule& r) {
+  if (s.found_inf) {
+    s.scale *= r.backoff_factor;
+    s.growth_tracker = 0;
+  } else if (++s.growth_tracker == r.growth_interval) {
+    const double grown = s.scale * r.growth_factor;
+    if (grown - grown == 0.0) s.scale = grown;  // finite
+    s.growth_tracker = 0;
+  }
+  loss_scale_factors(s);
+  s.found_inf = 0;
 }
 
 // Normalised pixel from a uint8 image byte.

@@ -118,9 +118,13 @@ TEST_CASE("ops over a range of a tensor need the range inside it") {
         "tt::reduce_sum: x is float32[10] on cpu, the op needs float32[at least 11] on cpu");
   CHECK(tt::reduce_sum(x, 4, 6) == 6.0);
 
-  Tensor grad = filled({5}, 1.0f), found = filled({2}, 0.0f, DType::I32);
-  CHECK(error_of([&] { tt::unscale_check(grad, 0.5f, found); }) ==
-        "tt::unscale_check: found_inf is int32[2] on cpu, the op needs int32[1] on cpu");
+  // The loss scaler's state is one kernels::LossScaleState, as bytes.
+  Tensor grad = filled({5}, 1.0f), short_state = filled({8}, 0.0f, DType::U8);
+  const std::string need = std::to_string(sizeof(kernels::LossScaleState));
+  CHECK(error_of([&] { tt::unscale_check(grad, short_state); }) ==
+        "tt::unscale_check: scaler_state is uint8[8] on cpu, the op needs uint8[" + need + "] on cpu");
+  CHECK(error_of([&] { tt::loss_scale_update(short_state, kernels::LossScaleRule{}); }) ==
+        "tt::loss_scale_update: scaler_state is uint8[8] on cpu, the op needs uint8[" + need + "] on cpu");
 }
 
 TEST_CASE("batch norm checks its per-channel tensors against the shape") {

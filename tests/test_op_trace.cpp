@@ -107,9 +107,11 @@ const std::vector<std::string> kStepOps = {
     "conv2d_forward_chunks", "batchnorm_forward_train_chunks", "maxpool2x2_forward", "relu_forward",
     "linear_forward_chunks", "relu_forward", "dropout_forward", "linear_forward_chunks",
     "cross_entropy",
-    "linear_backward_chunks", "dropout_backward", "relu_backward", "linear_backward_chunks",
-    "relu_backward", "maxpool2x2_backward", "batchnorm_backward_chunks", "conv2d_backward_chunks",
-    "relu_backward", "maxpool2x2_backward", "batchnorm_backward_chunks", "conv2d_backward_chunks",
+    // each conv/linear backward: its bias gradient's double sum rounded to float
+    "linear_backward_chunks", "round_to_float", "dropout_backward", "relu_backward", "linear_backward_chunks",
+    "round_to_float", "relu_backward", "maxpool2x2_backward", "batchnorm_backward_chunks", "conv2d_backward_chunks",
+    "round_to_float", "relu_backward", "maxpool2x2_backward", "batchnorm_backward_chunks", "conv2d_backward_chunks",
+    "round_to_float",
     "adam_update", "adam_update", "adam_update", "adam_update", "adam_update", "adam_update",
     "adam_update", "adam_update", "adam_update", "adam_update", "adam_update", "adam_update",
     "reduce_sum"};  // the step's mean loss, which train_step() returns

@@ -30,6 +30,10 @@ class OpChecks {
   OpChecks& at_least(const char* name, const Tensor& t, DType dtype, int64_t numel);
   // A value in device memory (a per-step value), on the device of the tensors.
   OpChecks& value(const char* name, const void* ptr, Device device);
+  // The same, or null (not wanted).
+  OpChecks& optional_value(const char* name, const void* ptr, Device device) {
+    return ptr ? value(name, ptr, device) : *this;
+  }
   // A condition on the shape, `what` saying what must hold ("H and W even").
   OpChecks& that(bool holds, const char* what);
   // The device every tensor checked is on.

@@ -62,6 +62,7 @@ DeviceValue<kernels::AdamStepFactors> StepValues::adam_factors(std::size_t i) co
 template DeviceValue<int64_t> StepValues::at<int64_t>(std::size_t) const;
 template DeviceValue<uint64_t> StepValues::at<uint64_t>(std::size_t) const;
 template DeviceValue<float> StepValues::at<float>(std::size_t) const;
+template DeviceValue<double> StepValues::at<double>(std::size_t) const;
 template DeviceValue<kernels::AdamStepFactors> StepValues::at<kernels::AdamStepFactors>(std::size_t) const;
 
 }  // namespace engine

@@ -15,21 +15,13 @@
 
 namespace engine {
 
-// A value of type T in device memory, and the device it is on: what a tt:: op reads
-// when its kernel runs (a per-step value).
-template <class T>
-struct DeviceValue {
-  const T* ptr = nullptr;
-  Device device;
-  T value{};  // what the upload sent: for the op's preconditions and host-side arithmetic
-};
-
 class StepValues {
  public:
   // One step's scalars, as the host sets them.
   struct Scalars {
     int64_t sample_first = 0;      // this process's first sample, in the epoch's order
     uint64_t dropout_counter = 0;  // the Dropout stream's counter at the step's start
+    double lr = 0.0;               // the optimizer's learning rate (for factors made on the device)
     float loss_scale = 1.0f;       // the loss scale (1 without a loss scaler)
   };
   Scalars scalars;
@@ -53,6 +45,7 @@ class StepValues {
   DeviceValue<int64_t> sample_first() const { return at<int64_t>(offsetof(Scalars, sample_first)); }
   DeviceValue<uint64_t> dropout_counter() const { return at<uint64_t>(offsetof(Scalars, dropout_counter)); }
   DeviceValue<float> loss_scale() const { return at<float>(offsetof(Scalars, loss_scale)); }
+  DeviceValue<double> lr() const { return at<double>(offsetof(Scalars, lr)); }
   DeviceValue<kernels::AdamStepFactors> adam_factors(std::size_t i) const;
 
   static constexpr int kStaging = 3;

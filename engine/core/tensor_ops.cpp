@@ -46,6 +46,14 @@ double* cpu_bias_sums(int64_t n) {
   return sums.data();
 }
 
+// The same on a GPU: one buffer per thread that only grows (a step allocates nothing after
+// its first, and a CUDA graph of the step keeps its address).
+double* gpu_bias_sums(Device d, int64_t n) {
+  thread_local Tensor sums;
+  if (!sums.defined() || sums.device() != d || sums.numel() < n) sums = Tensor::empty({n}, DType::F64, d);
+  return sums.f64();
+}
+
 // Where a backward's weight and bias block sums go: straight into the gradients when
 // there is one block and nothing to complete; into the plan's deferred parts when the
 // trainer completes them in its pass after backward; otherwise into block-sum tensors on
@@ -57,11 +65,10 @@ class GradientBlocks {
       : plan_(plan), dw_(dw), db_(db), blocks_(plan.blocks().size()) {
     const Device d = dw.device();
     if (!plan.needs_completion()) {
-      if (d.is_cpu() && db.defined()) {
-        db_scratch_ = cpu_bias_sums(db.numel());
-        return;
-      }
-      db_parts_ = Tensor::empty({db.numel()}, DType::F64, d);
+      if (db.defined())
+        db_scratch_ = d.is_cpu() ? cpu_bias_sums(db.numel()) : gpu_bias_sums(d, db.numel());
+      else
+        db_parts_ = Tensor::empty({0}, DType::F64, d);
       return;
     }
     if (GradientParts* deferred = plan.deferred_gradients()) {
@@ -84,8 +91,8 @@ class GradientBlocks {
   // The gradients complete (the bias's double tree rounded to float), unless deferred.
   void complete() {
     if (db_deferred_) return;
-    if (db_scratch_) {  // one block on the CPU: its tree is the sum, rounded into db
-      for (int64_t i = 0; i < db_.numel(); ++i) db_.f32()[i] = static_cast<float>(db_scratch_[i]);
+    if (db_scratch_) {  // one block: its tree is the sum, rounded into db on its device
+      detail::ops_on(db_.device()).round_to_float(db_.numel(), db_scratch_, db_.f32());
       return;
     }
     if (plan_.needs_completion()) {
@@ -402,7 +409,8 @@ void gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indi
 }
 
 void adam_update(Tensor& param, const Tensor& grad, int64_t first, int64_t n, Tensor& exp_avg,
-                 Tensor& exp_avg_sq, const kernels::AdamHyper& h, DeviceValue<kernels::AdamStepFactors> f) {
+                 Tensor& exp_avg_sq, const kernels::AdamHyper& h, DeviceValue<kernels::AdamStepFactors> f,
+                 DeviceValue<int32_t> skip) {
   const Device d = OpChecks("adam_update")
                        .that(first >= 0 && n >= 0, "a non-negative range")
                        .at_least("param", param, DType::F32, first + n)
@@ -410,17 +418,47 @@ void adam_update(Tensor& param, const Tensor& grad, int64_t first, int64_t n, Te
                        .at_least("exp_avg", exp_avg, DType::F32, n)
                        .at_least("exp_avg_sq", exp_avg_sq, DType::F32, n)
                        .value("f", f.ptr, f.device)
+                       .optional_value("skip", skip.ptr, skip.device)
                        .device();
   detail::ops_on(d).adam_update(n, param.f32() + first, grad.f32() + first, exp_avg.f32(), exp_avg_sq.f32(), h,
-                                f.ptr);
+                                f.ptr, skip.ptr);
 }
 
-void unscale_check(Tensor& grad, float inv_scale, Tensor& found_inf) {
+void adam_prepare_step(int count, DeviceValue<double> lr, const kernels::AdamFactorInputs& in,
+                       DeviceValue<int32_t> skip, Tensor& steps, Tensor& factors) {
+  const Device d = OpChecks("adam_prepare_step")
+                       .that(count >= 0, "count >= 0")
+                       .exact("steps", steps, DType::U8, count * static_cast<int64_t>(sizeof(int64_t)))
+                       .exact("factors", factors, DType::U8,
+                              count * static_cast<int64_t>(sizeof(kernels::AdamStepFactors)))
+                       .value("lr", lr.ptr, lr.device)
+                       .value("skip", skip.ptr, skip.device)
+                       .device();
+  detail::ops_on(d).adam_prepare_step(count, lr.ptr, in, skip.ptr, static_cast<int64_t*>(steps.raw()),
+                                      static_cast<kernels::AdamStepFactors*>(factors.raw()));
+}
+
+namespace {
+constexpr int64_t kScalerStateBytes = static_cast<int64_t>(sizeof(kernels::LossScaleState));
+kernels::LossScaleState* scaler_state_of(Tensor& t) { return static_cast<kernels::LossScaleState*>(t.raw()); }
+}  // namespace
+
+void unscale_check(Tensor& grad, Tensor& scaler_state) {
   const Device d = OpChecks("unscale_check")
                        .exact("grad", grad, DType::F32, grad.numel())
-                       .exact("found_inf", found_inf, DType::I32, 1)
+                       .exact("scaler_state", scaler_state, DType::U8, kScalerStateBytes)
                        .device();
-  detail::ops_on(d).unscale_check(grad.numel(), grad.f32(), inv_scale, found_inf.i32());
+  kernels::LossScaleState* s = scaler_state_of(scaler_state);
+  // Member addresses on the device, not reads: offsetof, as the state may be GPU memory.
+  auto* base = reinterpret_cast<unsigned char*>(s);
+  detail::ops_on(d).unscale_check(grad.numel(), grad.f32(),
+                                  reinterpret_cast<const float*>(base + offsetof(kernels::LossScaleState, inv_scale_f32)),
+                                  reinterpret_cast<int32_t*>(base + offsetof(kernels::LossScaleState, found_inf)));
+}
+
+void loss_scale_update(Tensor& scaler_state, const kernels::LossScaleRule& rule) {
+  const Device d = OpChecks("loss_scale_update").exact("scaler_state", scaler_state, DType::U8, kScalerStateBytes).device();
+  detail::ops_on(d).loss_scale_update(scaler_state_of(scaler_state), rule);
 }
 
 }  // namespace engine::tt

@@ -87,11 +87,22 @@ void gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indi
                   int n, float mean, float std, Tensor& x, Tensor& labels_out);
 
 // One Adam/AdamW step over param[first, first + n) with the moments of that range; f,
-// the step's factors, is a per-step value (StepValues).
+// the step's factors, is in device memory (StepValues, or adam_prepare_step's output);
+// skip (null ptr: never): no update when it is not 0.
 void adam_update(Tensor& param, const Tensor& grad, int64_t first, int64_t n, Tensor& exp_avg,
-                 Tensor& exp_avg_sq, const kernels::AdamHyper& h, DeviceValue<kernels::AdamStepFactors> f);
+                 Tensor& exp_avg_sq, const kernels::AdamHyper& h, DeviceValue<kernels::AdamStepFactors> f,
+                 DeviceValue<int32_t> skip = {});
 
-// grad *= inv_scale; found_inf (one int32 on grad's device) set to 1 on inf or NaN.
-void unscale_check(Tensor& grad, float inv_scale, Tensor& found_inf);
+// Adam's step counts and factors on the device: unless *skip, each of the `count` step
+// counts in `steps` (bytes: int64[count]) counts up and factors (bytes:
+// AdamStepFactors[count]) receives that step's factors with learning rate *lr.
+void adam_prepare_step(int count, DeviceValue<double> lr, const kernels::AdamFactorInputs& in,
+                       DeviceValue<int32_t> skip, Tensor& steps, Tensor& factors);
+
+// The loss scaler's state on a device (bytes: one kernels::LossScaleState).
+// unscale_check: grad *= its inv_scale_f32, its found_inf set to 1 on inf or NaN.
+// loss_scale_update: the GradScaler update of the state, found_inf cleared.
+void unscale_check(Tensor& grad, Tensor& scaler_state);
+void loss_scale_update(Tensor& scaler_state, const kernels::LossScaleRule& rule);
 
 }  // namespace engine::tt

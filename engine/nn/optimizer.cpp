@@ -25,17 +25,55 @@ AdamOptimizer::AdamOptimizer(const std::string& name, std::vector<Parameter*> pa
 }
 
 void AdamOptimizer::prepare_step(StepValues& values) const {
+  pull_steps();
+  values.scalars.lr = lr_;
   values.adam.resize(slots_.size());
+  // Bias corrections in double on the host, as PyTorch computes them for a CPU step
+  // count (kernels/elementwise.h: the same function step_on_device runs on the device).
+  const kernels::AdamFactorInputs in{beta1_, beta2_, weight_decay_};
+  for (std::size_t i = 0; i < slots_.size(); ++i) values.adam[i] = kernels::adam_factors_at(lr_, in, slots_[i].step + 1);
+}
+
+void AdamOptimizer::pull_steps() const {
+  if (steps_newer_ != Newer::Device) return;
+  std::vector<int64_t> steps(slots_.size());
+  device_copy(Device::cpu(), steps.data(), device_steps_.device(), device_steps_.raw(), steps.size() * sizeof(int64_t));
+  for (std::size_t i = 0; i < slots_.size(); ++i) slots_[i].step = steps[i];
+  steps_newer_ = Newer::Same;
+}
+
+void AdamOptimizer::step_on_device(const StepValues& values, DeviceValue<int32_t> skip) {
+  require_whole("step_on_device()");
+  if (slots_.empty()) return;
+  const Device d = slots_.front().param->value.device();
+  const int64_t count = static_cast<int64_t>(slots_.size());
+  if (!device_steps_.defined() || device_steps_.device() != d || steps_newer_ == Newer::Host) {
+    pull_steps();
+    std::vector<int64_t> steps;
+    for (const Slot& s : slots_) steps.push_back(s.step);
+    if (!device_steps_.defined() || device_steps_.device() != d) {
+      device_steps_ = Tensor::empty({count * static_cast<int64_t>(sizeof(int64_t))}, DType::U8, d);
+      device_factors_ = Tensor::zeros({count * static_cast<int64_t>(sizeof(kernels::AdamStepFactors))}, DType::U8, d);
+    }
+    device_copy(d, device_steps_.raw(), Device::cpu(), steps.data(), steps.size() * sizeof(int64_t));
+  }
+  tt::adam_prepare_step(static_cast<int>(count), values.lr(), kernels::AdamFactorInputs{beta1_, beta2_, weight_decay_},
+                        skip, device_steps_, device_factors_);
+  steps_newer_ = Newer::Device;
+  kernels::AdamHyper h;
+  h.lr = static_cast<float>(lr_);
+  h.beta1 = static_cast<float>(beta1_);
+  h.beta2 = static_cast<float>(beta2_);
+  h.eps = static_cast<float>(eps_);
+  h.weight_decay = static_cast<float>(weight_decay_);
+  h.decay = name_ == "adamw" ? kernels::WeightDecayMode::Decoupled : kernels::WeightDecayMode::L2;
+  const auto* factors = static_cast<const kernels::AdamStepFactors*>(device_factors_.raw());
   for (std::size_t i = 0; i < slots_.size(); ++i) {
-    // Bias corrections in double on the host, as PyTorch computes them for a CPU step
-    // count; beta^t by the engine's own power (kernels/det_math.h), the same on every CPU.
-    const int64_t t = slots_[i].step + 1;
-    kernels::AdamStepFactors& f = values.adam[i];
-    f.step_size = static_cast<float>(lr_ / (1.0 - kernels::det::pow_int(beta1_, t)));
-    f.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - kernels::det::pow_int(beta2_, t)));
-    f.decay_factor = static_cast<float>(1.0 - lr_ * weight_decay_);
-    f.one_minus_beta1 = static_cast<float>(1.0 - beta1_);
-    f.one_minus_beta2 = static_cast<float>(1.0 - beta2_);
+    Slot& s = slots_[i];
+    Tensor& p = s.param->value;
+    const int64_t first = s.count < 0 ? 0 : s.offset, n = s.count < 0 ? p.numel() : s.count;
+    if (n == 0) continue;
+    tt::adam_update(p, s.param->grad, first, n, s.exp_avg, s.exp_avg_sq, h, {factors + i, d, {}}, skip);
   }
 }
 
@@ -48,10 +86,13 @@ void AdamOptimizer::step() {
 }
 
 void AdamOptimizer::replayed_step() {
+  if (steps_newer_ == Newer::Device) return;  // the device counts them
   for (Slot& s : slots_) ++s.step;
 }
 
 void AdamOptimizer::step(const StepValues& values) {
+  pull_steps();
+  if (device_steps_.defined()) steps_newer_ = Newer::Host;
   kernels::AdamHyper h;
   h.lr = static_cast<float>(lr_);
   h.beta1 = static_cast<float>(beta1_);
@@ -139,6 +180,7 @@ void AdamOptimizer::require_whole(const char* what) const {
 
 void AdamOptimizer::to(Device device) {
   require_whole("to()");
+  pull_steps();
   for (Slot& s : slots_) {
     if (s.exp_avg.device() == device) continue;
     s.exp_avg = s.exp_avg.to(device);
@@ -148,6 +190,7 @@ void AdamOptimizer::to(Device device) {
 
 StateDict AdamOptimizer::state() const {
   require_whole("state()");
+  pull_steps();
   StateDict d;
   d.scalars["name"] = name_;
   d.scalars["lr"] = lr_;
@@ -175,6 +218,7 @@ void AdamOptimizer::load_state(const StateDict& in) {
     s.exp_avg_sq.copy_from(in.get_tensor("exp_avg_sq/" + s.param->name));
     s.step = in.get_int("step/" + s.param->name);
   }
+  if (device_steps_.defined()) steps_newer_ = Newer::Host;
 }
 
 }  // namespace engine

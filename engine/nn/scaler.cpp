@@ -1,10 +1,20 @@
 #include "engine/nn/scaler.h"
 
-#include <cmath>
+#include <cstddef>
+#include <stdexcept>
 
 #include "core/tensor_ops.h"
+#include "kernels/elementwise.h"
 
 namespace engine {
+
+namespace {
+
+constexpr std::size_t kStateBytes = sizeof(kernels::LossScaleState);
+
+const unsigned char* bytes_of(const Tensor& t) { return static_cast<const unsigned char*>(t.raw()); }
+
+}  // namespace
 
 LossScaler::LossScaler(bool enabled, double init_scale, double growth_factor,
                        double backoff_factor, int64_t growth_interval)
@@ -12,35 +22,92 @@ LossScaler::LossScaler(bool enabled, double init_scale, double growth_factor,
       growth_factor_(growth_factor),
       backoff_factor_(backoff_factor), growth_interval_(growth_interval) {}
 
+double LossScaler::scale() const {
+  pull();
+  return scale_;
+}
+
+int64_t LossScaler::growth_tracker() const {
+  pull();
+  return growth_tracker_;
+}
+
+void LossScaler::push(Device device) {
+  if (device_state_.defined() && device_state_.device() == device && newer_ != Newer::Host) return;
+  pull();  // a device copy elsewhere may be the newer one
+  kernels::LossScaleState s;
+  s.scale = scale_;
+  s.growth_tracker = growth_tracker_;
+  kernels::loss_scale_factors(s);
+  s.found_inf = 0;
+  if (!device_state_.defined() || device_state_.device() != device)
+    device_state_ = Tensor::empty({static_cast<int64_t>(kStateBytes)}, DType::U8, device);
+  device_copy(device, device_state_.raw(), Device::cpu(), &s, kStateBytes);
+  newer_ = Newer::Same;
+}
+
+void LossScaler::pull() const {
+  if (newer_ != Newer::Device) return;
+  kernels::LossScaleState s;
+  device_copy(Device::cpu(), &s, device_state_.device(), device_state_.raw(), kStateBytes);
+  scale_ = s.scale;
+  growth_tracker_ = s.growth_tracker;
+  newer_ = Newer::Same;
+}
+
 bool LossScaler::unscale(const std::vector<Parameter*>& params) {
   if (!active_ || params.empty()) return false;
-  const Device d = params.front()->grad.device();
-  if (!found_inf_.defined() || found_inf_.device() != d)
-    found_inf_ = Tensor::empty({1}, DType::I32, d);
-  found_inf_.zero();
-  // float32, as GradScaler does: inv_scale = 1/scale rounded to float.
-  const float inv_scale = static_cast<float>(1.0 / scale_);
-  for (Parameter* p : params) tt::unscale_check(p->grad, inv_scale, found_inf_);
+  unscale_on_device(params);
   int32_t flag = 0;
-  device_copy(Device::cpu(), &flag, d, found_inf_.raw(), sizeof flag);
+  const DeviceValue<int32_t> found = device_found_inf();
+  device_copy(Device::cpu(), &flag, found.device, found.ptr, sizeof flag);
   return flag != 0;
 }
 
 void LossScaler::update(bool found_inf) {
   if (!active_) return;
-  if (found_inf) {
-    scale_ *= backoff_factor_;
-    growth_tracker_ = 0;
-    return;
-  }
-  if (++growth_tracker_ == growth_interval_) {
-    const double grown = scale_ * growth_factor_;
-    if (std::isfinite(grown)) scale_ = grown;
-    growth_tracker_ = 0;
-  }
+  pull();
+  // The rule of the device's update, on the host's copy (kernels/elementwise.h).
+  kernels::LossScaleState s;
+  s.scale = scale_;
+  s.growth_tracker = growth_tracker_;
+  s.found_inf = found_inf ? 1 : 0;
+  kernels::loss_scale_update_rule(s, kernels::LossScaleRule{growth_factor_, backoff_factor_, growth_interval_});
+  scale_ = s.scale;
+  growth_tracker_ = s.growth_tracker;
+  if (device_state_.defined()) newer_ = Newer::Host;
+}
+
+DeviceValue<float> LossScaler::device_loss_scale(Device device) {
+  if (!active_) throw std::logic_error("LossScaler::device_loss_scale: the scaler is not active");
+  push(device);
+  const auto* at = reinterpret_cast<const float*>(bytes_of(device_state_) + offsetof(kernels::LossScaleState, scale_f32));
+  // value: the host's copy, maybe older than the device's (reading that would wait).
+  return {at, device, static_cast<float>(scale_)};
+}
+
+void LossScaler::unscale_on_device(const std::vector<Parameter*>& params) {
+  if (!active_ || params.empty()) return;
+  push(params.front()->grad.device());
+  for (Parameter* p : params) tt::unscale_check(p->grad, device_state_);
+  newer_ = Newer::Device;
+}
+
+DeviceValue<int32_t> LossScaler::device_found_inf() const {
+  if (!device_state_.defined()) throw std::logic_error("LossScaler::device_found_inf: no state on a device yet");
+  const auto* at = reinterpret_cast<const int32_t*>(bytes_of(device_state_) + offsetof(kernels::LossScaleState, found_inf));
+  return {at, device_state_.device(), 0};
+}
+
+void LossScaler::update_on_device() {
+  if (!active_) return;
+  if (!device_state_.defined()) throw std::logic_error("LossScaler::update_on_device: no state on a device yet");
+  tt::loss_scale_update(device_state_, kernels::LossScaleRule{growth_factor_, backoff_factor_, growth_interval_});
+  newer_ = Newer::Device;
 }
 
 StateDict LossScaler::state() const {
+  pull();
   StateDict d;
   d.scalars["enabled"] = static_cast<int64_t>(enabled_ ? 1 : 0);
   d.scalars["scale"] = scale_;
@@ -66,6 +133,7 @@ void LossScaler::load_state(const StateDict& in) {
     scale_ = enabled_ ? init_scale_ : 1.0;
     growth_tracker_ = 0;
   }
+  newer_ = device_state_.defined() ? Newer::Host : Newer::Same;
 }
 
 }  // namespace engine

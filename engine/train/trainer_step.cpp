@@ -72,7 +72,7 @@ void fit_buffer(Tensor& t, const Shape& shape, DType dtype, Device device) {
 }  // namespace
 
 bool Trainer::step_graphs_apply() const {
-  return cfg_.cuda.graphs && device_.is_cuda() && !kernels::cuda::batch_chunks() && !shards_ && !scaler_->active() &&
+  return cfg_.cuda.graphs && device_.is_cuda() && !kernels::cuda::batch_chunks() && !shards_ &&
          collective_->size() == 1 && model_->supports_step_graphs();
 }
 
@@ -114,8 +114,12 @@ void Trainer::run_step() {
   StepValues& values = *step_values_;
   values.scalars.sample_first = first;
   values.scalars.dropout_counter = rng_.counter(RngStream::Dropout);
-  values.scalars.loss_scale = scaler_->loss_scale();
-  optimizer_->prepare_step(values);
+  // (A loss scaler's scale is on the device: reading it here would wait for the GPU.)
+  values.scalars.loss_scale = scaler_->active() ? 1.0f : scaler_->loss_scale();
+  values.scalars.lr = optimizer_->lr();
+  // With a loss scaler the step counts and Adam's factors are kept on the device (the
+  // step may be skipped there); without one the host makes the factors.
+  if (!scaler_->active()) optimizer_->prepare_step(values);
   values.upload(device_);
   plan.use_step_values(&values);
   struct PlanScope {
@@ -165,9 +169,11 @@ void Trainer::step_device_work(const BatchChunks& plan, int batch_total, int loc
   tt::gather_batch(train.images, train.labels, permutation_, values.sample_first(), local,
                    static_cast<float>(cfg_.data.mean), static_cast<float>(cfg_.data.std), batch_x_, batch_labels_);
   Tensor logits = model_->forward(batch_x_, Mode::Train, rng_);
-  // This rank's samples' losses, and the gradient of the mean over the global batch.
-  tt::cross_entropy(logits, batch_labels_, batch_total, values.loss_scale(), &dlogits_, epoch_sample_loss_,
-                    sample_correct_, values.sample_first());
+  // This rank's samples' losses, and the gradient of the mean over the global batch
+  // (times the loss scale, which a loss scaler keeps on the device).
+  const bool scaled = scaler_->active();
+  tt::cross_entropy(logits, batch_labels_, batch_total, scaled ? scaler_->device_loss_scale(device_) : values.loss_scale(),
+                    &dlogits_, epoch_sample_loss_, sample_correct_, values.sample_first());
   model_->backward(dlogits_);
   // Every rank holds every sample's loss (the state is the same on all ranks).
   gather_samples(plan, epoch_sample_loss_.f32() + start);
@@ -176,12 +182,16 @@ void Trainer::step_device_work(const BatchChunks& plan, int batch_total, int loc
   // (one allgather). The loss scaler only runs on CUDA, which completes its gradients in
   // the layers and holds no shards: it sees whole gradients, the same on every rank.
   if (shards_) shards_->reduce_scatter(plan, grad_parts_, param_grads_);
-  const bool found_inf = scaler_->unscale(model_->parameters());
-  scaler_->update(found_inf);
-  if (!found_inf) {
-    optimizer_->step(values);
-    if (shards_) shards_->allgather(param_values_);
+  if (scaled) {
+    // The overflow check, the skip and the scale's update all on the device: nothing is
+    // read back, so the host queues the next step at once.
+    scaler_->unscale_on_device(model_->parameters());
+    optimizer_->step_on_device(values, scaler_->device_found_inf());
+    scaler_->update_on_device();
+    return;
   }
+  optimizer_->step(values);
+  if (shards_) shards_->allgather(param_values_);
 }
 
 double Trainer::epoch_elapsed_seconds() const {

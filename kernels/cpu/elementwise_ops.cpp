@@ -397,6 +397,10 @@ void dropout_backward(int64_t n, const float* dy, const uint8_t* keep, float p, 
   for (int64_t i = 0; i < n; ++i) dx[i] = keep[i] ? dy[i] * scale : 0.0f;
 }
 
+void round_to_float(int64_t n, const double* x, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(x[i]);
+}
+
 void softmax(int n, int classes, const float* logits, float* probs) {
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < n; ++i)
@@ -470,13 +474,23 @@ void gather_batch(int n, int pixels, const uint8_t* images, const uint8_t* label
 }
 
 void adam_update(int64_t n, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                 const AdamHyper& h, const AdamStepFactors* factors) {
+                 const AdamHyper& h, const AdamStepFactors* factors, const int32_t* skip) {
+  if (skip && *skip) return;
   const AdamStepFactors f = *factors;
 #pragma omp parallel for schedule(static) if (n > 4096)
   for (int64_t i = 0; i < n; ++i) adam_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], h, f);
 }
 
-void unscale_check(int64_t n, float* grad, float inv_scale, int32_t* found_inf) {
+void adam_prepare_step(int count, const double* lr, AdamFactorInputs in, const int32_t* skip, int64_t* steps,
+                       AdamStepFactors* out) {
+  if (*skip) return;
+  for (int i = 0; i < count; ++i) out[i] = adam_factors_at(*lr, in, ++steps[i]);
+}
+
+void loss_scale_update(LossScaleState* state, LossScaleRule rule) { loss_scale_update_rule(*state, rule); }
+
+void unscale_check(int64_t n, float* grad, const float* inv_scale_at, int32_t* found_inf) {
+  const float inv_scale = *inv_scale_at;
   int32_t found = 0;
 #pragma omp parallel for schedule(static) reduction(| : found) if (n > 4096)
   for (int64_t i = 0; i < n; ++i)

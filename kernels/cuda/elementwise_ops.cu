@@ -462,7 +462,9 @@ __global__ void gather_batch_kernel(int n, int pixels, const uint8_t* images,
 // ---- Optimiser and loss scaling -----------------------------------------------------
 
 __global__ void adam_kernel(int64_t n, float* param, const float* grad, float* exp_avg,
-                            float* exp_avg_sq, AdamHyper h, const AdamStepFactors* factors) {
+                            float* exp_avg_sq, AdamHyper h, const AdamStepFactors* factors,
+                            const int32_t* skip) {
+  if (skip && *skip) return;
   const AdamStepFactors f = *factors;
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     float p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
@@ -473,12 +475,13 @@ __global__ void adam_kernel(int64_t n, float* param, const float* grad, float* e
   }
 }
 
-__global__ void unscale_check_kernel(int64_t n, float* grad, float inv_scale,
+__global__ void unscale_check_kernel(int64_t n, float* grad, const float* inv_scale_at,
                                      int32_t* found_inf) {
+  const float inv_scale = *inv_scale_at;
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     float g = grad[i];
     // Racing threads all store the same value 1, so a plain store is enough; the flag
-    // is never cleared here (the caller resets it per step).
+    // is never cleared here (loss_scale_update clears it after the step).
     if (unscale_element(g, inv_scale)) *found_inf = 1;
     grad[i] = g;
   }
@@ -679,14 +682,47 @@ void gather_batch(int n, int pixels, const uint8_t* images, const uint8_t* label
 }
 
 void adam_update(int64_t n, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                 const AdamHyper& h, const AdamStepFactors* f) {
+                 const AdamHyper& h, const AdamStepFactors* f, const int32_t* skip) {
   if (n <= 0) return;
   adam_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(n, param, grad, exp_avg,
-                                                                 exp_avg_sq, h, f);
+                                                                 exp_avg_sq, h, f, skip);
   ENGINE_CUDA_CHECK_LAUNCH("adam_kernel");
 }
 
-void unscale_check(int64_t n, float* grad, float inv_scale, int32_t* found_inf) {
+__global__ void round_to_float_kernel(int64_t n, const double* x, float* y) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = __double2float_rn(x[i]);
+}
+
+void round_to_float(int64_t n, const double* x, float* y) {
+  if (n <= 0) return;
+  round_to_float_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(n, x, y);
+  ENGINE_CUDA_CHECK_LAUNCH("round_to_float_kernel");
+}
+
+// One thread: the per-step bookkeeping that would otherwise need the host to know
+// whether the step was skipped.
+__global__ void adam_prepare_step_kernel(int count, const double* lr, AdamFactorInputs in,
+                                         const int32_t* skip, int64_t* steps, AdamStepFactors* out) {
+  if (*skip) return;
+  for (int i = 0; i < count; ++i) out[i] = adam_factors_at(*lr, in, ++steps[i]);
+}
+
+__global__ void loss_scale_update_kernel(LossScaleState* state, LossScaleRule rule) {
+  loss_scale_update_rule(*state, rule);
+}
+
+void adam_prepare_step(int count, const double* lr, AdamFactorInputs in, const int32_t* skip, int64_t* steps,
+                       AdamStepFactors* out) {
+  adam_prepare_step_kernel<<<1, 1, 0, stream()>>>(count, lr, in, skip, steps, out);
+  ENGINE_CUDA_CHECK_LAUNCH("adam_prepare_step_kernel");
+}
+
+void loss_scale_update(LossScaleState* state, LossScaleRule rule) {
+  loss_scale_update_kernel<<<1, 1, 0, stream()>>>(state, rule);
+  ENGINE_CUDA_CHECK_LAUNCH("loss_scale_update_kernel");
+}
+
+void unscale_check(int64_t n, float* grad, const float* inv_scale, int32_t* found_inf) {
   if (n <= 0) return;
   unscale_check_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(n, grad, inv_scale,
                                                                           found_inf);

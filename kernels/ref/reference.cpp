@@ -275,6 +275,10 @@ void softmax(int n, int classes, const float* logits, float* probs) {
   }
 }
 
+void round_to_float(int64_t n, const double* x, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(x[i]);
+}
+
 double reduce_sum(int64_t n, const float* x) {
   double acc = 0.0;
   for (int64_t i = 0; i < n; ++i) acc += x[i];
@@ -295,13 +299,23 @@ void gather_batch(int n, int pixels, const uint8_t* images, const uint8_t* label
 }
 
 void adam_update(int64_t n, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                 const AdamHyper& h, const AdamStepFactors* f) {
+                 const AdamHyper& h, const AdamStepFactors* f, const int32_t* skip) {
+  if (skip && *skip) return;
   for (int64_t i = 0; i < n; ++i) adam_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], h, *f);
 }
 
-void unscale_check(int64_t n, float* grad, float inv_scale, int32_t* found_inf) {
+void adam_prepare_step(int count, const double* lr, AdamFactorInputs in, const int32_t* skip, int64_t* steps,
+                       AdamStepFactors* out) {
+  if (*skip) return;
+  for (int i = 0; i < count; ++i) out[i] = adam_factors_at(*lr, in, ++steps[i]);
+}
+
+void loss_scale_update(LossScaleState* state, LossScaleRule rule) { loss_scale_update_rule(*state, rule);
+}
+
+void unscale_check(int64_t n, float* grad, const float* inv_scale, int32_t* found_inf) {
   for (int64_t i = 0; i < n; ++i)
-    if (unscale_element(grad[i], inv_scale)) *found_inf = 1;
+    if (unscale_element(grad[i], *inv_scale)) *found_inf = 1;
 }
 
 // ---- chunked ops: the unchunked reference op per chunk, the chunk partials summed in

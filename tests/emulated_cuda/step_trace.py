@@ -54,14 +54,22 @@ BWD_WHOLE = ["linear_backward", "dropout_backward", "relu_backward", "linear_bac
 ADAM = ["adam_update"] * 12
 
 UNSCALE = ["unscale_check"] * 12
+# fp16: the loss scaler stays on the device. After the unscale, one thread counts Adam's
+# steps and makes its factors unless the step overflowed (adam_prepare_step), the updates
+# skip on the flag, and one thread updates the scale and clears the flag.
+SCALED_ADAM = ["adam_prepare_step"] + ADAM + ["loss_scale_update"]
 
 
 def rename(ops, chunks, f16):
     out = []
     for op in ops:
         if op.startswith(("conv2d_", "linear_")):
-            op += ("_chunks" if chunks else "") + ("_f16" if f16 else "")
-        elif op.startswith("batchnorm_") and chunks:
+            out.append(op + ("_chunks" if chunks else "") + ("_f16" if f16 else ""))
+            # By chunks, one process: the bias gradient's double sum, rounded on the device.
+            if chunks and op.endswith("_backward"):
+                out.append("round_to_float")
+            continue
+        if op.startswith("batchnorm_") and chunks:
             op += "_chunks"
         out.append(op)
     return out
@@ -73,12 +81,9 @@ def rename(ops, chunks, f16):
 # `copy_h2d_async`, from page-locked memory, not waited for), which sits just before the
 # step's gather_batch, so at the end of the step before in this trace's cut.
 PER_STEP = []
-# cuda.batch_chunks=true: each of the 4 conv/linear backward ops allocates its bias
-# gradient's double tree (db_tree), reads it back (d2h, a wait for the GPU) and copies the
-# rounded bias gradient up again (h2d): 4 allocations, 4 d2h, 4 h2d a step.
-CHUNK_BIAS = ["conv2d_backward_chunks{}.db_tree", "linear_backward_chunks{}.db_tree"]
-# precision fp16: the loss scaler zeroes its found_inf flag (memset) and reads it back
-# (engine/nn/scaler.cpp): 1 d2h a step, the step's only wait in the whole-batch variant.
+# cuda.batch_chunks=true in one process: each of the 4 conv/linear backward ops sums its
+# bias gradient in double into one buffer that only grows, and round_to_float rounds it on
+# the device: nothing allocated, nothing read back.
 EXPECTED = {
     "fp32 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, False) + ADAM,
                          "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "changed": PER_STEP},
@@ -89,13 +94,14 @@ EXPECTED = {
                                  "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "launches": 1,
                                  "changed": PER_STEP},
     "fp32 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, False) + ADAM,
-                          "allocs": 4, "d2h": 4, "syncs": 0, "uploads": 1,
-                          "changed": PER_STEP + [c.format("") for c in CHUNK_BIAS]},
-    "fp16 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, True) + UNSCALE + ADAM,
-                         "allocs": 0, "d2h": 1, "syncs": 0, "uploads": 1, "changed": PER_STEP},
-    "fp16 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, True) + UNSCALE + ADAM,
-                          "allocs": 4, "d2h": 5, "syncs": 0, "uploads": 1,
-                          "changed": PER_STEP + [c.format("_f16") for c in CHUNK_BIAS]},
+                          "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "changed": PER_STEP},
+    "fp16 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, True) + UNSCALE + SCALED_ADAM,
+                         "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "changed": PER_STEP},
+    "fp16 whole batch, graphs": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, True) + UNSCALE + SCALED_ADAM,
+                                 "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "launches": 1,
+                                 "changed": PER_STEP},
+    "fp16 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, True) + UNSCALE + SCALED_ADAM,
+                          "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "changed": PER_STEP},
 }
 
 VARIANTS = [
@@ -103,6 +109,8 @@ VARIANTS = [
     ("fp32 whole batch, graphs", ["--set", "cuda.batch_chunks=false", "--set", "cuda.graphs=true"]),
     ("fp32 batch chunks", ["--set", "cuda.batch_chunks=true"]),
     ("fp16 whole batch", ["--set", "cuda.batch_chunks=false", "--set", "precision.mode=fp16"]),
+    ("fp16 whole batch, graphs", ["--set", "cuda.batch_chunks=false", "--set", "precision.mode=fp16",
+                                  "--set", "cuda.graphs=true"]),
     ("fp16 batch chunks", ["--set", "cuda.batch_chunks=true", "--set", "precision.mode=fp16"]),
 ]
 
@@ -225,19 +233,20 @@ print("|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     print("| " + " | ".join(str(x) for x in r) + " |")
 
-# Graphs on and off: the same checkpoint, bit for bit; and the graphs run was replayed.
-graphs_trace = open(os.path.join(tmp, "fp32_whole_batch,_graphs.trace")).read().split("\n")
-captures = sum(1 for l in graphs_trace if l.startswith("capture_end"))
-launches = sum(1 for l in graphs_trace if l.startswith("graph_launch"))
-print(f"\ncuda.graphs=true: {captures} capture(s), {launches} graph launches")
-if captures < 1 or launches < 5:
-    failures.append(f"cuda.graphs=true: {captures} captures and {launches} launches (expected >= 1 and >= 5)")
-p, _ = run(["diff", os.path.join(tmp, "fp32_whole_batch,_graphs", "last.h5"),
-            os.path.join(tmp, "fp32_whole_batch", "last.h5")], check=False)
-print(f"engine diff (emulated cuda, graphs on) vs (graphs off): exit {p.returncode}, "
-      f"{'identical' if p.returncode == 0 else 'different'}")
-if p.returncode != 0:
-    failures.append("cuda.graphs=true and false give different checkpoints:\n" + p.stdout[-2000:])
+# Graphs on and off: the same checkpoint, bit for bit; and the graphs runs were replayed.
+for prec in ("fp32", "fp16"):
+    on, off = f"{prec}_whole_batch,_graphs", f"{prec}_whole_batch"
+    graphs_trace = open(os.path.join(tmp, on + ".trace")).read().split("\n")
+    captures = sum(1 for l in graphs_trace if l.startswith("capture_end"))
+    launches = sum(1 for l in graphs_trace if l.startswith("graph_launch"))
+    print(f"\n{prec}, cuda.graphs=true: {captures} capture(s), {launches} graph launches")
+    if captures < 1 or launches < 5:
+        failures.append(f"{prec} cuda.graphs=true: {captures} captures and {launches} launches (expected >= 1 and >= 5)")
+    p, _ = run(["diff", os.path.join(tmp, on, "last.h5"), os.path.join(tmp, off, "last.h5")], check=False)
+    print(f"engine diff (emulated cuda, {prec}, graphs on) vs (graphs off): exit {p.returncode}, "
+          f"{'identical' if p.returncode == 0 else 'different'}")
+    if p.returncode != 0:
+        failures.append(f"{prec}: cuda.graphs=true and false give different checkpoints:\n" + p.stdout[-2000:])
 
 # An emulated cuda.batch_chunks=true run against a CPU run of the same config.
 cpu_dir = os.path.join(tmp, "cpu")

@@ -478,11 +478,17 @@ OP_CASE("bit for bit over three steps: decoupled and L2 decay, zero and tiny gra
           f.decay_factor = static_cast<float>(1.0 - 3e-3 * wd);
           f.one_minus_beta1 = static_cast<float>(1.0 - 0.9);
           f.one_minus_beta2 = static_cast<float>(1.0 - 0.999);
-          ref::adam_update(n, p_ref.data(), grad.data(), m_ref.data(), v_ref.data(), h, &f);
-          b.ops->adam_update(n, p, m.in(grad), md, vd, h, m.value(f));
+          ref::adam_update(n, p_ref.data(), grad.data(), m_ref.data(), v_ref.data(), h, &f, nullptr);
+          // A skip flag of 0 updates; of 1 (the loss scaler found an overflow) leaves all alone.
+          const float* grad_d = m.in(grad);
+          b.ops->adam_update(n, p, grad_d, md, vd, h, m.value(f), t == 2 ? m.value(int32_t{0}) : nullptr);
           check_bits("adam param", m.get(p), p_ref);
           check_bits("adam exp_avg", m.get(md), m_ref);
           check_bits("adam exp_avg_sq", m.get(vd), v_ref);
+          b.ops->adam_update(n, p, grad_d, md, vd, h, m.value(f), m.value(int32_t{1}));
+          check_bits("adam param, skipped", m.get(p), p_ref);
+          check_bits("adam exp_avg, skipped", m.get(md), m_ref);
+          check_bits("adam exp_avg_sq, skipped", m.get(vd), v_ref);
         }
       }
 }
@@ -500,11 +506,11 @@ OP_CASE("scales bit for bit; found_inf set on inf/NaN (first, middle, last), nev
                    int32_t& flag_ref, int32_t& flag_got) {
       out_ref = in;
       flag_ref = flag_in;
-      ref::unscale_check(n, out_ref.data(), s, &flag_ref);
+      ref::unscale_check(n, out_ref.data(), &s, &flag_ref);
       Mem m(b);
       float* gd = m.in(in);
       int32_t* fd = m.in(std::vector<int32_t>{flag_in});
-      b.ops->unscale_check(n, gd, s, fd);
+      b.ops->unscale_check(n, gd, m.value(s), fd);
       const auto got = m.get(gd);
       if (b.cuda)
         check_close("unscaled grad", got, out_ref, [](std::size_t) { return 0.0; }, true);
@@ -549,4 +555,107 @@ OP_CASE("scales bit for bit; found_inf set on inf/NaN (first, middle, last), nev
     CHECK(fa == 1);
     CHECK(fb == 1);
   }
+}
+
+OP_CASE("the step counts and factors on the device: counted unless skipped, the host's factors bit for bit",
+        adam_prepare_step) {
+  const AdamFactorInputs in{0.9, 0.999, 0.01};
+  for (const double lr : {1e-3, 3.7e-4, 0.05}) {
+    CAPTURE(lr);
+    // Four tensors at different counts (a resumed run's may differ), from step 0 and far on.
+    const std::vector<int64_t> start = {0, 1, 999, 123456};
+    std::vector<int64_t> steps_ref = start;
+    std::vector<AdamStepFactors> f_ref(start.size());
+    const int32_t go = 0, skip = 1;
+    Mem m(b);
+    int64_t* steps = m.in(start);
+    AdamStepFactors* f = m.out<AdamStepFactors>(start.size());
+    for (int k = 0; k < 3; ++k) {
+      ref::adam_prepare_step(4, &lr, in, &go, steps_ref.data(), f_ref.data());
+      b.ops->adam_prepare_step(4, m.value(lr), in, m.value(go), steps, f);
+      CHECK(m.get(steps) == steps_ref);
+      const std::vector<AdamStepFactors> got = m.get(f);
+      for (std::size_t i = 0; i < start.size(); ++i) {
+        CHECK(steps_ref[i] == start[i] + k + 1);
+        // The host's factors (what AdamOptimizer::prepare_step uploads), bit for bit.
+        const AdamStepFactors want = adam_factors_at(lr, in, steps_ref[i]);
+        CHECK(std::memcmp(&got[i], &want, sizeof want) == 0);
+        CHECK(std::memcmp(&f_ref[i], &want, sizeof want) == 0);
+      }
+    }
+    // Skipped: neither the counts nor the factors move.
+    const std::vector<AdamStepFactors> before = m.get(f);
+    b.ops->adam_prepare_step(4, m.value(lr), in, m.value(skip), steps, f);
+    CHECK(m.get(steps) == steps_ref);
+    const std::vector<AdamStepFactors> after = m.get(f);
+    CHECK(std::memcmp(before.data(), after.data(), before.size() * sizeof(AdamStepFactors)) == 0);
+  }
+}
+
+OP_CASE("GradScaler's rule: back off on overflow, grow at the interval unless infinite; flag cleared",
+        loss_scale_update) {
+  const LossScaleRule rule{2.0, 0.5, 3};
+  // (found_inf per step) from scale 4: the expected scale and tracker after each step.
+  struct Step {
+    int32_t found;
+    double scale;
+    int64_t tracker;
+  };
+  const Step steps[] = {{0, 4, 1}, {0, 4, 2}, {0, 8, 0}, {1, 4, 0}, {0, 4, 1}, {1, 2, 0}, {0, 2, 1}};
+  LossScaleState start;
+  start.scale = 4.0;
+  loss_scale_factors(start);
+  LossScaleState ref_state = start;
+  Mem m(b);
+  LossScaleState* state = m.in(std::vector<LossScaleState>{start});
+  for (const Step& st : steps) {
+    ref_state.found_inf = st.found;
+    LossScaleState set = m.get(state)[0];
+    set.found_inf = st.found;
+    m.put(state, std::vector<LossScaleState>{set});
+    ref::loss_scale_update(&ref_state, rule);
+    b.ops->loss_scale_update(state, rule);
+    const LossScaleState got = m.get(state)[0];
+    CHECK(got.scale == st.scale);
+    CHECK(got.growth_tracker == st.tracker);
+    CHECK(got.found_inf == 0);
+    CHECK(got.scale_f32 == static_cast<float>(st.scale));
+    CHECK(got.inv_scale_f32 == static_cast<float>(1.0 / st.scale));
+    CHECK(std::memcmp(&got, &ref_state, sizeof got) == 0);
+  }
+  // Growth that would overflow to inf keeps the scale (and resets the tracker).
+  LossScaleState big;
+  big.scale = 1e308;
+  big.growth_tracker = 2;
+  LossScaleState* bd = m.in(std::vector<LossScaleState>{big});
+  b.ops->loss_scale_update(bd, rule);
+  CHECK(m.get(bd)[0].scale == 1e308);
+  CHECK(m.get(bd)[0].growth_tracker == 0);
+}
+
+OP_CASE("bit for bit: nearest even, ties, overflow to inf, denormals, NaN, signed zeros", round_to_float) {
+  std::mt19937_64 g(1201);
+  std::vector<double> x = {0.0, -0.0, 1.0, -1.0, 1.0 + 0x1p-24, 1.0 + 0x1p-23 + 0x1p-24, 3.4028235677973366e38,
+                           3.4028235677973366e38 * 1.0000001, -1e300, 1e-46, 1.4e-45, -7e-46, 1e-300,
+                           std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()};
+  std::uniform_real_distribution<double> u(-1e4, 1e4);
+  for (int i = 0; i < 5000; ++i) x.push_back(u(g));
+  std::vector<float> y_ref(x.size());
+  ref::round_to_float(static_cast<int64_t>(x.size()), x.data(), y_ref.data());
+  const std::size_t nan_at = 14;
+  REQUIRE(x[nan_at] != x[nan_at]);
+  std::size_t wrong = 0;  // the definition: the C++ conversion, to nearest even
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float want = static_cast<float>(x[i]);
+    if (i != nan_at) wrong += std::memcmp(&y_ref[i], &want, sizeof want) != 0;
+  }
+  CHECK(wrong == 0);
+  Mem m(b);
+  float* y = m.out<float>(x.size());
+  b.ops->round_to_float(static_cast<int64_t>(x.size()), m.in(x), y);
+  std::vector<float> got = m.get(y);
+  // NaN stays NaN (its payload is the hardware's); everything else bit for bit.
+  CHECK(got[nan_at] != got[nan_at]);
+  got[nan_at] = y_ref[nan_at] = 0.0f;
+  check_bits("rounded", got, y_ref);
 }

@@ -56,6 +56,14 @@ inline std::string describe(const engine::kernels::AdamStepFactors& f) {
   return "factors{" + describe(f.step_size) + "," + describe(f.bias_correction2_sqrt) + "," +
          describe(f.decay_factor) + "," + describe(f.one_minus_beta1) + "," + describe(f.one_minus_beta2) + "}";
 }
+inline std::string describe(const engine::kernels::AdamFactorInputs& in) {
+  return "adam{b1=" + std::to_string(in.beta1) + ",b2=" + std::to_string(in.beta2) + ",wd=" +
+         std::to_string(in.weight_decay) + "}";
+}
+inline std::string describe(const engine::kernels::LossScaleRule& r) {
+  return "rule{growth=" + std::to_string(r.growth_factor) + ",backoff=" + std::to_string(r.backoff_factor) +
+         ",interval=" + std::to_string(r.growth_interval) + "}";
+}
 
 // "(s, x, w)", an op's argument list as the op list spells it -> {s, x, w}.
 inline std::vector<std::string> split_names(const char* text) {

@@ -207,7 +207,7 @@ int main(int argc, char** argv) {
   for (auto* p : params) grads.push_back(*p), m.emplace_back(p->size(), 0.0f), v.emplace_back(p->size(), 0.0f);
   b.op("adamw (all parameters)", 0, [&] {
     for (std::size_t i = 0; i < params.size(); ++i)
-      cpu::adam_update(static_cast<int64_t>(params[i]->size() / ranks), params[i]->data(), grads[i].data(), m[i].data(), v[i].data(), h, &sf);
+      cpu::adam_update(static_cast<int64_t>(params[i]->size() / ranks), params[i]->data(), grads[i].data(), m[i].data(), v[i].data(), h, &sf, nullptr);
   });
 
   double total = 0, flops = 0;

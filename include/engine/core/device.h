@@ -24,6 +24,17 @@ struct Device {
   bool operator!=(const Device& o) const { return !(*this == o); }
 };
 
+// A value of type T in device memory, and the device it is on: what an op reads when its
+// kernel runs rather than take as an argument (a per-step value, engine/core/step_values.h;
+// the loss scale). `value`: what the host last sent or knew of it, for the op's
+// preconditions and host-side arithmetic.
+template <class T>
+struct DeviceValue {
+  const T* ptr = nullptr;
+  Device device;
+  T value{};
+};
+
 // True when this build has the CUDA backend compiled in.
 bool cuda_built();
 // Number of usable GPUs (0 without CUDA or without a driver/GPU).

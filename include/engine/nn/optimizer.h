@@ -33,6 +33,11 @@ class AdamOptimizer : public Stateful {
   // The host's part of a step(values) whose device work a CUDA graph replays: each
   // tensor's step count (engine/train/step_graphs.h).
   void replayed_step();
+  // The same update with the step counts kept on the device, for a loss scaler that may
+  // skip the step there (nothing read back): the factors are made on the device after
+  // the overflow check, from values.scalars.lr as uploaded; no update and no count when
+  // *skip. The counts come back to the host for state() (a copy that waits for the device).
+  void step_on_device(const StepValues& values, DeviceValue<int32_t> skip);
   // Re-creates the moments on the parameters' current device (after a model move).
   void to(Device device);
 
@@ -63,8 +68,13 @@ class AdamOptimizer : public Stateful {
   void require_whole(const char* what) const;
   std::string name_;
   double lr_, beta1_, beta2_, eps_, weight_decay_;
-  std::vector<Slot> slots_;
+  // Reads the step counts back from the device when they are newer there.
+  void pull_steps() const;
+  mutable std::vector<Slot> slots_;
   bool sharded_ = false;
+  Tensor device_steps_, device_factors_;  // step_on_device's: int64[n] and AdamStepFactors[n], as bytes
+  enum class Newer { Same, Host, Device };
+  mutable Newer steps_newer_ = Newer::Same;
   std::shared_ptr<StepValues> own_values_;  // step()'s
 };
 

@@ -7,6 +7,8 @@
 #pragma once
 #include <vector>
 
+#include "engine/core/device.h"
+
 #include "engine/nn/module.h"
 
 namespace engine {
@@ -24,25 +26,47 @@ class LossScaler : public Stateful {
   void set_active(bool active) { active_ = active && enabled_; }
   bool active() const { return active_; }
   // The factor to scale the loss by in this step (1 when inactive).
-  float loss_scale() const { return active_ ? static_cast<float>(scale_) : 1.0f; }
-  double scale() const { return scale_; }
-  int64_t growth_tracker() const { return growth_tracker_; }
+  float loss_scale() const { return active_ ? static_cast<float>(scale()) : 1.0f; }
+  // The state. After a step on the device (below) these read it back from there: a copy
+  // that waits for the device, for the saves and the epoch's metrics.
+  double scale() const;
+  int64_t growth_tracker() const;
 
   // Unscales every gradient in place; returns true when the optimizer step must be
-  // skipped (some gradient is inf or NaN). Then call update(found_inf).
+  // skipped (some gradient is inf or NaN). Then call update(found_inf). (A read-back of
+  // the overflow flag: the readable form of the step below.)
   bool unscale(const std::vector<Parameter*>& params);
   void update(bool found_inf);
+
+  // The same step kept on the device, nothing read back (the trainer's fp16 step): the
+  // loss's scale, where the loss kernel reads it (on `device`; the state moves there on
+  // first use); the unscale of every gradient, which sets the overflow flag; the flag,
+  // which the optimizer's update reads to skip; and the update of the scale, which
+  // clears the flag.
+  DeviceValue<float> device_loss_scale(Device device);
+  void unscale_on_device(const std::vector<Parameter*>& params);
+  DeviceValue<int32_t> device_found_inf() const;
+  void update_on_device();
 
   StateDict state() const override;
   void load_state(const StateDict& in) override;
 
  private:
+  // Sends the host's state to `device` when the device's is missing or older.
+  void push(Device device);
+  // Reads the device's state back when it is newer than the host's.
+  void pull() const;
+
   bool enabled_;
   bool active_ = false;
-  double scale_, init_scale_, growth_factor_, backoff_factor_;
+  mutable double scale_;
+  double init_scale_, growth_factor_, backoff_factor_;
   int64_t growth_interval_;
-  int64_t growth_tracker_ = 0;
-  Tensor found_inf_;  // one int32 on the parameters' device
+  mutable int64_t growth_tracker_ = 0;
+  // The state on the device (bytes: one kernels::LossScaleState); which copy is newer.
+  Tensor device_state_;
+  enum class Newer { Same, Host, Device };
+  mutable Newer newer_ = Newer::Same;
 };
 
 }  // namespace engine
