@@ -56,11 +56,13 @@ ADAM = ["adam_update"] * 12
 UNSCALE = ["unscale_check"] * 12
 
 
-def rename(ops, chunks, f16):
+def rename(ops, chunks, suffix):
+    """The ops of a variant: the chunked forms with `chunks`, and the conv/linear ops of
+    a precision ("", "_f16", "_bf16")."""
     out = []
     for op in ops:
         if op.startswith(("conv2d_", "linear_")):
-            op += ("_chunks" if chunks else "") + ("_f16" if f16 else "")
+            op += ("_chunks" if chunks else "") + suffix
         elif op.startswith("batchnorm_") and chunks:
             op += "_chunks"
         out.append(op)
@@ -76,17 +78,23 @@ PER_STEP = ["adam_update.f", "cross_entropy.sample_loss", "dropout_forward.offse
 CHUNK_BIAS = ["conv2d_backward_chunks{}.db_tree", "linear_backward_chunks{}.db_tree"]
 # precision fp16: the loss scaler zeroes its found_inf flag (memset) and reads it back
 # (engine/nn/scaler.cpp): 1 d2h a step, the step's only wait in the whole-batch variant.
+# precision bf16 has no loss scaler: fp32's costs, with the bf16 conv/linear ops.
 EXPECTED = {
-    "fp32 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, False) + ADAM,
+    "fp32 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, "") + ADAM,
                          "allocs": 0, "d2h": 0, "syncs": 0, "changed": PER_STEP},
-    "fp32 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, False) + ADAM,
+    "fp32 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, "") + ADAM,
                           "allocs": 4, "d2h": 4, "syncs": 0,
                           "changed": PER_STEP + [c.format("") for c in CHUNK_BIAS]},
-    "fp16 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, True) + UNSCALE + ADAM,
+    "fp16 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, "_f16") + UNSCALE + ADAM,
                          "allocs": 0, "d2h": 1, "syncs": 0, "changed": PER_STEP},
-    "fp16 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, True) + UNSCALE + ADAM,
+    "fp16 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, "_f16") + UNSCALE + ADAM,
                           "allocs": 4, "d2h": 5, "syncs": 0,
                           "changed": PER_STEP + [c.format("_f16") for c in CHUNK_BIAS]},
+    "bf16 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, "_bf16") + ADAM,
+                         "allocs": 0, "d2h": 0, "syncs": 0, "changed": PER_STEP},
+    "bf16 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, "_bf16") + ADAM,
+                          "allocs": 4, "d2h": 4, "syncs": 0,
+                          "changed": PER_STEP + [c.format("_bf16") for c in CHUNK_BIAS]},
 }
 
 VARIANTS = [
@@ -94,6 +102,8 @@ VARIANTS = [
     ("fp32 batch chunks", ["--set", "cuda.batch_chunks=true"]),
     ("fp16 whole batch", ["--set", "cuda.batch_chunks=false", "--set", "precision.mode=fp16"]),
     ("fp16 batch chunks", ["--set", "cuda.batch_chunks=true", "--set", "precision.mode=fp16"]),
+    ("bf16 whole batch", ["--set", "cuda.batch_chunks=false", "--set", "precision.mode=bf16"]),
+    ("bf16 batch chunks", ["--set", "cuda.batch_chunks=true", "--set", "precision.mode=bf16"]),
 ]
 
 
