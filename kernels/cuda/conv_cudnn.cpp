@@ -192,7 +192,8 @@ void choose_forward(cudnnHandle_t h, ConvPlan& plan, const ConvShape& s, bool de
     plan.fwd_algo = p.algo;
     adopt_math_type(plan, plan.fwd_conv, p.mathType);
   } else {
-    // Implicit GEMM is deterministic and supports every stride-1 shape in both types.
+    // Implicit GEMM is deterministic and supports every stride-1 shape in fp32 and fp16
+    // (bf16 not yet run on a GPU).
     plan.fwd_algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
   }
   check_with_shape(cudnnGetConvolutionForwardWorkspaceSize(h, plan.x, plan.w, plan.fwd_conv,
