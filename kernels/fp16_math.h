@@ -5,22 +5,11 @@
 // at or beyond 65520 becomes inf; NaN stays NaN (quiet); subnormals are kept.
 #pragma once
 #include <cstdint>
-#include <cstring>
 
 #include "engine/kernels/hd.h"
+#include "kernels/float_bits.h"
 
 namespace engine::kernels {
-
-ENGINE_HD uint32_t f32_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-ENGINE_HD float f32_from_bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 ENGINE_HD uint16_t f16_bits_from_f32(float f) {
   const uint32_t u = f32_bits(f);

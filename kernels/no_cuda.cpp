@@ -43,6 +43,8 @@ void set_batch_chunks(bool on) { g_batch_chunks = on; }
 bool batch_chunks() { return g_batch_chunks; }
 void cast_f32_to_f16(int64_t, const float*, void*) { unavailable(); }
 void cast_f16_to_f32(int64_t, const void*, float*) { unavailable(); }
+void cast_f32_to_bf16(int64_t, const float*, void*) { unavailable(); }
+void cast_bf16_to_f32(int64_t, const void*, float*) { unavailable(); }
 
 // Every op of the op list, each `{ unavailable(); }`.
 #define ENGINE_OP(name, batch, precision, backends, ret, params, args) \

@@ -7,15 +7,17 @@ namespace engine::kernels {
 namespace {
 
 // The CPU's entries for the ops it does not have (RefCuda, CudaOnly): reaching one is a
-// bug in the caller (the facade runs fp16 as fp32 on the CPU), reported with the op's name.
+// bug in the caller (the facade runs fp16 and bf16 as fp32 on the CPU), reported with the
+// op's name.
 #define ENGINE_OP_MISSING_Every(name, ret, params)
 #define ENGINE_OP_MISSING_CudaOnly(name, ret, params)                                   \
   [[noreturn]] ret name params {                                                        \
     throw std::logic_error("kernels: " #name " has no CPU backend (it is CUDA only)"); \
   }
-#define ENGINE_OP_MISSING_RefCuda(name, ret, params)                                          \
-  [[noreturn]] ret name params {                                                             \
-    throw std::logic_error("kernels: " #name " has no CPU backend (the CPU runs fp16 as fp32)"); \
+#define ENGINE_OP_MISSING_RefCuda(name, ret, params)                                      \
+  [[noreturn]] ret name params {                                                         \
+    throw std::logic_error("kernels: " #name                                             \
+                           " has no CPU backend (the CPU runs fp16 and bf16 as fp32)"); \
   }
 namespace cpu_missing {
 #define ENGINE_OP(name, batch, precision, backends, ret, params, args) \

@@ -10,7 +10,7 @@
 namespace engine::kernels {
 
 enum class OpBatch { Whole, Chunks };
-enum class OpPrecision { Fp32, Fp16 };
+enum class OpPrecision { Fp32, Fp16, Bf16 };
 enum class OpBackends { Every, RefCuda, CudaOnly };
 
 struct OpInfo {

@@ -167,6 +167,23 @@ TEST_CASE("fixed choices: the JSON strings become enums and go back as the same 
   CHECK(d["checkpoint"]["on_error"] == "stop");
 }
 
+TEST_CASE("precision.mode bf16: parsed from JSON and --set, written back as \"bf16\", round-trips") {
+  const Config c = engine::config_from_json(json::parse(R"({"precision": {"mode": "bf16"}})"), "x");
+  CHECK(c.precision.mode == engine::PrecisionMode::Bf16);
+  CHECK(std::string(engine::to_string(c.precision.mode)) == "bf16");
+  const json j = engine::config_to_json(c);
+  CHECK(j["precision"]["mode"] == "bf16");
+  check_same(engine::config_from_json(j, "x"), c);
+  check_same(engine::config_from_json(json::parse(j.dump()), "x"), c);
+
+  json set = json::object();
+  engine::apply_override(set, "precision.mode=bf16");
+  CHECK(engine::config_from_json(set, "x").precision.mode == engine::PrecisionMode::Bf16);
+  // The mode names are case-sensitive, as every fixed choice.
+  CHECK(error_for("precision.mode", "\"BF16\"") ==
+        "configs/x.json: key 'precision.mode' must be one of fp32, fp16, bf16, got \"BF16\"");
+}
+
 TEST_CASE("config_to_json emits every key, null for unset optionals") {
   const json j = engine::config_to_json(Config{});
   CHECK(j["data"]["train_limit"].is_null());
@@ -350,7 +367,7 @@ TEST_CASE("range errors name the key and the offending value") {
       {"scheduler.name", "\"step\"", "must be one of cosine, constant, got \"step\""},
       {"scheduler.t_max", "0", "must be >= 1, got 0"},
       {"scheduler.eta_min", "-1", "must be >= 0, got -1"},
-      {"precision.mode", "\"bf16\"", "must be one of fp32, fp16, got \"bf16\""},
+      {"precision.mode", "\"fp8\"", "must be one of fp32, fp16, bf16, got \"fp8\""},
       {"precision.loss_scale.init", "0", "must be > 0, got 0"},
       {"precision.loss_scale.growth_factor", "1", "must be > 1, got 1"},
       {"precision.loss_scale.backoff_factor", "1", "must be in (0, 1), got 1"},

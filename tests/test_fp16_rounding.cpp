@@ -130,5 +130,5 @@ TEST_CASE("the CPU's table has no fp16 op: the facade runs fp32 there") {
   const float x = 1.0f;
   float y = 0.0f;
   CHECK(test_support::error_of([&] { cpu_ops().linear_forward_f16(s, &x, &x, nullptr, &y); }) ==
-        "kernels: linear_forward_f16 has no CPU backend (the CPU runs fp16 as fp32)");
+        "kernels: linear_forward_f16 has no CPU backend (the CPU runs fp16 and bf16 as fp32)");
 }

@@ -771,19 +771,23 @@ TEST_CASE("FashionCnn: gradients equal the reference-op chain (forward and backw
   }
 }
 
-// On the CPU the op facade runs the fp32 kernels whatever the precision (fp16 ops are
-// CUDA only), so a model set to Fp16 computes exactly what the Fp32 model does.
-TEST_CASE("FashionCnn on the CPU: Fp16 precision gives the Fp32 bits") {
-  ModelProblem fp32, fp16;
-  fp16.model.set_precision(engine::Precision::Fp16);
-  const std::vector<float> z32 = fp32.forward_backward(), z16 = fp16.forward_backward();
-  CHECK(std::memcmp(z16.data(), z32.data(), z32.size() * sizeof(float)) == 0);
-  const std::vector<engine::Parameter*> p32 = fp32.model.parameters(), p16 = fp16.model.parameters();
-  REQUIRE(p32.size() == p16.size());
-  for (std::size_t i = 0; i < p32.size(); ++i) {
-    CAPTURE(p32[i]->name);
-    const std::vector<float> g32 = p32[i]->grad.to_vector(), g16 = p16[i]->grad.to_vector();
-    REQUIRE(g16.size() == g32.size());
-    CHECK(std::memcmp(g16.data(), g32.data(), g32.size() * sizeof(float)) == 0);
+// On the CPU the op facade runs the fp32 kernels whatever the precision (fp16 and bf16
+// ops are CUDA only), so a model set to Fp16 or Bf16 computes exactly what the Fp32 model
+// does.
+TEST_CASE("FashionCnn on the CPU: Fp16 and Bf16 precision give the Fp32 bits") {
+  for (const engine::Precision p : {engine::Precision::Fp16, engine::Precision::Bf16}) {
+    CAPTURE(static_cast<int>(p));
+    ModelProblem fp32, low;
+    low.model.set_precision(p);
+    const std::vector<float> z32 = fp32.forward_backward(), z16 = low.forward_backward();
+    CHECK(std::memcmp(z16.data(), z32.data(), z32.size() * sizeof(float)) == 0);
+    const std::vector<engine::Parameter*> p32 = fp32.model.parameters(), p16 = low.model.parameters();
+    REQUIRE(p32.size() == p16.size());
+    for (std::size_t i = 0; i < p32.size(); ++i) {
+      CAPTURE(p32[i]->name);
+      const std::vector<float> g32 = p32[i]->grad.to_vector(), g16 = p16[i]->grad.to_vector();
+      REQUIRE(g16.size() == g32.size());
+      CHECK(std::memcmp(g16.data(), g32.data(), g32.size() * sizeof(float)) == 0);
+    }
   }
 }

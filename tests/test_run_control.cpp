@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "run_dir_util.h"
@@ -214,6 +215,41 @@ TEST_CASE("the loss scaler: the config decides enabled, the saved scale continue
     CHECK(resumed.scale() == 1.0);
     CHECK(resumed.loss_scale() == 1.0f);
   }
+}
+
+TEST_CASE("precision.mode bf16: no loss scaler, fp32 on the CPU, and the checkpoint records bf16") {
+  if (!dataset_available()) return;
+  const std::string dir = fresh_dir("run_control_bf16");
+  Config fp16_cfg = tiny_config(dir + "/a");
+  fp16_cfg.precision.mode = engine::PrecisionMode::Fp16;
+  Trainer fp16(fp16_cfg, Device::cpu(), make_model(fp16_cfg));
+  Config bf16_cfg = tiny_config(dir + "/b");
+  bf16_cfg.precision.mode = engine::PrecisionMode::Bf16;
+  Trainer bf16(bf16_cfg, Device::cpu(), make_model(bf16_cfg));
+  CHECK(bf16.compute_precision() == engine::Precision::Fp32);  // the CPU backend is fp32
+  CHECK(engine::compute_precision(engine::PrecisionMode::Bf16, Device::cuda(0)) == engine::Precision::Bf16);
+  CHECK(engine::compute_precision(engine::PrecisionMode::Fp16, Device::cuda(0)) == engine::Precision::Fp16);
+  CHECK(engine::compute_precision(engine::PrecisionMode::Fp32, Device::cuda(0)) == engine::Precision::Fp32);
+  CHECK(!engine::scales_loss(engine::PrecisionMode::Bf16));
+  CHECK(engine::scales_loss(engine::PrecisionMode::Fp16));
+
+  // Disabled as in fp32: scale 1, even after resuming an fp16 run's scaler.
+  const Checkpoint mine = bf16.snapshot();
+  CHECK(mine.groups.at("scaler").get_int("enabled") == 0);
+  CHECK(mine.groups.at("scaler").get_real("scale") == 1.0);
+  CHECK(nlohmann::json::parse(mine.config_json)["precision"]["mode"] == "bf16");
+  CHECK(bf16.restore(fp16.snapshot(), LoadMode::Strict).clean());
+  CHECK(bf16.snapshot().groups.at("scaler").get_real("scale") == 1.0);
+
+  // Through a file: the stored config says bf16, and an fp32 run resumes it (the
+  // checkpoint's layout is the same in every mode).
+  save_checkpoint(dir + "/bf16.h5", mine);
+  const Checkpoint loaded = load_checkpoint(dir + "/bf16.h5");
+  CHECK(engine::config_from_json(nlohmann::json::parse(loaded.config_json), "x").precision.mode ==
+        engine::PrecisionMode::Bf16);
+  const Config fp32_cfg = tiny_config(dir + "/c");
+  Trainer fp32(fp32_cfg, Device::cpu(), make_model(fp32_cfg));
+  CHECK(fp32.restore(loaded, LoadMode::Strict).clean());
 }
 
 TEST_CASE("Trainer::restore: scaler state follows the config; the loss buffer may change size only at an epoch boundary") {

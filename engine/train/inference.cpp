@@ -45,7 +45,7 @@ Classifier::Classifier(const std::string& path, Device device, const ModelFactor
   input_ = prototype_->input_shape();
   classes_ = prototype_->num_classes();
   // The trainer's rule, so a classifier computes what the trainer's evaluation does.
-  precision_ = device_.is_cuda() && cfg_.precision.mode == PrecisionMode::Fp16 ? Precision::Fp16 : Precision::Fp32;
+  precision_ = compute_precision(cfg_.precision.mode, device_);
   prototype_->to(device_);
   prototype_->set_precision(precision_);
   const StateDict& given = ckpt.group("model");

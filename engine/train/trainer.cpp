@@ -199,8 +199,8 @@ Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, Traine
     observer_->on_message("model initialised from " + *cfg_.model.init_from + " (model.init_from)");
   }
   model_->to(device_);
-  // fp16: conv and linear math on fp16 inputs with fp32 accumulation (CUDA only; the
-  // CPU backend is fp32 and keeps the loss scaler's state unchanged).
+  // fp16, bf16: conv and linear math on 16-bit inputs with fp32 accumulation (CUDA only;
+  // the CPU backend is fp32 and keeps the loss scaler's state unchanged).
   model_->set_precision(compute_precision());
   const OptimizerConfig& o = cfg_.optimizer;
   optimizer_ = std::make_unique<AdamOptimizer>(to_string(o.name), model_->parameters(), o.lr, o.beta1,
@@ -208,13 +208,16 @@ Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, Traine
   scheduler_ = std::make_unique<LrScheduler>(to_string(cfg_.scheduler.name), o.lr, cfg_.effective_t_max(),
                                              cfg_.scheduler.eta_min);
   const LossScaleConfig& ls = cfg_.precision.loss_scale;
-  scaler_ = std::make_unique<LossScaler>(cfg_.precision.mode == PrecisionMode::Fp16, ls.init, ls.growth_factor,
+  // Only fp16 scales the loss; bf16 (fp32's exponent range) runs without, as fp32 does.
+  scaler_ = std::make_unique<LossScaler>(scales_loss(cfg_.precision.mode), ls.init, ls.growth_factor,
                                          ls.backoff_factor, ls.growth_interval);
   scaler_->set_active(device_.is_cuda());
   if (scaler_->enabled() && device_.is_cpu())
     observer_->on_message(
         "precision.mode fp16 needs the CUDA backend: training in fp32 on the CPU, "
         "loss-scaler state kept unchanged");
+  if (cfg_.precision.mode == PrecisionMode::Bf16 && device_.is_cpu())
+    observer_->on_message("precision.mode bf16 needs the CUDA backend: training in fp32 on the CPU");
   if (device_.is_cpu()) {
     // The CPU step completes the weight and bias gradients in one pass after backward
     // (when there is more than one block of chunks), and on several ranks each rank
@@ -264,9 +267,7 @@ void Trainer::add_state_group(const std::string& name, Stateful* component) {
   host_groups_.emplace_back(name, component);
 }
 
-Precision Trainer::compute_precision() const {
-  return device_.is_cuda() && cfg_.precision.mode == PrecisionMode::Fp16 ? Precision::Fp16 : Precision::Fp32;
-}
+Precision Trainer::compute_precision() const { return engine::compute_precision(cfg_.precision.mode, device_); }
 
 Shape Trainer::batch_shape(int64_t n) const {
   const ImageShape s = data_->sample_shape();

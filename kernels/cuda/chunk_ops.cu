@@ -1,5 +1,5 @@
-// The Chunks ops of kernels/op_list.inc (fp32, and the CUDA-only fp16 ones) on the GPU: a batch
-// computed by its fixed chunks (kernels/chunk_tree.h) so that every cross-sample sum is
+// The Chunks ops of kernels/op_list.inc (fp32, and the CUDA-only fp16 and bf16 ones) on the
+// GPU: a batch computed by its fixed chunks (kernels/chunk_tree.h) so that every cross-sample sum is
 // the fixed tree over per-chunk partials, and a rank holding some of the chunks computes
 // exactly its subtree (docs/distributed.md, "GPU ranks").
 //
@@ -154,7 +154,7 @@ __global__ void backward_apply_kernel(int64_t total, int c, int64_t hw, const fl
 
 // ---- Conv / linear by chunks ----------------------------------------------------------
 
-enum class Math { F32, F16 };
+enum class Math { F32, F16, BF16 };
 
 // Per-sample sizes and the whole-batch op for a sub-batch, for conv and linear alike.
 struct ConvOps {
@@ -166,11 +166,13 @@ struct ConvOps {
   static int64_t weight_size(const Shape& s) { return static_cast<int64_t>(s.k) * s.c * s.r * s.s; }
   static void forward(Math m, const Shape& s, const float* x, const float* w, const float* b, float* y) {
     if (m == Math::F16) conv2d_forward_f16(s, x, w, b, y);
+    else if (m == Math::BF16) conv2d_forward_bf16(s, x, w, b, y);
     else conv2d_forward(s, x, w, b, y);
   }
   static void backward(Math m, const Shape& s, const float* x, const float* w, const float* dy, float* dx,
                        float* dw) {
     if (m == Math::F16) conv2d_backward_f16(s, x, w, dy, dx, dw, nullptr);
+    else if (m == Math::BF16) conv2d_backward_bf16(s, x, w, dy, dx, dw, nullptr);
     else conv2d_backward(s, x, w, dy, dx, dw, nullptr);
   }
 };
@@ -184,11 +186,13 @@ struct LinearOps {
   static int64_t weight_size(const Shape& s) { return static_cast<int64_t>(s.out) * s.in; }
   static void forward(Math m, const Shape& s, const float* x, const float* w, const float* b, float* y) {
     if (m == Math::F16) linear_forward_f16(s, x, w, b, y);
+    else if (m == Math::BF16) linear_forward_bf16(s, x, w, b, y);
     else linear_forward(s, x, w, b, y);
   }
   static void backward(Math m, const Shape& s, const float* x, const float* w, const float* dy, float* dx,
                        float* dw) {
     if (m == Math::F16) linear_backward_f16(s, x, w, dy, dx, dw, nullptr);
+    else if (m == Math::BF16) linear_backward_bf16(s, x, w, dy, dx, dw, nullptr);
     else linear_backward(s, x, w, dy, dx, dw, nullptr);
   }
 };
@@ -304,6 +308,22 @@ void conv2d_backward_chunks_f16(const ConvShape& s, int chunks, const int* bound
 void linear_backward_chunks_f16(const LinearShape& s, int chunks, const int* bounds, const float* x,
                                 const float* w, const float* dy, float* dx, float* dw_tree, double* db_tree) {
   backward_chunks<LinearOps>(Math::F16, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
+}
+void conv2d_forward_chunks_bf16(const ConvShape& s, int chunks, const int* bounds, const float* x,
+                                const float* w, const float* b, float* y) {
+  forward_chunks<ConvOps>(Math::BF16, s, chunks, bounds, x, w, b, y);
+}
+void linear_forward_chunks_bf16(const LinearShape& s, int chunks, const int* bounds, const float* x,
+                                const float* w, const float* b, float* y) {
+  forward_chunks<LinearOps>(Math::BF16, s, chunks, bounds, x, w, b, y);
+}
+void conv2d_backward_chunks_bf16(const ConvShape& s, int chunks, const int* bounds, const float* x,
+                                 const float* w, const float* dy, float* dx, float* dw_tree, double* db_tree) {
+  backward_chunks<ConvOps>(Math::BF16, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
+}
+void linear_backward_chunks_bf16(const LinearShape& s, int chunks, const int* bounds, const float* x,
+                                 const float* w, const float* dy, float* dx, float* dw_tree, double* db_tree) {
+  backward_chunks<LinearOps>(Math::BF16, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
 }
 
 void tree_sum_parts(int count, int64_t len, const float* parts, float* out) {

@@ -6,7 +6,7 @@
 // Threading: any number of host threads may run ops (docs/embedding.md promises that
 // Classifier is thread-safe). All work goes to the one stream, so the GPU runs it in
 // the order it was queued; what needs a lock is the host-side state that ops share:
-// the workspace, the fp16 scratch (mixed_precision.cpp), the conv plan cache
+// the workspace, the 16-bit scratch (mixed_precision.cpp), the conv plan cache
 // (conv_cudnn.cpp) and the cuBLAS/cuDNN handles. An op holds SharedStateLock from its
 // first use of that state until its last launch that reads it is queued, so another
 // thread's op cannot hand the same workspace to a kernel queued in between.

@@ -1,5 +1,5 @@
 // Convolutions through cuDNN's (legacy, still supported in cuDNN 9) convolution API,
-// for fp32 and fp16 tensors alike (see conv_cudnn.h), and the fp32 conv ops. The bias
+// for fp32, fp16 and bf16 tensors alike (see conv_cudnn.h), and the fp32 conv ops. The bias
 // is added and reduced by our own kernels (kernels/cuda/elementwise_ops.cu), whose
 // order is fixed and documented.
 //
@@ -11,8 +11,8 @@
 //    cudnnFind* times the candidates and can pick differently from run to run.
 //  * otherwise: cudnnFind*Algorithm, the fastest measured algorithm.
 // fp32 plans exclude tensor-core (TF32) algorithms: the descriptors ask for
-// CUDNN_FMA_MATH, and results reporting a tensor-op math type are skipped. fp16 plans
-// welcome them, and each direction's convolution descriptor takes the math type its
+// CUDNN_FMA_MATH, and results reporting a tensor-op math type are skipped. fp16 and bf16
+// plans welcome them, and each direction's convolution descriptor takes the math type its
 // chosen result was reported with, as cuDNN asks.
 #include "kernels/cuda/conv_cudnn.h"
 
@@ -43,7 +43,7 @@ struct ConvPlan {
   cudnnTensorDescriptor_t y = nullptr;  // [n, k, out_h, out_w]
   cudnnFilterDescriptor_t w = nullptr;  // [k, c, r, s]
   // One convolution descriptor per direction, so each can carry the math type of its
-  // own chosen algorithm (fp16); in fp32 plans all three stay CUDNN_FMA_MATH.
+  // own chosen algorithm (fp16, bf16); in fp32 plans all three stay CUDNN_FMA_MATH.
   cudnnConvolutionDescriptor_t fwd_conv = nullptr;
   cudnnConvolutionDescriptor_t bwd_data_conv = nullptr;
   cudnnConvolutionDescriptor_t bwd_filter_conv = nullptr;
@@ -75,11 +75,25 @@ struct ConvPlan {
 };
 
 cudnnDataType_t tensor_type(ConvData data) {
-  return data == ConvData::Half ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
+  switch (data) {
+    case ConvData::Half: return CUDNN_DATA_HALF;
+    case ConvData::BFloat16: return CUDNN_DATA_BFLOAT16;
+    case ConvData::Float: break;
+  }
+  return CUDNN_DATA_FLOAT;
+}
+
+const char* type_prefix(ConvData data) {
+  switch (data) {
+    case ConvData::Half: return "fp16 ";
+    case ConvData::BFloat16: return "bf16 ";
+    case ConvData::Float: break;
+  }
+  return "";
 }
 
 std::string shape_text(const ConvShape& s, ConvData data) {
-  return std::string(data == ConvData::Half ? "fp16 " : "") + "n=" + std::to_string(s.n) +
+  return std::string(type_prefix(data)) + "n=" + std::to_string(s.n) +
          " c=" + std::to_string(s.c) + " h=" + std::to_string(s.h) + " w=" + std::to_string(s.w) +
          " k=" + std::to_string(s.k) + " r=" + std::to_string(s.r) + " s=" + std::to_string(s.s) +
          " pad=" + std::to_string(s.pad);
@@ -88,13 +102,15 @@ std::string shape_text(const ConvShape& s, ConvData data) {
 void make_conv_descriptor(cudnnConvolutionDescriptor_t* conv, const ConvShape& s, ConvData data) {
   ENGINE_CUDA_CHECK(cudnnCreateConvolutionDescriptor(conv));
   // Cross-correlation (what deep-learning frameworks call convolution), stride 1, no
-  // dilation, fp32 compute (with fp16 tensors: PSEUDO_HALF, fp32 accumulation).
+  // dilation, fp32 compute (with fp16 or bf16 tensors: PSEUDO_HALF or PSEUDO_BFLOAT16,
+  // fp32 accumulation).
   ENGINE_CUDA_CHECK(cudnnSetConvolution2dDescriptor(*conv, s.pad, s.pad, 1, 1, 1, 1,
                                                     CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   // fp32: FMA math, plain fp32 kernels only (CUDNN_DEFAULT_MATH would permit TF32
-  // tensor cores on Ampere and newer). fp16: tensor cores, no down-conversion needed.
+  // tensor cores on Ampere and newer). fp16 and bf16: tensor cores, no down-conversion
+  // needed.
   ENGINE_CUDA_CHECK(cudnnSetConvolutionMathType(
-      *conv, data == ConvData::Half ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+      *conv, data == ConvData::Float ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
 }
 
 // The caller holds SharedStateLock (context.h, Threading). Leaked like the context:
@@ -146,11 +162,12 @@ int first_usable(const std::vector<Perf>& perf, int returned, bool deterministic
   return -1;
 }
 
-// fp16 plans run a direction with the math type its chosen result reports. fp32 plans
-// keep CUDNN_FMA_MATH: a result reporting CUDNN_DEFAULT_MATH would otherwise let TF32 in.
+// fp16 and bf16 plans run a direction with the math type its chosen result reports. fp32
+// plans keep CUDNN_FMA_MATH: a result reporting CUDNN_DEFAULT_MATH would otherwise let
+// TF32 in.
 void adopt_math_type(const ConvPlan& plan, cudnnConvolutionDescriptor_t conv,
                      cudnnMathType_t reported) {
-  if (plan.data == ConvData::Half) ENGINE_CUDA_CHECK(cudnnSetConvolutionMathType(conv, reported));
+  if (plan.data != ConvData::Float) ENGINE_CUDA_CHECK(cudnnSetConvolutionMathType(conv, reported));
 }
 
 void check_with_shape(cudnnStatus_t st, const char* call, const ConvShape& s, ConvData data,
@@ -175,7 +192,8 @@ void choose_forward(cudnnHandle_t h, ConvPlan& plan, const ConvShape& s, bool de
     plan.fwd_algo = p.algo;
     adopt_math_type(plan, plan.fwd_conv, p.mathType);
   } else {
-    // Implicit GEMM is deterministic and supports every stride-1 shape in both types.
+    // Implicit GEMM is deterministic and supports every stride-1 shape in fp32 and fp16
+    // (bf16 not yet run on a GPU).
     plan.fwd_algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
   }
   check_with_shape(cudnnGetConvolutionForwardWorkspaceSize(h, plan.x, plan.w, plan.fwd_conv,
@@ -246,7 +264,7 @@ bool conv_is_empty(const ConvShape& s) {
 }
 
 // alpha = 1, beta = 0 throughout: results overwrite, gradients never accumulate. The
-// scaling factors are float for fp16 tensors too (PSEUDO_HALF).
+// scaling factors are float for fp16 and bf16 tensors too (PSEUDO_HALF, PSEUDO_BFLOAT16).
 
 void cudnn_conv_forward(const ConvShape& s, ConvData data, const void* x, const void* w,
                         void* y) {

@@ -1,6 +1,6 @@
-// cuDNN convolutions for both element types the backend uses: one plan cache and one
+// cuDNN convolutions for every element type the backend uses: one plan cache and one
 // algorithm choice (kernels/cuda/conv_cudnn.cpp), shared by the fp32 ops (same file)
-// and the fp16 ops (kernels/cuda/mixed_precision.cpp). Internal to kernels/cuda.
+// and the fp16 and bf16 ops (kernels/cuda/mixed_precision.cpp). Internal to kernels/cuda.
 #pragma once
 
 #include "kernels/ops.h"
@@ -12,7 +12,9 @@ namespace engine::kernels::cuda {
 //    round inputs to 10-bit mantissas); results reporting tensor-op math are skipped.
 //  * Half: fp16 tensors, fp32 compute (cuDNN's PSEUDO_HALF configuration), tensor
 //    cores allowed; each direction runs with the math type its chosen result reports.
-enum class ConvData { Float, Half };
+//  * BFloat16: bf16 tensors, fp32 compute (PSEUDO_BFLOAT16; Ampere and newer), tensor
+//    cores allowed, as Half.
+enum class ConvData { Float, Half, BFloat16 };
 
 // True when the convolution has no work (an empty batch, channel or output extent).
 bool conv_is_empty(const ConvShape& s);

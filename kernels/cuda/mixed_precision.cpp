@@ -1,35 +1,41 @@
-// Mixed-precision (fp16) convolution and linear ops of the CUDA backend, the way
-// PyTorch autocast runs them: inputs rounded to fp16, products on tensor cores with
-// fp32 accumulation. Same signatures and contracts as the fp32 ops (
+// Mixed-precision (fp16 and bf16) convolution and linear ops of the CUDA backend, the
+// way PyTorch autocast runs them: inputs rounded to the 16-bit format, products on tensor
+// cores with fp32 accumulation. Same signatures and contracts as the fp32 ops (
 // kernels/op_list.inc): fp32 device pointers in and out, backward overwrites, null
-// dx/bias/db allowed); the fp16 copies live in scratch memory owned by this file.
+// dx/bias/db allowed); the 16-bit copies live in scratch memory owned by this file.
+// fp16 and bf16 run the same code (a Format, below): only the casts and the types the
+// libraries are told differ.
 //
 // Precision of each result:
-//  * conv2d: x, w and dy are rounded to fp16; cuDNN runs with fp16 tensors and fp32
-//    compute (PSEUDO_HALF), so y, dx and dw are fp16 values (as in PyTorch autocast)
-//    widened to fp32. A result beyond the fp16 range is +-inf, never clamped.
-//  * linear: x, w and dy are rounded to fp16; cuBLAS multiplies them with fp32
-//    accumulation and writes fp32 directly, so y, dx and dw carry no fp16 output
-//    rounding (and no fp16 range limit on the result).
-//  * both: an input beyond the fp16 range (a loss-scaled dy that overflows) becomes
-//    inf before the product, so the result holds inf or NaN for the loss scaler.
+//  * conv2d: x, w and dy are rounded to the format; cuDNN runs with 16-bit tensors and
+//    fp32 compute (PSEUDO_HALF, PSEUDO_BFLOAT16), so y, dx and dw are values of the
+//    format (as in PyTorch autocast) widened to fp32. A result beyond the format's range
+//    is +-inf, never clamped.
+//  * linear: x, w and dy are rounded to the format; cuBLAS multiplies them with fp32
+//    accumulation and writes fp32 directly, so y, dx and dw carry no 16-bit output
+//    rounding (and no 16-bit range limit on the result).
+//  * both: an input beyond the format's range (a loss-scaled dy that overflows fp16)
+//    becomes inf before the product, so the result holds inf or NaN for the loss scaler.
+//    bf16 has fp32's range: only what rounds past its largest finite value overflows,
+//    and bf16 runs without a loss scaler.
 //  * bias add and bias gradient stay fp32 (the fp32 ops' fixed-order kernels).
 //
 // Data and compute types:
-//  * convolutions: cuDNN's legacy API in its PSEUDO_HALF configuration: x, w and y
-//    (and dx, dw, dy) descriptors CUDNN_DATA_HALF, convolution compute type
-//    CUDNN_DATA_FLOAT (fp32 accumulation), math type CUDNN_TENSOR_OP_MATH (tensor
-//    cores allowed, no down-conversion needed: the data is fp16 already). cuDNN has no
-//    half-in/float-out configuration, so results come out fp16 and are widened here.
-//  * GEMMs: cublasGemmEx with CUDA_R_16F A and B, CUDA_R_32F C, CUBLAS_COMPUTE_32F
-//    (tensor cores with fp32 accumulation; the context's CUBLAS_DEFAULT_MATH permits
-//    them for fp16 inputs) and CUBLAS_GEMM_DEFAULT.
+//  * convolutions: cuDNN's legacy API in its PSEUDO_HALF (PSEUDO_BFLOAT16) configuration:
+//    x, w and y (and dx, dw, dy) descriptors CUDNN_DATA_HALF (CUDNN_DATA_BFLOAT16),
+//    convolution compute type CUDNN_DATA_FLOAT (fp32 accumulation), math type
+//    CUDNN_TENSOR_OP_MATH (tensor cores allowed, no down-conversion needed: the data is
+//    16-bit already). cuDNN has no 16-bit-in/float-out configuration, so results come
+//    out in the format and are widened here. bf16 convolutions need Ampere or newer.
+//  * GEMMs: cublasGemmEx with CUDA_R_16F (CUDA_R_16BF) A and B, CUDA_R_32F C,
+//    CUBLAS_COMPUTE_32F (tensor cores with fp32 accumulation; the context's
+//    CUBLAS_DEFAULT_MATH permits them for 16-bit inputs) and CUBLAS_GEMM_DEFAULT.
 //
 // Descriptors, plan cache and algorithm choice are conv_cudnn.cpp's, shared with the
-// fp32 convolutions (ConvData::Half plans: tensor-core algorithms accepted, each
-// direction run with the math type its chosen result reports).
+// fp32 convolutions (ConvData::Half and ConvData::BFloat16 plans: tensor-core algorithms
+// accepted, each direction run with the math type its chosen result reports).
 //
-// Memory: the fp16 copies of the inputs and outputs live in one scratch buffer owned by
+// Memory: the 16-bit copies of the inputs and outputs live in one scratch buffer owned by
 // this file (grown on demand, never freed); the cuDNN workspace is the context's. All
 // work runs on the context's one stream, so each op may reuse the scratch as soon as
 // the previous op's work was queued; SharedStateLock keeps other threads' ops out
@@ -47,21 +53,31 @@ namespace engine::kernels::cuda {
 
 namespace {
 
-constexpr std::size_t kHalfBytes = 2;  // IEEE binary16
-// Each fp16 buffer starts on this boundary (cuBLAS and cuDNN tensor-core kernels want
+constexpr std::size_t kElementBytes = 2;  // IEEE binary16 and bfloat16 alike
+// Each 16-bit buffer starts on this boundary (cuBLAS and cuDNN tensor-core kernels want
 // at least 16-byte aligned operands).
 constexpr std::size_t kAlign = 256;
 
 std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-std::size_t half_bytes(int64_t count) { return static_cast<std::size_t>(count) * kHalfBytes; }
+std::size_t half_bytes(int64_t count) { return static_cast<std::size_t>(count) * kElementBytes; }
 
-// ---- Scratch for fp16 copies ---------------------------------------------------------
+// One 16-bit operand format: its casts and the types cuDNN and cuBLAS are told.
+struct Format {
+  ConvData conv;
+  cudaDataType_t gemm;
+  void (*narrow)(int64_t n, const float* in, void* out);  // round to the format
+  void (*widen)(int64_t n, const void* in, float* out);   // exact
+};
+const Format kFp16{ConvData::Half, CUDA_R_16F, cast_f32_to_f16, cast_f16_to_f32};
+const Format kBf16{ConvData::BFloat16, CUDA_R_16BF, cast_f32_to_bf16, cast_bf16_to_f32};
 
-// One device buffer for the fp16 copies, grown to the largest request and never freed
+// ---- Scratch for 16-bit copies ---------------------------------------------------------
+
+// One device buffer for the 16-bit copies, grown to the largest request and never freed
 // (PersistentBuffer: a captured graph may hold its address). Leaked at exit like the
 // context itself, for the same reason (see context.h). Used under SharedStateLock.
 PersistentBuffer& scratch() {
-  static auto* s = new PersistentBuffer("fp16 scratch");
+  static auto* s = new PersistentBuffer("16-bit scratch");
   return *s;
 }
 
@@ -86,22 +102,20 @@ int64_t w_count(const ConvShape& s) { return static_cast<int64_t>(s.k) * s.c * s
 int64_t y_hw(const ConvShape& s) { return static_cast<int64_t>(s.out_h()) * s.out_w(); }
 int64_t y_count(const ConvShape& s) { return static_cast<int64_t>(s.n) * s.k * y_hw(s); }
 
-// C (fp32, column-major m x n, ld ldc) = op(A) * op(B) with fp16 A and B, fp32
+// C (fp32, column-major m x n, ld ldc) = op(A) * op(B) with A and B in format f, fp32
 // accumulation; C is overwritten (beta = 0).
-void gemm_f16(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-              const void* a, int lda, const void* b, int ldb, float* c, int ldc) {
+void gemm_16(const Format& f, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+             int k, const void* a, int lda, const void* b, int ldb, float* c, int ldc) {
   const float one = 1.0f, zero = 0.0f;
-  ENGINE_CUDA_CHECK(cublas_library().gemm_ex(h, ta, tb, m, n, k, &one, a, CUDA_R_16F, lda, b, CUDA_R_16F, ldb,
+  ENGINE_CUDA_CHECK(cublas_library().gemm_ex(h, ta, tb, m, n, k, &one, a, f.gemm, lda, b, f.gemm, ldb,
                                  &zero, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
                                  CUBLAS_GEMM_DEFAULT));
 }
 
-}  // namespace
-
 // ---- Convolution ---------------------------------------------------------------------
 
-void conv2d_forward_f16(const ConvShape& s, const float* x, const float* w, const float* b,
-                        float* y) {
+void conv_forward_16(const Format& f, const ConvShape& s, const float* x, const float* w, const float* b,
+                     float* y) {
   if (conv_is_empty(s)) return;
   const SharedStateLock lock;  // scratch, handles (context.h, Threading)
   const int64_t nx = x_count(s), nw = w_count(s), ny = y_count(s);
@@ -110,15 +124,15 @@ void conv2d_forward_f16(const ConvShape& s, const float* x, const float* w, cons
   void* x16 = carve.take(half_bytes(nx));
   void* w16 = carve.take(half_bytes(nw));
   void* y16 = carve.take(half_bytes(ny));
-  cast_f32_to_f16(nx, x, x16);
-  cast_f32_to_f16(nw, w, w16);
-  cudnn_conv_forward(s, ConvData::Half, x16, w16, y16);
-  cast_f16_to_f32(ny, y16, y);
+  f.narrow(nx, x, x16);
+  f.narrow(nw, w, w16);
+  cudnn_conv_forward(s, f.conv, x16, w16, y16);
+  f.widen(ny, y16, y);
   if (b) add_channel_bias(s.n, s.k, y_hw(s), b, y);  // fp32, after widening
 }
 
-void conv2d_backward_f16(const ConvShape& s, const float* x, const float* w, const float* dy,
-                         float* dx, float* dw, float* db) {
+void conv_backward_16(const Format& f, const ConvShape& s, const float* x, const float* w, const float* dy,
+                      float* dx, float* dw, float* db) {
   if (conv_is_empty(s)) return;
   const SharedStateLock lock;  // scratch, handles (context.h, Threading)
   if (dx || dw) {
@@ -129,23 +143,23 @@ void conv2d_backward_f16(const ConvShape& s, const float* x, const float* w, con
     if (dw) total += aligned(half_bytes(nx)) + aligned(half_bytes(nw));
     Carver carve(scratch().get(total));
     void* dy16 = carve.take(half_bytes(ny));
-    // A dy beyond the fp16 range (a loss scale too large) becomes inf here, and the
-    // products below carry it into dx and dw for the scaler to find.
-    cast_f32_to_f16(ny, dy, dy16);
+    // A dy beyond the format's range (fp16: a loss scale too large) becomes inf here,
+    // and the products below carry it into dx and dw for the scaler to find.
+    f.narrow(ny, dy, dy16);
 
     if (dx) {  // null for the first layer: its input gradient is not needed
       void* w16 = carve.take(half_bytes(nw));
       void* dx16 = carve.take(half_bytes(nx));
-      cast_f32_to_f16(nw, w, w16);
-      cudnn_conv_backward_data(s, ConvData::Half, w16, dy16, dx16);
-      cast_f16_to_f32(nx, dx16, dx);
+      f.narrow(nw, w, w16);
+      cudnn_conv_backward_data(s, f.conv, w16, dy16, dx16);
+      f.widen(nx, dx16, dx);
     }
     if (dw) {
       void* x16 = carve.take(half_bytes(nx));
       void* dw16 = carve.take(half_bytes(nw));
-      cast_f32_to_f16(nx, x, x16);
-      cudnn_conv_backward_filter(s, ConvData::Half, x16, dy16, dw16);
-      cast_f16_to_f32(nw, dw16, dw);
+      f.narrow(nx, x, x16);
+      cudnn_conv_backward_filter(s, f.conv, x16, dy16, dw16);
+      f.widen(nw, dw16, dw);
     }
   }
   // Bias gradient from the fp32 dy, as in the fp32 op (fixed-order sum).
@@ -156,8 +170,8 @@ void conv2d_backward_f16(const ConvShape& s, const float* x, const float* w, con
 // Layouts as in linear_cublas.cpp: row-major x [n, in], w [out, in], y [n, out] are,
 // to column-major cuBLAS, x^T (ld in), w^T (ld in), y^T (ld out).
 
-void linear_forward_f16(const LinearShape& s, const float* x, const float* w, const float* b,
-                        float* y) {
+void linear_forward_16(const Format& f, const LinearShape& s, const float* x, const float* w, const float* b,
+                       float* y) {
   if (s.n <= 0 || s.out <= 0) return;
   const SharedStateLock lock;  // scratch, handles (context.h, Threading)
   Context& ctx = Context::get();
@@ -170,16 +184,16 @@ void linear_forward_f16(const LinearShape& s, const float* x, const float* w, co
   Carver carve(scratch().get(aligned(half_bytes(nx)) + aligned(half_bytes(nw))));
   void* x16 = carve.take(half_bytes(nx));
   void* w16 = carve.take(half_bytes(nw));
-  cast_f32_to_f16(nx, x, x16);
-  cast_f32_to_f16(nw, w, w16);
+  f.narrow(nx, x, x16);
+  f.narrow(nw, w, w16);
   // y^T [out, n] = w [out, in] * x^T [in, n]: A = op_T(w^T), B = x^T.
-  gemm_f16(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, s.out, s.n, s.in, w16, s.in, x16, s.in, y,
-           s.out);
+  gemm_16(f, ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, s.out, s.n, s.in, w16, s.in, x16, s.in, y,
+          s.out);
   if (b) add_channel_bias(s.n, s.out, 1, b, y);
 }
 
-void linear_backward_f16(const LinearShape& s, const float* x, const float* w, const float* dy,
-                         float* dx, float* dw, float* db) {
+void linear_backward_16(const Format& f, const LinearShape& s, const float* x, const float* w, const float* dy,
+                        float* dx, float* dw, float* db) {
   if (s.n <= 0 || s.out <= 0) return;
   const SharedStateLock lock;  // scratch, handles (context.h, Threading)
   Context& ctx = Context::get();
@@ -193,21 +207,55 @@ void linear_backward_f16(const LinearShape& s, const float* x, const float* w, c
   if (dw) total += aligned(half_bytes(nx));
   Carver carve(scratch().get(total));
   void* dy16 = carve.take(half_bytes(ny));
-  cast_f32_to_f16(ny, dy, dy16);  // overflow -> inf, carried into dx and dw
+  f.narrow(ny, dy, dy16);  // overflow -> inf, carried into dx and dw
 
   cublasHandle_t h = ctx.cublas();
   if (dx) {
     void* w16 = carve.take(half_bytes(nw));
-    cast_f32_to_f16(nw, w, w16);
+    f.narrow(nw, w, w16);
     // dx^T [in, n] = w^T [in, out] * dy^T [out, n].
-    gemm_f16(h, CUBLAS_OP_N, CUBLAS_OP_N, s.in, s.n, s.out, w16, s.in, dy16, s.out, dx, s.in);
+    gemm_16(f, h, CUBLAS_OP_N, CUBLAS_OP_N, s.in, s.n, s.out, w16, s.in, dy16, s.out, dx, s.in);
   }
   if (dw) {
     void* x16 = carve.take(half_bytes(nx));
-    cast_f32_to_f16(nx, x, x16);
+    f.narrow(nx, x, x16);
     // dw^T [in, out] = x^T [in, n] * dy [n, out] (dy stored as dy^T, so transposed).
-    gemm_f16(h, CUBLAS_OP_N, CUBLAS_OP_T, s.in, s.out, s.n, x16, s.in, dy16, s.out, dw, s.in);
+    gemm_16(f, h, CUBLAS_OP_N, CUBLAS_OP_T, s.in, s.out, s.n, x16, s.in, dy16, s.out, dw, s.in);
   }
+}
+
+}  // namespace
+
+// ---- The ops ---------------------------------------------------------------------------
+
+void conv2d_forward_f16(const ConvShape& s, const float* x, const float* w, const float* b, float* y) {
+  conv_forward_16(kFp16, s, x, w, b, y);
+}
+void conv2d_backward_f16(const ConvShape& s, const float* x, const float* w, const float* dy, float* dx,
+                         float* dw, float* db) {
+  conv_backward_16(kFp16, s, x, w, dy, dx, dw, db);
+}
+void linear_forward_f16(const LinearShape& s, const float* x, const float* w, const float* b, float* y) {
+  linear_forward_16(kFp16, s, x, w, b, y);
+}
+void linear_backward_f16(const LinearShape& s, const float* x, const float* w, const float* dy, float* dx,
+                         float* dw, float* db) {
+  linear_backward_16(kFp16, s, x, w, dy, dx, dw, db);
+}
+
+void conv2d_forward_bf16(const ConvShape& s, const float* x, const float* w, const float* b, float* y) {
+  conv_forward_16(kBf16, s, x, w, b, y);
+}
+void conv2d_backward_bf16(const ConvShape& s, const float* x, const float* w, const float* dy, float* dx,
+                          float* dw, float* db) {
+  conv_backward_16(kBf16, s, x, w, dy, dx, dw, db);
+}
+void linear_forward_bf16(const LinearShape& s, const float* x, const float* w, const float* b, float* y) {
+  linear_forward_16(kBf16, s, x, w, b, y);
+}
+void linear_backward_bf16(const LinearShape& s, const float* x, const float* w, const float* dy, float* dx,
+                          float* dw, float* db) {
+  linear_backward_16(kBf16, s, x, w, dy, dx, dw, db);
 }
 
 }  // namespace engine::kernels::cuda

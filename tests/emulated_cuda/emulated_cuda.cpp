@@ -13,11 +13,12 @@
 // What it emulates: the calls (which op, with which arguments, in which order) and the
 // device work around them (allocations, copies each way, synchronisations, memsets).
 // What it does not: the bits of the CUDA kernels. The Every ops run the CPU's op (cpu::);
-// the whole-batch *_f16 ops their reference (ref::, which rounds operands and results as
-// the CUDA ops do); the chunked *_f16 ops the fp32 CPU op of the same name without `_f16`
-// (counted work, not fp16 arithmetic); tree_sum_parts(_f64) sum on the host in the
-// fixed tree order of kernels/chunk_tree.h, as kernels/cuda/chunk_ops.cu does. Only the
-// casts round as a GPU would (kernels/fp16_math.h: round to nearest even; widening exact).
+// the whole-batch *_f16 and *_bf16 ops their reference (ref::, which rounds operands and
+// results as the CUDA ops do); the chunked *_f16 and *_bf16 ops the fp32 CPU op of the same
+// name without the suffix (counted work, not 16-bit arithmetic); tree_sum_parts(_f64) sum
+// on the host in the fixed tree order of kernels/chunk_tree.h, as kernels/cuda/chunk_ops.cu
+// does. Only the casts round as a GPU would (kernels/fp16_math.h, kernels/bf16_math.h:
+// round to nearest even; widening exact).
 // Streams do not exist: everything is done when it is called. Nor is what a CUDA op does
 // inside itself seen: its scratch buffers, and its own host round-trips (the chunked
 // batch norm's per-channel finish on the host, kernels/cuda/chunk_ops.cu, copies a few
@@ -48,6 +49,7 @@
 #include "kernels/cuda/cast.h"
 #include "kernels/cuda/settings.h"
 #include "kernels/cuda_runtime.h"
+#include "kernels/bf16_math.h"
 #include "kernels/fp16_math.h"
 #include "kernels/ops.h"
 // Test support, by its path from here: this file is compiled in the kernels layer.
@@ -241,14 +243,24 @@ void cast_f16_to_f32(int64_t n, const void* in, float* out) {
   const uint16_t* h = static_cast<const uint16_t*>(in);
   for (int64_t i = 0; i < n; ++i) out[i] = f32_from_f16_bits(h[i]);
 }
+void cast_f32_to_bf16(int64_t n, const float* in, void* out) {
+  trace_op("cast_f32_to_bf16", "(n, in, out)", n, static_cast<const void*>(in), static_cast<const void*>(out));
+  uint16_t* o = static_cast<uint16_t*>(out);
+  for (int64_t i = 0; i < n; ++i) o[i] = bf16_bits_from_f32(in[i]);
+}
+void cast_bf16_to_f32(int64_t n, const void* in, float* out) {
+  trace_op("cast_bf16_to_f32", "(n, in, out)", n, in, static_cast<const void*>(out));
+  const uint16_t* h = static_cast<const uint16_t*>(in);
+  for (int64_t i = 0; i < n; ++i) out[i] = f32_from_bf16_bits(h[i]);
+}
 
 // ---- The ops: trace, then the CPU's op --------------------------------------------------
 
 // The CPU op each op runs: cpu::name for the Every ops; for the CudaOnly ops, below.
 #define ENGINE_EMU_RUN_Every(name, args) return cpu::name args;
 #define ENGINE_EMU_RUN_CudaOnly(name, args) return emulated_##name args;
-// The whole-batch fp16 ops run their reference (kernels/ref/mixed_precision.cpp), which
-// rounds as the CUDA ops do.
+// The whole-batch fp16 and bf16 ops run their reference (kernels/ref/mixed_precision.cpp),
+// which rounds as the CUDA ops do.
 #define ENGINE_EMU_RUN_RefCuda(name, args) return ref::name args;
 
 namespace {
@@ -268,6 +280,24 @@ void emulated_conv2d_backward_chunks_f16(const ConvShape& s, int chunks, const i
 void emulated_linear_backward_chunks_f16(const LinearShape& s, int chunks, const int* bounds, const float* x,
                                          const float* w, const float* dy, float* dx, float* dw_tree,
                                          double* db_tree) {
+  cpu::linear_backward_chunks(s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
+}
+void emulated_conv2d_forward_chunks_bf16(const ConvShape& s, int chunks, const int* bounds, const float* x,
+                                         const float* w, const float* b, float* y) {
+  cpu::conv2d_forward_chunks(s, chunks, bounds, x, w, b, y);
+}
+void emulated_linear_forward_chunks_bf16(const LinearShape& s, int chunks, const int* bounds, const float* x,
+                                         const float* w, const float* b, float* y) {
+  cpu::linear_forward_chunks(s, chunks, bounds, x, w, b, y);
+}
+void emulated_conv2d_backward_chunks_bf16(const ConvShape& s, int chunks, const int* bounds, const float* x,
+                                          const float* w, const float* dy, float* dx, float* dw_tree,
+                                          double* db_tree) {
+  cpu::conv2d_backward_chunks(s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
+}
+void emulated_linear_backward_chunks_bf16(const LinearShape& s, int chunks, const int* bounds, const float* x,
+                                          const float* w, const float* dy, float* dx, float* dw_tree,
+                                          double* db_tree) {
   cpu::linear_backward_chunks(s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
 }
 void emulated_tree_sum_parts(int count, int64_t len, const float* parts, float* out) {

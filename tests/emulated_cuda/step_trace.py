@@ -60,11 +60,13 @@ UNSCALE = ["unscale_check"] * 12
 SCALED_ADAM = ["adam_prepare_step"] + ADAM + ["loss_scale_update"]
 
 
-def rename(ops, chunks, f16):
+def rename(ops, chunks, suffix):
+    """The ops of a variant: the chunked forms with `chunks`, and the conv/linear ops of
+    a precision ("", "_f16", "_bf16")."""
     out = []
     for op in ops:
         if op.startswith(("conv2d_", "linear_")):
-            out.append(op + ("_chunks" if chunks else "") + ("_f16" if f16 else ""))
+            out.append(op + ("_chunks" if chunks else "") + suffix)
             # By chunks, one process: the bias gradient's double sum, rounded on the device.
             if chunks and op.endswith("_backward"):
                 out.append("round_to_float")
@@ -84,23 +86,28 @@ PER_STEP = []
 # cuda.batch_chunks=true in one process: each of the 4 conv/linear backward ops sums its
 # bias gradient in double into one buffer that only grows, and round_to_float rounds it on
 # the device: nothing allocated, nothing read back.
+# precision bf16 has no loss scaler: fp32's costs, with the bf16 conv/linear ops.
 EXPECTED = {
-    "fp32 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, False) + ADAM,
+    "fp32 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, "") + ADAM,
                          "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "changed": PER_STEP},
     # cuda.graphs=true: steps 1 and 2 run eagerly (the first sizes the buffers), step 3 is
     # captured and launched, later ones replay the graph: one `graph_launch` a step (at the
     # end of the step before, in this trace's cut, as the upload), the same ops inside.
-    "fp32 whole batch, graphs": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, False) + ADAM,
+    "fp32 whole batch, graphs": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, "") + ADAM,
                                  "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "launches": 1,
                                  "changed": PER_STEP},
-    "fp32 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, False) + ADAM,
+    "fp32 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, "") + ADAM,
                           "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "changed": PER_STEP},
-    "fp16 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, True) + UNSCALE + SCALED_ADAM,
+    "fp16 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, "_f16") + UNSCALE + SCALED_ADAM,
                          "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "changed": PER_STEP},
-    "fp16 whole batch, graphs": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, True) + UNSCALE + SCALED_ADAM,
+    "fp16 whole batch, graphs": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, "_f16") + UNSCALE + SCALED_ADAM,
                                  "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "launches": 1,
                                  "changed": PER_STEP},
-    "fp16 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, True) + UNSCALE + SCALED_ADAM,
+    "fp16 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, "_f16") + UNSCALE + SCALED_ADAM,
+                          "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "changed": PER_STEP},
+    "bf16 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, "_bf16") + ADAM,
+                         "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "changed": PER_STEP},
+    "bf16 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, "_bf16") + ADAM,
                           "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "changed": PER_STEP},
 }
 
@@ -112,6 +119,8 @@ VARIANTS = [
     ("fp16 whole batch, graphs", ["--set", "cuda.batch_chunks=false", "--set", "precision.mode=fp16",
                                   "--set", "cuda.graphs=true"]),
     ("fp16 batch chunks", ["--set", "cuda.batch_chunks=true", "--set", "precision.mode=fp16"]),
+    ("bf16 whole batch", ["--set", "cuda.batch_chunks=false", "--set", "precision.mode=bf16"]),
+    ("bf16 batch chunks", ["--set", "cuda.batch_chunks=true", "--set", "precision.mode=bf16"]),
 ]
 
 

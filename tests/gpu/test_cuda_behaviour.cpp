@@ -1,6 +1,6 @@
 // CUDA behaviour tests that are not comparisons of an op with ref:: (those live in the
 // backend-comparison harness, tests/ops/, run on cuda by gpu_test_ops): the runtime's
-// copies and memset; device Philox against the host and cuRAND; fp32 <-> fp16 casts;
+// copies and memset; device Philox against the host and cuRAND; fp32 <-> fp16 and bf16 casts;
 // the non-deterministic (timed) algorithm choice of cuDNN, fp32 and fp16; backward ops
 // giving the same bits when run twice; fp16 overflow to inf; FashionCnn in fp16 against
 // fp32; layers at W = 2 by threads on one GPU against W = 1; and the refusal of
@@ -31,6 +31,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <ios>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -57,6 +58,7 @@
 
 #if defined(ENGINE_WITH_CUDA)
 #include "gpu/philox_check.h"
+#include "kernels/bf16_math.h"
 #include "kernels/cuda/cast.h"
 #include "kernels/cuda/settings.h"
 #endif
@@ -206,6 +208,39 @@ TEST_CASE("casts: fp32 <-> fp16") {
   const std::vector<uint16_t> bits = half.download();
   CHECK(bits[2] == 0x3c00);  // 1.0
   CHECK(bits[5] == 0x7c00);  // 65520 rounds up to +inf
+}
+
+TEST_CASE("casts: fp32 <-> bf16, bit for bit as kernels/bf16_math.h rounds (the reference's rounding)") {
+  using engine::kernels::bf16_bits_from_f32;
+  using engine::kernels::f32_bits;
+  using engine::kernels::f32_from_bits;
+  // Ties at 1 and past the largest bf16, subnormals, infinities, then random bit patterns.
+  std::vector<float> values = {0.0f, -0.0f, 1.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 257.0f, 70000.0f,
+                               std::numeric_limits<float>::max(), f32_from_bits(0x7f7f7fffu),
+                               f32_from_bits(0x7f7f8000u), f32_from_bits(0x00018000u),
+                               std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::infinity(),
+                               -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+  std::mt19937 rng(40);
+  for (int i = 0; i < 4096; ++i) values.push_back(f32_from_bits(static_cast<uint32_t>(rng())));
+  const int64_t n = static_cast<int64_t>(values.size());
+  DeviceArray<float> in(values), back(values.size());
+  DeviceArray<uint16_t> bf16(values.size());
+  gpu::cast_f32_to_bf16(n, in.get(), bf16.get());
+  gpu::cast_bf16_to_f32(n, bf16.get(), back.get());
+  const std::vector<uint16_t> bits = bf16.download();
+  const std::vector<float> widened = back.download();
+  int bad = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (std::isnan(values[i])) {  // any NaN: CUDA's is its canonical one
+      if (!std::isnan(widened[i]) && bad++ == 0) FAIL_CHECK("NaN at " << i << " did not stay NaN");
+      continue;
+    }
+    const uint16_t want = bf16_bits_from_f32(values[i]);
+    if ((bits[i] != want || f32_bits(widened[i]) != static_cast<uint32_t>(want) << 16) && bad++ == 0)
+      FAIL_CHECK("bf16 cast of " << values[i] << " (index " << i << "): got 0x" << std::hex << bits[i]
+                                 << " want 0x" << want);
+  }
+  CHECK(bad == 0);
 }
 #endif
 

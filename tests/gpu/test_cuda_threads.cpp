@@ -1,4 +1,4 @@
-// The CUDA backend's shared state (workspace, fp16 scratch, conv plan cache, cuBLAS and
+// The CUDA backend's shared state (workspace, 16-bit scratch, conv plan cache, cuBLAS and
 // cuDNN handles: kernels/cuda/context.h, "Threading") used from several host threads
 // at once: two Classifiers, a Classifier and a Trainer, and raw ops that grow the
 // workspace and the scratch meanwhile, each giving the bits of the same work run

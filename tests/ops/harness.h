@@ -43,6 +43,10 @@
 //  - fp16 ops: 2e-3 sqrt(K) max|a| max|b| + 1e-3 |want| (+ 1e-3 max|bias|): rounding
 //    x, w, dy to fp16 moves each product by at most ~2 * 2^-11 relative, random signs
 //    over K terms; ~15 sigma, while a wrong layout is ~100x larger;
+//  - bf16 ops: the fp16 bound scaled by the ratio of the unit roundoffs, 2^-8 / 2^-11 = 8
+//    (1.6e-2 sqrt(K) max|a| max|b| + 8e-3 |want| + 8e-3 max|bias|), the same ~15 sigma;
+//    a wrong layout is still ~12x larger. The bf16 reference against the fp32 reference
+//    is held to the same bound on the CPU (tests/ops/cases_bf16.cpp);
 //  - chunked ops: outputs and weight gradients 1e-4 of the magnitude, the double channel
 //    sums 1e-12 of the sum of magnitudes, the bias-gradient tree 2 u sum|dy|, batch-norm
 //    outputs 1e-5.
@@ -344,12 +348,24 @@ inline double sum_tol(double ref_value, double sum_abs_value, double terms) {
   return 2.0 * kU * std::fabs(ref_value) + 16.0 * kU * std::sqrt(terms) * sum_abs_value + 1e-37;
 }
 
-// The fp16 product bound (header): K terms of a*b.
+// The fp16 product bound (header): K terms of a*b whose operands were rounded to a format
+// of unit roundoff `unit`; fp16's (2^-11) gives the constants, a coarser format scales them.
+inline void check_rounded_operands(const std::string& what, const std::vector<float>& got,
+                                   const std::vector<float>& want, int64_t k, double max_a, double max_b,
+                                   double max_bias, double unit) {
+  const double r = unit / 0x1p-11;
+  const double abs = 2e-3 * r * std::sqrt(static_cast<double>(std::max<int64_t>(k, 1))) * max_a * max_b +
+                     1e-3 * r * max_bias + 1e-30;
+  check_rel(what, got, want, 1e-3 * r, abs);
+}
 inline void check_f16(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
                       int64_t k, double max_a, double max_b, double max_bias) {
-  const double abs =
-      2e-3 * std::sqrt(static_cast<double>(std::max<int64_t>(k, 1))) * max_a * max_b + 1e-3 * max_bias + 1e-30;
-  check_rel(what, got, want, 1e-3, abs);
+  check_rounded_operands(what, got, want, k, max_a, max_b, max_bias, 0x1p-11);
+}
+// bf16: 8 significant bits, unit roundoff 2^-8.
+inline void check_bf16(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
+                       int64_t k, double max_a, double max_b, double max_bias) {
+  check_rounded_operands(what, got, want, k, max_a, max_b, max_bias, 0x1p-8);
 }
 
 #define CHECK_GRAD(name, result)                                      \
@@ -393,7 +409,7 @@ inline Share whole(int n) { return share(n, 0, 1); }
 
 // A conv or linear layer's inputs for the chunked ops (x, w in [-w_range, w_range], bias,
 // dy, drawn in that order) over the whole batch's chunks, and the ref chunked ops'
-// results: what the fp32 and fp16 chunked cases compare with.
+// results: what the fp32, fp16 and bf16 chunked cases compare with.
 struct ChunkedLayerCase {
   std::vector<int> bounds;
   std::vector<float> x, w, bias, dy, y_ref, dx_ref, dw_ref;

@@ -17,9 +17,10 @@ enum class DType { F32, F16, I32, U8, F64 };
 std::size_t dtype_size(DType t);
 const char* dtype_name(DType t);  // "float32", "float16", "int32", "uint8", "float64"
 
-// The arithmetic of the convolution and linear ops. Fp16 is mixed precision on CUDA
-// (fp16 operands, fp32 accumulation, fp32 parameters and results); on the CPU it is fp32.
-enum class Precision { Fp32, Fp16 };
+// The arithmetic of the convolution and linear ops. Fp16 and Bf16 are mixed precision on
+// CUDA (fp16 or bfloat16 operands, fp32 accumulation, fp32 parameters and results); on the
+// CPU they are fp32.
+enum class Precision { Fp32, Fp16, Bf16 };
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);  // "[32, 1, 3, 3]"

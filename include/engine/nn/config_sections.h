@@ -5,6 +5,8 @@
 #include <optional>
 #include <string>
 
+#include "engine/core/device.h"
+#include "engine/core/tensor.h"
 #include "engine/io/config_table.h"
 
 namespace engine {
@@ -13,7 +15,7 @@ namespace engine {
 // as to_string() does; the config reader turns the strings into these, the writer back.
 enum class OptimizerName { AdamW, Adam };        // "adamw" (decoupled weight decay) | "adam" (L2)
 enum class SchedulerName { Cosine, Constant };   // "cosine" | "constant"
-enum class PrecisionMode { Fp32, Fp16 };         // "fp32" | "fp16"
+enum class PrecisionMode { Fp32, Fp16, Bf16 };   // "fp32" | "fp16" | "bf16"
 
 const char* to_string(OptimizerName v);
 const char* to_string(SchedulerName v);
@@ -55,6 +57,15 @@ struct PrecisionConfig {
   PrecisionMode mode = PrecisionMode::Fp32;
   LossScaleConfig loss_scale;
 };
+
+// The one precision rule: the arithmetic of the conv and linear ops for precision.mode on
+// `device`. fp16 and bf16 are CUDA only; the CPU backend is fp32 whatever the mode. Every
+// model instance that must compute the trained model's bits (training, verification,
+// evaluation, a Classifier) is set to this.
+Precision compute_precision(PrecisionMode mode, const Device& device);
+// Whether precision.mode scales the loss (dynamic loss scaling, engine/nn/scaler.h): fp16
+// only. bf16 has fp32's exponent range, so its gradients need no scaling.
+bool scales_loss(PrecisionMode mode);
 
 const ConfigSection<ModelConfig>& model_config_keys();
 const ConfigSection<OptimizerConfig>& optimizer_config_keys();

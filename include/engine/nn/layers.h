@@ -6,7 +6,7 @@
 namespace engine {
 
 // Conv2d and Linear compute in a Precision (engine/core/tensor.h: on CUDA, Fp16 runs the
-// *_f16 ops of kernels/op_list.inc); the other layers are always fp32.
+// *_f16 ops of kernels/op_list.inc and Bf16 the *_bf16 ops); the other layers are always fp32.
 
 class Conv2d : public Layer {
  public:

@@ -33,8 +33,8 @@ class Model : public Stateful {
   virtual void reset_parameters(Rng& rng) = 0;
   virtual void to(Device device) = 0;
   virtual Device device() const = 0;
-  // Fp16: mixed-precision convolutions/GEMMs on CUDA where the model has them; fp32
-  // everywhere on the CPU. Default Fp32.
+  // Fp16, Bf16: mixed-precision convolutions/GEMMs on CUDA where the model has them;
+  // fp32 everywhere on the CPU. Default Fp32.
   virtual void set_precision(Precision p) = 0;
   // Frees activation and gradient buffers (re-created by the next forward).
   virtual void release_workspaces() = 0;

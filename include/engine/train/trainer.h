@@ -233,9 +233,10 @@ class Trainer {
   int64_t step_in_epoch() const { return step_in_epoch_; }
   double current_lr() const { return scheduler_->lr(); }
   const std::vector<EpochMetrics>& history() const { return history_; }
-  // The one precision rule: fp16 conv/GEMM math on CUDA when precision.mode is fp16,
-  // fp32 otherwise (the CPU backend is fp32). Every model instance that must compute
-  // the same bits as the trained one (verification, evaluation) is set to this.
+  // The one precision rule (engine::compute_precision, engine/nn/config_sections.h):
+  // fp16 or bf16 conv/GEMM math on CUDA when precision.mode says so, fp32 otherwise (the
+  // CPU backend is fp32). Every model instance that must compute the same bits as the
+  // trained one (verification, evaluation) is set to this.
   Precision compute_precision() const;
 
  private:

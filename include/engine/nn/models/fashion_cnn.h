@@ -26,7 +26,7 @@ class FashionCnn : public SequentialModel {
   int num_classes() const override { return kClasses; }
   // PyTorch's default initialisation, drawn from the RNG's init stream.
   void reset_parameters(Rng& rng) override;
-  // Only convolutions and linear layers have an fp16 path (see engine/nn/layers.h).
+  // Only convolutions and linear layers have an fp16 and a bf16 path (see engine/nn/layers.h).
   void set_precision(Precision p) override;
   std::unique_ptr<Model> new_instance() const override;
 
