@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU benchmark, in one run on one GPU: the engine's train-only epoch (default config;
-# fp32, then fp16) against every PyTorch peer of tools/bench/torch_gpu_epoch.py (eager,
+# fp32, fp16, bf16, then fp32 and bf16 with cuda.graphs) against every PyTorch peer of tools/bench/torch_gpu_epoch.py (eager,
 # eager + fused AdamW, torch.compile(mode="reduce-overhead"), the whole step in one CUDA
 # graph; fp32 and bf16 + channels_last), the dataset preloaded on the GPU everywhere.
 # usage: gpu_epoch.sh [OUT_FILE]
@@ -37,6 +37,10 @@ PY
   echo "engine: $("$ENGINE_BIN" --version 2>/dev/null | head -1)"
   engine_epoch engine_fp32
   engine_epoch engine_fp16 --set precision.mode=fp16
+  engine_epoch engine_bf16 --set precision.mode=bf16
+  # Each step replayed as one CUDA graph (cuda.graphs, off by default until it has run).
+  engine_epoch engine_fp32_graphs --set cuda.graphs=true
+  engine_epoch engine_bf16_graphs --set precision.mode=bf16 --set cuda.graphs=true
   # PyTorch runs with its own libraries, not the engine's (LD_LIBRARY_PATH may point at
   # an older libstdc++ carried for the engine).
   env -u LD_LIBRARY_PATH python3 "$ROOT/tools/bench/torch_gpu_epoch.py" --epochs "$EPOCHS" --data-dir "$DATA" \
