@@ -257,6 +257,51 @@ for prec in ("fp32", "fp16"):
     if p.returncode != 0:
         failures.append(f"{prec}: cuda.graphs=true and false give different checkpoints:\n" + p.stdout[-2000:])
 
+# Graphs across a SIGUSR1 save and a SIGTERM stop in the middle of an epoch, then a resume
+# with graphs on: the straight graphs run's checkpoint, bit for bit. The signals go when
+# the live trace shows the graph replaying, so the stop falls among replayed steps.
+def launches_in(path):
+    try:
+        with open(path) as f:
+            return sum(1 for l in f if l.startswith("graph_launch"))
+    except FileNotFoundError:
+        return 0
+
+
+def signal_after_launches(proc, path, count, sig, deadline):
+    while launches_in(path) < count:
+        if proc.poll() is not None or time.time() > deadline:
+            return False
+        time.sleep(0.005)
+    proc.send_signal(sig)
+    return True
+
+
+import signal
+SIG_ARGS = ["--set", "cuda.batch_chunks=false", "--set", "cuda.graphs=true", "--set", "data.train_limit=4096",
+            "--set", "checkpoint.verify=false"]
+straight_dir, stopped_dir = os.path.join(tmp, "graphs_straight"), os.path.join(tmp, "graphs_stopped")
+run(["train", config, "--device", "cuda", "--run-dir", straight_dir] + COMMON + SIG_ARGS)
+trace = os.path.join(tmp, "graphs_stopped.trace")
+env = dict(os.environ, ENGINE_EMULATED_CUDA_TRACE=trace)
+proc = subprocess.Popen([engine, "train", config, "--device", "cuda", "--run-dir", stopped_dir] + COMMON + SIG_ARGS,
+                        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+deadline = time.time() + 120
+usr1 = signal_after_launches(proc, trace, 3, signal.SIGUSR1, deadline)
+term = usr1 and signal_after_launches(proc, trace, launches_in(trace) + 4, signal.SIGTERM, deadline)
+out, _ = proc.communicate(timeout=120)
+at_stop = launches_in(trace)
+if not term or proc.returncode != 130:
+    failures.append(f"graphs and signals: the run was not stopped mid-way by SIGTERM (exit {proc.returncode}, "
+                    f"signals sent: USR1 {usr1}, TERM {term}):\n{out[-1500:]}")
+else:
+    run(["train", config, "--device", "cuda", "--run-dir", stopped_dir] + COMMON + SIG_ARGS)
+    p, _ = run(["diff", os.path.join(straight_dir, "last.h5"), os.path.join(stopped_dir, "last.h5")], check=False)
+    print(f"\ngraphs, SIGUSR1 save and SIGTERM stop after {at_stop} launches, resumed with graphs: "
+          f"engine diff against the straight run: exit {p.returncode}, {'identical' if p.returncode == 0 else 'different'}")
+    if p.returncode != 0:
+        failures.append("graphs: the stopped and resumed run differs from the straight one:\n" + p.stdout[-2000:])
+
 # An emulated cuda.batch_chunks=true run against a CPU run of the same config.
 cpu_dir = os.path.join(tmp, "cpu")
 run(["train", config, "--device", "cpu", "--run-dir", cpu_dir] + COMMON)
