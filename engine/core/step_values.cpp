@@ -17,7 +17,13 @@ constexpr std::size_t adam_offset() {
 
 }  // namespace
 
-StepValues::~StepValues() { release_staging(); }
+StepValues::~StepValues() {
+  // At exit (a thread_local one) the CUDA runtime may be gone: nothing to report then.
+  try {
+    release_staging();
+  } catch (...) {
+  }
+}
 
 void StepValues::release_staging() {
   if (!block_.defined()) return;
@@ -34,9 +40,12 @@ void StepValues::upload(Device device) {
     release_staging();
     adam_capacity_ = adam.size();
     block_ = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, device);
-    for (Staging& s : staging_) s.host = detail::alloc_upload_staging(device, bytes);
+    staging_bytes_ = bytes;
   }
   Staging& s = staging_[next_++ % kStaging];
+  // Each buffer is made on its first use: an object that uploads once (an evaluation's)
+  // holds one.
+  if (!s.host) s.host = detail::alloc_upload_staging(device, staging_bytes_);
   detail::wait_for_upload(s.copied);
   auto* host = static_cast<unsigned char*>(s.host);
   std::memcpy(host, &scalars, sizeof scalars);

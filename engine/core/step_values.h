@@ -64,6 +64,7 @@ class StepValues {
   Staging staging_[kStaging];
   std::size_t next_ = 0;
   std::size_t adam_capacity_ = 0;
+  std::size_t staging_bytes_ = 0;
 };
 
 }  // namespace engine

@@ -107,6 +107,7 @@ Predictions Classifier::run(const Pixel* images, int64_t n, Scores scores) const
   const int64_t pixels = input_.numel();
   const int batch = cfg_.data.batch_size;
   Rng unused(0);  // eval mode draws nothing
+  StepValues first;  // the gather's first sample: 0, each batch its own images
   for (int64_t start = 0; start < n; start += batch) {
     const int b = static_cast<int>(std::min<int64_t>(batch, n - start));
     const Pixel* src = images + start * pixels;
@@ -120,8 +121,7 @@ Predictions Classifier::run(const Pixel* images, int64_t n, Scores scores) const
       Tensor no_labels = Tensor::zeros({b}, DType::U8, device_);
       Tensor labels_out = Tensor::empty({b}, DType::I32, device_);
       if (device_.is_cuda()) raw = raw.to(device_), idx = idx.to(device_);
-      StepValues first;  // sample_first 0
-      first.upload(device_);
+      if (!first.uploaded()) first.upload(device_);
       tt::gather_batch(raw, no_labels, idx, first.sample_first(), b, static_cast<float>(cfg_.data.mean),
                        static_cast<float>(cfg_.data.std), x, labels_out);
     } else {
