@@ -2,7 +2,7 @@
 // (tests/data/f16_golden.inc, from tools/f16_golden.py), and the fp16 reference ops
 // (kernels/ref/mixed_precision.cpp) on cases worked out by hand: what CI can check of
 // the mixed-precision math without a GPU. A GPU run checks the CUDA ops against this
-// reference (tests/ops/cases_fp16.cpp).
+// reference (tests/ops/cases_reduced_precision.cpp).
 #include <doctest/doctest.h>
 
 #include <cmath>

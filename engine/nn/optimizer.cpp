@@ -12,6 +12,23 @@
 
 namespace engine {
 
+namespace {
+
+// The constants of every element's update, in float as the kernels take them.
+kernels::AdamHyper hyper(const std::string& name, double lr, double beta1, double beta2, double eps,
+                         double weight_decay) {
+  kernels::AdamHyper h;
+  h.lr = static_cast<float>(lr);
+  h.beta1 = static_cast<float>(beta1);
+  h.beta2 = static_cast<float>(beta2);
+  h.eps = static_cast<float>(eps);
+  h.weight_decay = static_cast<float>(weight_decay);
+  h.decay = name == "adamw" ? kernels::WeightDecayMode::Decoupled : kernels::WeightDecayMode::L2;
+  return h;
+}
+
+}  // namespace
+
 AdamOptimizer::AdamOptimizer(const std::string& name, std::vector<Parameter*> params, double lr,
                              double beta1, double beta2, double eps, double weight_decay)
     : name_(name), lr_(lr), beta1_(beta1), beta2_(beta2), eps_(eps), weight_decay_(weight_decay) {
@@ -60,13 +77,7 @@ void AdamOptimizer::step_on_device(const StepValues& values, DeviceValue<int32_t
   tt::adam_prepare_step(static_cast<int>(count), values.lr(), kernels::AdamFactorInputs{beta1_, beta2_, weight_decay_},
                         skip, device_steps_, device_factors_);
   steps_newer_ = Newer::Device;
-  kernels::AdamHyper h;
-  h.lr = static_cast<float>(lr_);
-  h.beta1 = static_cast<float>(beta1_);
-  h.beta2 = static_cast<float>(beta2_);
-  h.eps = static_cast<float>(eps_);
-  h.weight_decay = static_cast<float>(weight_decay_);
-  h.decay = name_ == "adamw" ? kernels::WeightDecayMode::Decoupled : kernels::WeightDecayMode::L2;
+  const kernels::AdamHyper h = hyper(name_, lr_, beta1_, beta2_, eps_, weight_decay_);
   const auto* factors = static_cast<const kernels::AdamStepFactors*>(device_factors_.raw());
   for (std::size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
@@ -93,13 +104,7 @@ void AdamOptimizer::replayed_step() {
 void AdamOptimizer::step(const StepValues& values) {
   pull_steps();
   if (device_steps_.defined()) steps_newer_ = Newer::Host;
-  kernels::AdamHyper h;
-  h.lr = static_cast<float>(lr_);
-  h.beta1 = static_cast<float>(beta1_);
-  h.beta2 = static_cast<float>(beta2_);
-  h.eps = static_cast<float>(eps_);
-  h.weight_decay = static_cast<float>(weight_decay_);
-  h.decay = name_ == "adamw" ? kernels::WeightDecayMode::Decoupled : kernels::WeightDecayMode::L2;
+  const kernels::AdamHyper h = hyper(name_, lr_, beta1_, beta2_, eps_, weight_decay_);
   for (std::size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     ++s.step;
