@@ -22,7 +22,8 @@ class StepValues {
     int64_t sample_first = 0;      // this process's first sample, in the epoch's order
     uint64_t dropout_counter = 0;  // the Dropout stream's counter at the step's start
     double lr = 0.0;               // the optimizer's learning rate (for factors made on the device)
-    float loss_scale = 1.0f;       // the loss scale (1 without a loss scaler)
+    // The loss's scale without a loss scaler: 1 (a scaler keeps its own on the device).
+    float loss_scale = 1.0f;
   };
   Scalars scalars;
   std::vector<kernels::AdamStepFactors> adam;  // one per optimizer tensor

@@ -119,6 +119,17 @@ Tensor Tensor::reshape(const Shape& shape) const {
   return t;
 }
 
+Tensor& reuse_buffer(Tensor& t, const Shape& shape, DType dtype, Device device) {
+  if (t.defined() && t.device() == device && t.dtype() == dtype) {
+    if (t.shape() == shape) return t;
+    if (static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype) <= t.storage_bytes())
+      return t = t.prefix_view(shape);
+  }
+  t = Tensor();
+  t = Tensor::empty(shape, dtype, device);
+  return t;
+}
+
 Tensor Tensor::prefix_view(const Shape& shape) const {
   for (int64_t d : shape)
     if (d < 0) throw std::invalid_argument("negative tensor dimension in " + shape_str(shape));

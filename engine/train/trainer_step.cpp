@@ -52,24 +52,6 @@ void Trainer::prepare_epoch() {
   epoch_clock_ = env_.monotonic_now();
 }
 
-namespace {
-
-// Makes `t` a buffer of this shape on `device`: kept, a prefix view of its storage when a
-// smaller shape fits there (the epoch's last batch), else a new allocation. Buffers keep
-// their addresses from step to step, as a CUDA graph of the step needs.
-void fit_buffer(Tensor& t, const Shape& shape, DType dtype, Device device) {
-  if (t.defined() && t.device() == device && t.dtype() == dtype) {
-    if (t.shape() == shape) return;
-    if (static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype) <= t.storage_bytes()) {
-      t = t.prefix_view(shape);
-      return;
-    }
-  }
-  t = Tensor();
-  t = Tensor::empty(shape, dtype, device);
-}
-
-}  // namespace
 
 bool Trainer::step_graphs_apply() const {
   return cfg_.cuda.graphs && device_.is_cuda() && !kernels::cuda::batch_chunks() && !shards_ &&
@@ -104,18 +86,16 @@ void Trainer::run_step() {
   }
   const int local = plan.local_count();
   const int64_t first = start + plan.local_begin();
-  fit_buffer(batch_x_, batch_shape(local), DType::F32, device_);
-  fit_buffer(batch_labels_, {local}, DType::I32, device_);
-  fit_buffer(dlogits_, {local, classes}, DType::F32, device_);
-  fit_buffer(sample_correct_, {n}, DType::F32, device_);
+  reuse_buffer(batch_x_, batch_shape(local), DType::F32, device_);
+  reuse_buffer(batch_labels_, {local}, DType::I32, device_);
+  reuse_buffer(dlogits_, {local, classes}, DType::F32, device_);
+  reuse_buffer(sample_correct_, {n}, DType::F32, device_);
   // Every value of this step that its kernels read and that differs from the last
   // step's, in one upload: the launches below are then the same every step.
   if (!step_values_) step_values_ = std::make_unique<StepValues>();
   StepValues& values = *step_values_;
   values.scalars.sample_first = first;
   values.scalars.dropout_counter = rng_.counter(RngStream::Dropout);
-  // (A loss scaler's scale is on the device: reading it here would wait for the GPU.)
-  values.scalars.loss_scale = scaler_->active() ? 1.0f : scaler_->loss_scale();
   values.scalars.lr = optimizer_->lr();
   // With a loss scaler the step counts and Adam's factors are kept on the device (the
   // step may be skipped there); without one the host makes the factors.

@@ -264,42 +264,16 @@ void cast_bf16_to_f32(int64_t n, const void* in, float* out) {
 #define ENGINE_EMU_RUN_RefCuda(name, args) return ref::name args;
 
 namespace {
-void emulated_conv2d_forward_chunks_f16(const ConvShape& s, int chunks, const int* bounds, const float* x,
-                                        const float* w, const float* b, float* y) {
-  cpu::conv2d_forward_chunks(s, chunks, bounds, x, w, b, y);
-}
-void emulated_linear_forward_chunks_f16(const LinearShape& s, int chunks, const int* bounds, const float* x,
-                                        const float* w, const float* b, float* y) {
-  cpu::linear_forward_chunks(s, chunks, bounds, x, w, b, y);
-}
-void emulated_conv2d_backward_chunks_f16(const ConvShape& s, int chunks, const int* bounds, const float* x,
-                                         const float* w, const float* dy, float* dx, float* dw_tree,
-                                         double* db_tree) {
-  cpu::conv2d_backward_chunks(s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
-}
-void emulated_linear_backward_chunks_f16(const LinearShape& s, int chunks, const int* bounds, const float* x,
-                                         const float* w, const float* dy, float* dx, float* dw_tree,
-                                         double* db_tree) {
-  cpu::linear_backward_chunks(s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
-}
-void emulated_conv2d_forward_chunks_bf16(const ConvShape& s, int chunks, const int* bounds, const float* x,
-                                         const float* w, const float* b, float* y) {
-  cpu::conv2d_forward_chunks(s, chunks, bounds, x, w, b, y);
-}
-void emulated_linear_forward_chunks_bf16(const LinearShape& s, int chunks, const int* bounds, const float* x,
-                                         const float* w, const float* b, float* y) {
-  cpu::linear_forward_chunks(s, chunks, bounds, x, w, b, y);
-}
-void emulated_conv2d_backward_chunks_bf16(const ConvShape& s, int chunks, const int* bounds, const float* x,
-                                          const float* w, const float* dy, float* dx, float* dw_tree,
-                                          double* db_tree) {
-  cpu::conv2d_backward_chunks(s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
-}
-void emulated_linear_backward_chunks_bf16(const LinearShape& s, int chunks, const int* bounds, const float* x,
-                                          const float* w, const float* dy, float* dx, float* dw_tree,
-                                          double* db_tree) {
-  cpu::linear_backward_chunks(s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
-}
+// The chunked fp16 and bf16 ops run the fp32 CPU op of the same name (counted work, not
+// 16-bit arithmetic).
+constexpr auto& emulated_conv2d_forward_chunks_f16 = cpu::conv2d_forward_chunks;
+constexpr auto& emulated_linear_forward_chunks_f16 = cpu::linear_forward_chunks;
+constexpr auto& emulated_conv2d_backward_chunks_f16 = cpu::conv2d_backward_chunks;
+constexpr auto& emulated_linear_backward_chunks_f16 = cpu::linear_backward_chunks;
+constexpr auto& emulated_conv2d_forward_chunks_bf16 = cpu::conv2d_forward_chunks;
+constexpr auto& emulated_linear_forward_chunks_bf16 = cpu::linear_forward_chunks;
+constexpr auto& emulated_conv2d_backward_chunks_bf16 = cpu::conv2d_backward_chunks;
+constexpr auto& emulated_linear_backward_chunks_bf16 = cpu::linear_backward_chunks;
 void emulated_tree_sum_parts(int count, int64_t len, const float* parts, float* out) {
   host_tree_sum_parts(count, len, parts, out);
 }

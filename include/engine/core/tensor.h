@@ -91,4 +91,10 @@ class Tensor {
   Device device_;
 };
 
+// Makes `t` a buffer of this shape, dtype and device, and returns it: kept as it is, a
+// prefix view of its storage when the shape fits there (the epoch's last, smaller batch),
+// else a new allocation, the old buffer released first (never both at once). A buffer
+// that is reused keeps its address: what a CUDA graph of the training step needs.
+Tensor& reuse_buffer(Tensor& t, const Shape& shape, DType dtype, Device device);
+
 }  // namespace engine
