@@ -13,22 +13,27 @@
 # SKIP (a tool the machine's runtime refuses, no GPU, no time left) or TIMEOUT; a failed
 # stage never stops the others:
 #   setup     25  unpack the pack (binaries, libraries, dataset), check the libraries
-#   op-tests  45  GPU op tests vs the CPU reference (test_ops: tests/ops/; chunked and fp16 ops too),
+#   op-tests  40  GPU op tests vs the CPU reference (test_ops: tests/ops/; chunked and fp16 ops too),
 #                 CUDA behaviour (gpu_test_cuda_behaviour: runtime, Philox, casts, determinism,
 #                 fp16 overflow and model, layers at W = 2), threads
-#   train     30  the default config for GPU_CHECK_EPOCHS epochs on cuda; verify
-#   nccl      25  a few hundred images plainly and with dist.backend=nccl (a 1-rank NCCL
+#   train     20  the default config for GPU_CHECK_EPOCHS epochs on cuda; verify
+#   graphs    85  cuda.graphs on against off in fp32, fp16 (forced overflows) and bf16, with
+#                 saves among the replays; the replays counted (engine train's "cuda graphs:"
+#                 line); fp16 stopped by SIGUSR1 and SIGTERM among replays and resumed
+#   bf16      30  bf16 on the default run: test accuracy >= 92 %; bf16 with cuda.batch_chunks=true
+#   nccl      20  a few hundred images plainly and with dist.backend=nccl (a 1-rank NCCL
 #                 communicator, libnccl.so.2 from PyTorch's wheel): engine diff, identical
-#   ranks     20  CUDA ranks in the Trainer: 2 ranks sharing the GPU (threads, host-staged
+#   ranks     15  CUDA ranks in the Trainer: 2 ranks sharing the GPU (threads, host-staged
 #                 exchange) against one process, the MLP and the CNN, bit for bit
 #                 (gpu_test_gpu_ranks; CUDA ranks stay opt-in, ENGINE_CUDA_RANKS=1, until it passes)
-#   resume    60  GPU training tests (determinism, stop/SIGKILL resume, GPU<->CPU),
+#   resume    40  GPU training tests (determinism, stop/SIGKILL resume, GPU<->CPU),
 #                 a GPU checkpoint evaluated and resumed on the CPU
-#   bench    100  engine fp32/fp16 vs every PyTorch peer (tools/bench/gpu_epoch.sh)
-#   ncu       40  per-kernel table, ncu --print-summary per-kernel over a few hundred launches
-#   sanitize  85  compute-sanitizer memcheck, racecheck, initcheck, synccheck on filtered
-#                 op tests (test_ops, cuda required) and a short training run (8 runs sharing the budget)
-#   ab        40  every switch of tools/bench/gpu_ab_switches.txt, A vs B: time, engine diff
+#   bench     75  engine fp32/fp16 vs every PyTorch peer (tools/bench/gpu_epoch.sh)
+#   ncu       25  per-kernel table, ncu --print-summary per-kernel over a few hundred launches
+#   sanitize  70  compute-sanitizer: memcheck over every op of the op list (test_ops, cuda
+#                 required) and an fp16 training run with graphs; racecheck, initcheck,
+#                 synccheck on filtered op tests and a short run (8 runs sharing the budget)
+#   ab        25  every switch of tools/bench/gpu_ab_switches.txt, A vs B: time, engine diff
 # Total 470 s of budgets, plus the script's own few seconds: under 8 minutes (480 s; a
 # stage whose budget no longer fits is SKIPped).
 # Output: $OUT/gpu-check-summary.txt (the summary), $OUT/gpu-check.log (everything),
@@ -51,7 +56,7 @@ while [ $# -gt 0 ]; do
 done
 
 # Stage budgets, seconds (keep the header comment in step).
-declare -A BUDGET=([setup]=25 [op-tests]=45 [train]=30 [graphs]=35 [nccl]=25 [ranks]=20 [resume]=60 [bench]=90 [ncu]=35 [sanitize]=65 [ab]=40)
+declare -A BUDGET=([setup]=25 [op-tests]=40 [train]=20 [graphs]=85 [bf16]=30 [nccl]=20 [ranks]=15 [resume]=40 [bench]=75 [ncu]=25 [sanitize]=70 [ab]=25)
 
 
 mkdir -p "$OUT"
@@ -96,7 +101,7 @@ run() {
   [ "$word" = PASS ]
 }
 
-# A stage runs when selected and when its budget still fits in what is left of 8 minutes.
+# A stage runs when selected and when its budget still fits in what is left of 480 s.
 stage_begin() {  # stage_begin NAME: 0 to run it
   local name=$1
   if [ -n "$ONLY" ] && [ "$name" != setup ] && [[ "$ONLY" != *",$name,"* ]]; then return 1; fi
@@ -203,21 +208,74 @@ if stage_begin train; then
 fi
 
 # ---- graphs --------------------------------------------------------------------------
-# cuda.graphs=true (each step replayed as a CUDA graph) must give the eager run's bits,
-# and a run stopped after an epoch and resumed with graphs on the straight run's.
+# cuda.graphs=true (each step replayed as a CUDA graph) must give the eager run's bits in
+# every precision, over 2 epochs with saves among the replays (every 5 steps, unverified,
+# so nothing drops the graphs: the host reads the scaler and step counts the graph moved
+# on), fp16 from a scale of 2^40 (its first steps overflow and are skipped during
+# replays, and it grows every 3 steps); the engine's own count must show replays. Then a
+# run stopped by SIGUSR1 and SIGTERM among replays and resumed with graphs, in fp16.
 CURRENT=graphs
 if stage_begin graphs; then
-  G=(--set data.train_limit=4096 --set data.test_limit=512 --set checkpoint.verify=false
-     --set cuda.batch_chunks=false --set train.epochs=2)
-  rm -rf /tmp/engine-graphs-off /tmp/engine-graphs-on /tmp/engine-graphs-resumed
-  run graphs-off "$(left)" "${TRAIN[@]}" --fresh --run-dir /tmp/engine-graphs-off "${G[@]}" --set cuda.graphs=false
-  run graphs-on "$(left)" "${TRAIN[@]}" --fresh --run-dir /tmp/engine-graphs-on "${G[@]}" --set cuda.graphs=true
-  run graphs-diff "$(left)" "$ENGINE_BIN" diff /tmp/engine-graphs-off/last.h5 /tmp/engine-graphs-on/last.h5
-  run graphs-stop "$(left)" "${TRAIN[@]}" --fresh --run-dir /tmp/engine-graphs-resumed "${G[@]}" --set cuda.graphs=true \
-    --stop-after-epochs 1
-  run graphs-resume "$(left)" "${TRAIN[@]}" --run-dir /tmp/engine-graphs-resumed "${G[@]}" \
-    --set cuda.graphs=true
-  run graphs-resume-diff "$(left)" "$ENGINE_BIN" diff /tmp/engine-graphs-on/last.h5 /tmp/engine-graphs-resumed/last.h5
+  G=(--set data.train_limit=4000 --set data.test_limit=512 --set checkpoint.verify=false
+     --set checkpoint.every_n_steps=5 --set cuda.batch_chunks=false --set train.epochs=2)
+  FP16_OVERFLOW=(--set precision.mode=fp16 --set precision.loss_scale.init=1099511627776
+                 --set precision.loss_scale.growth_interval=3)
+  for prec in fp32 fp16 bf16; do
+    P=(--set precision.mode=$prec)
+    [ $prec = fp16 ] && P=("${FP16_OVERFLOW[@]}")
+    rm -rf "/tmp/engine-graphs-$prec-off" "/tmp/engine-graphs-$prec-on"
+    run "graphs-$prec-off" "$(left)" "${TRAIN[@]}" --fresh --run-dir "/tmp/engine-graphs-$prec-off" "${G[@]}" "${P[@]}" \
+      --set cuda.graphs=false
+    run "graphs-$prec-on" "$(left)" "${TRAIN[@]}" --fresh --run-dir "/tmp/engine-graphs-$prec-on" "${G[@]}" "${P[@]}" \
+      --set cuda.graphs=true
+    if [ $DRY_RUN -eq 0 ]; then
+      said=$(grep -m1 '^cuda graphs:' "$OUT/graphs-$prec-on.txt")
+      say "    $prec: ${said:-no 'cuda graphs:' line}"
+      launched=$(echo "$said" | sed -n 's/.* \([0-9]*\) launched.*/\1/p')
+      if [ -z "$launched" ] || [ "$launched" -eq 0 ]; then
+        say "  FAIL    graphs-$prec: cuda.graphs=true and nothing replayed"; failures=$((failures + 1))
+      fi
+    fi
+    run "graphs-$prec-diff" "$(left)" "$ENGINE_BIN" diff "/tmp/engine-graphs-$prec-off/last.h5" "/tmp/engine-graphs-$prec-on/last.h5"
+  done
+  # fp16 stopped among replays (SIGUSR1: a save; SIGTERM: stop, exit 130) and resumed,
+  # against its straight run with graphs off: 40 epochs, so that the signals (3 s and 4 s
+  # after the start) land while it trains.
+  R=/tmp/engine-graphs-fp16-stopped
+  LONG=("${G[@]}" "${FP16_OVERFLOW[@]}" --set train.epochs=40)
+  rm -rf "$R" /tmp/engine-graphs-fp16-long-off
+  run graphs-fp16-long-off "$(left)" "${TRAIN[@]}" --fresh --run-dir /tmp/engine-graphs-fp16-long-off "${LONG[@]}" \
+    --set cuda.graphs=false
+  stop_among_replays() {
+    "$@" & local pid=$!
+    sleep 3; kill -USR1 $pid; sleep 1; kill -TERM $pid
+    wait $pid; local rc=$?
+    echo "exit $rc (130: stopped by SIGTERM; 0: it ended before the signals, use more epochs)"; [ $rc -eq 130 ]
+  }
+  run graphs-fp16-stop "$(left)" bash -c "$(declare -f stop_among_replays); stop_among_replays $(printf '%q ' \
+    "${TRAIN[@]}" --fresh --run-dir "$R" "${LONG[@]}" --set cuda.graphs=true)"
+  run graphs-fp16-resume "$(left)" "${TRAIN[@]}" --run-dir "$R" "${LONG[@]}" --set cuda.graphs=true
+  run graphs-fp16-resume-diff "$(left)" "$ENGINE_BIN" diff /tmp/engine-graphs-fp16-long-off/last.h5 "$R/last.h5"
+fi
+
+# ---- bf16 ----------------------------------------------------------------------------
+# bf16 on the default run (15 epochs, the shipped config): test accuracy >= 92 %; and the
+# chunked bf16 kernels (cuda.batch_chunks=true) on a short run, verified.
+CURRENT=bf16
+if stage_begin bf16; then
+  rm -rf /tmp/engine-bf16 /tmp/engine-bf16-chunks
+  run bf16-default "$(left)" "${TRAIN[@]}" --fresh --run-dir /tmp/engine-bf16 --set precision.mode=bf16
+  if [ $DRY_RUN -eq 0 ]; then
+    acc=$(python3 -c "import json,sys; t=[json.loads(l) for l in open(sys.argv[1]) if 'test_acc' in l]; print(t[-1]['test_acc'] if t else '')" \
+      /tmp/engine-bf16/metrics.jsonl 2>/dev/null)
+    say "    bf16 default run: test accuracy ${acc:-none}"
+    if [ -z "$acc" ] || ! python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) >= 0.92 else 1)" "$acc"; then
+      say "  FAIL    bf16-accuracy: ${acc:-no test accuracy} < 0.92"; failures=$((failures + 1))
+    fi
+  fi
+  run bf16-chunks "$(left)" "${TRAIN[@]}" --fresh --run-dir /tmp/engine-bf16-chunks --set precision.mode=bf16 \
+    --set cuda.batch_chunks=true --set train.epochs=2 --set data.train_limit=4096 --set data.test_limit=512
+  run bf16-chunks-verify "$(left)" "$ENGINE_BIN" verify /tmp/engine-bf16-chunks/last.h5
 fi
 
 # ---- nccl ----------------------------------------------------------------------------
@@ -295,7 +353,7 @@ if stage_begin sanitize; then
     # the reductions' shared memory), and one short training run (every kernel of a step).
     # (test_ops' case names are "<ops>: <what>"; doctest splits a filter at commas, so
     # each pattern names a case by a comma-free part of it.)
-    OPS_FILTER='-tc=batchnorm_forward_train*ragged*,relu_forward*,maxpool2x2_forward*,dropout_forward*,cross_entropy: loss*,reduce_sum*,adam_update*,conv2d_backward: bias gradient*'
+    OPS_FILTER='-tc=batchnorm_forward_train*ragged*,relu_forward*,maxpool2x2_forward*,dropout_forward*,cross_entropy: loss*,reduce_sum*,adam_update*,conv2d_backward: bias gradient*,unscale_check*,adam_prepare_step*,loss_scale_update*,round_to_float*'
     # racecheck and synccheck are slower and matter only where blocks share memory and
     # barriers: the reductions, at shapes that are ragged but small enough.
     SYNC_FILTER='-tc=batchnorm_forward_train*: train (y*,reduce_sum*,conv2d_backward: bias gradient*,cross_entropy: loss*'
@@ -313,11 +371,18 @@ if stage_begin sanitize; then
       # memcheck through tools/gpu-memcheck.sh: the leak check, less the CUDA context's
       # handles and buffers, which live as long as the process on purpose.
       [ "$tool" = memcheck ] && sanitizer=(bash "$ROOT/tools/gpu-memcheck.sh")
-      CAN_REFUSE=1 run "sanitize-$tool-ops" "$(share)" env ENGINE_TEST_OPS_REQUIRE_CUDA=1 \
-        "${sanitizer[@]}" "$BUILD/tests/test_ops" "$filter"
+      # memcheck: every op of the op list (no filter), the casts, and a run with graphs.
+      if [ "$tool" = memcheck ]; then
+        CAN_REFUSE=1 run "sanitize-$tool-ops" "$(share)" env ENGINE_TEST_OPS_REQUIRE_CUDA=1 \
+          "${sanitizer[@]}" "$BUILD/tests/test_ops"
+      else
+        CAN_REFUSE=1 run "sanitize-$tool-ops" "$(share)" env ENGINE_TEST_OPS_REQUIRE_CUDA=1 \
+          "${sanitizer[@]}" "$BUILD/tests/test_ops" "$filter"
+      fi
       i=$((i + 1))
       CAN_REFUSE=1 run "sanitize-$tool-train" "$(share)" "${sanitizer[@]}" "${SHORT[@]}" \
-        --run-dir "/tmp/engine-gpu-sanitize-$tool"
+        --run-dir "/tmp/engine-gpu-sanitize-$tool" $([ "$tool" = memcheck ] && echo "--set precision.mode=fp16 \
+        --set cuda.graphs=true --set cuda.batch_chunks=false")
       i=$((i + 1))
       if [ $DRY_RUN -eq 0 ]; then
         for part in ops train; do

@@ -8,6 +8,7 @@
 
 #include "cli/exit.h"
 #include "cli/signals.h"
+#include "engine/core/device.h"
 #include "engine/run/run_files.h"
 #include "engine/train/model_factory.h"
 
@@ -110,6 +111,13 @@ int TrainingSession::run() {
          kExitSaveFailed);
   }
   set_signal_target(nullptr);
+  if (cfg.cuda.graphs && session_.device().is_cuda()) {
+    // What cuda.graphs did in this process (0 replays: graphs were asked for but not
+    // used, e.g. with cuda.batch_chunks=true or several ranks: docs/config.md).
+    const DeviceActivity a = device_activity();
+    std::cout << "cuda graphs: " << a.graph_captures << " captured, " << a.graph_launches
+              << " launched (steps replayed, and each capture's first run)\n";
+  }
   if (r.ending == FitResult::Ending::Stopped) {
     std::cout << "stopped after " << t.epochs_done() << " epoch(s), step " << t.global_step()
               << "; checkpoint in " << cfg.checkpoint.dir << "/last.h5\n";

@@ -3,10 +3,13 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "core/device_upload.h"
+#include "core/graph_capture.h"
 #include "kernels/cuda_runtime.h"
 
 namespace engine {
@@ -67,6 +70,7 @@ Device resolve_device(const std::string& name) {
 namespace {
 struct ActivityCounters {
   std::atomic<uint64_t> allocations{0}, host_to_device{0}, device_to_host{0}, synchronizations{0};
+  std::atomic<uint64_t> graph_captures{0}, graph_launches{0};
 };
 ActivityCounters g_activity;
 void count(std::atomic<uint64_t>& c) { c.fetch_add(1, std::memory_order_relaxed); }
@@ -78,7 +82,44 @@ DeviceActivity device_activity() {
   a.host_to_device = g_activity.host_to_device.load(std::memory_order_relaxed);
   a.device_to_host = g_activity.device_to_host.load(std::memory_order_relaxed);
   a.synchronizations = g_activity.synchronizations.load(std::memory_order_relaxed);
+  a.graph_captures = g_activity.graph_captures.load(std::memory_order_relaxed);
+  a.graph_launches = g_activity.graph_launches.load(std::memory_order_relaxed);
   return a;
+}
+
+void note_graph_captured() { count(g_activity.graph_captures); }
+void note_graph_launched() { count(g_activity.graph_launches); }
+
+namespace {
+// Every live GPU buffer's allocation number, for the graphs (core/graph_capture.h). GPU
+// allocations are few (none in a training step), so one lock costs nothing measurable.
+struct LiveDeviceBuffers {
+  std::mutex mutex;
+  std::unordered_map<const void*, uint64_t> number;
+  uint64_t next = 0;
+  uint64_t mark = 0;  // buffers numbered below it are marked
+};
+LiveDeviceBuffers& live_device_buffers() {
+  static auto* b = new LiveDeviceBuffers();  // leaked: tensors may be freed by static destructors
+  return *b;
+}
+std::atomic<uint64_t> g_marked_frees{0};
+thread_local uint64_t t_device_allocations = 0;
+}  // namespace
+
+void mark_live_device_buffers() {
+  LiveDeviceBuffers& b = live_device_buffers();
+  const std::lock_guard<std::mutex> lock(b.mutex);
+  b.mark = b.next;
+}
+
+uint64_t marked_device_buffer_frees() { return g_marked_frees.load(std::memory_order_acquire); }
+
+uint64_t thread_device_allocations() { return t_device_allocations; }
+
+std::mutex& graph_capture_mutex() {
+  static auto* m = new std::mutex();  // leaked: a Classifier may be destroyed at exit
+  return *m;
 }
 
 void* device_alloc(Device d, std::size_t bytes) {
@@ -86,7 +127,14 @@ void* device_alloc(Device d, std::size_t bytes) {
   if (d.is_cuda()) {
     require_usable(d);
     gpu::set_device(d.index);
-    return gpu::alloc(bytes);
+    void* p = gpu::alloc(bytes);
+    ++t_device_allocations;
+    if (p) {
+      LiveDeviceBuffers& b = live_device_buffers();
+      const std::lock_guard<std::mutex> lock(b.mutex);
+      b.number[p] = b.next++;
+    }
+    return p;
   }
   // 64-byte alignment for vector loads in the CPU kernels.
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -95,8 +143,18 @@ void* device_alloc(Device d, std::size_t bytes) {
 }
 
 void device_free(Device d, void* p) {
-  if (d.is_cuda())
+  if (d.is_cuda()) {
+    if (p) {
+      LiveDeviceBuffers& b = live_device_buffers();
+      const std::lock_guard<std::mutex> lock(b.mutex);
+      auto it = b.number.find(p);
+      if (it != b.number.end()) {
+        if (it->second < b.mark) g_marked_frees.fetch_add(1, std::memory_order_acq_rel);
+        b.number.erase(it);
+      }
+    }
     gpu::free(p);
+  }
   else
     std::free(p);
 }

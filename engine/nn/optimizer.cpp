@@ -96,8 +96,16 @@ void AdamOptimizer::step() {
   step(*own_values_);
 }
 
-void AdamOptimizer::replayed_step() {
-  if (steps_newer_ == Newer::Device) return;  // the device counts them
+void AdamOptimizer::replayed_step(StepCounts counts) {
+  if (counts == StepCounts::OnDevice) {
+    // A read since the capture (a save, the epoch's metrics) may have set Same: the
+    // replayed adam_prepare_step moved the device's counts on, by 1 or (skipped) by 0.
+    steps_newer_ = Newer::Device;
+    return;
+  }
+  // As step(values) does on the host.
+  pull_steps();
+  if (device_steps_.defined()) steps_newer_ = Newer::Host;
   for (Slot& s : slots_) ++s.step;
 }
 

@@ -106,6 +106,12 @@ void LossScaler::update_on_device() {
   newer_ = Newer::Device;
 }
 
+void LossScaler::replayed_step() {
+  if (!active_) return;
+  if (!device_state_.defined()) throw std::logic_error("LossScaler::replayed_step: no state on a device yet");
+  newer_ = Newer::Device;
+}
+
 StateDict LossScaler::state() const {
   pull();
   StateDict d;

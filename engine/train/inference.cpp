@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "engine/io/checkpoint.h"
+#include "core/graph_capture.h"
 #include "core/tensor_ops.h"
 
 namespace engine {
@@ -28,8 +29,14 @@ class Classifier::Lease {
   std::unique_ptr<Model> model_;
 };
 
+std::unique_lock<std::mutex> Classifier::gpu_work_lock() const {
+  if (device_.is_cpu()) return {};
+  return std::unique_lock<std::mutex>(graph_capture_mutex());
+}
+
 Classifier::Classifier(const std::string& path, Device device, const ModelFactory& factory)
     : device_(device) {
+  const std::unique_lock<std::mutex> capture_lock = gpu_work_lock();  // the model's upload
   const Checkpoint ckpt = load_checkpoint(path);
   try {
     cfg_ = config_from_json(nlohmann::json::parse(ckpt.config_json), path + " (stored config)");
@@ -57,7 +64,13 @@ Classifier::Classifier(const std::string& path, Device device, const ModelFactor
   max_instances_ = device_.is_cpu() ? std::numeric_limits<size_t>::max() : 1;
 }
 
-Classifier::~Classifier() = default;
+Classifier::~Classifier() {
+  // The instances' GPU memory is freed on the stream (core/graph_capture.h).
+  const std::unique_lock<std::mutex> capture_lock = gpu_work_lock();
+  idle_.clear();
+  state_ = StateDict();
+  prototype_.reset();
+}
 
 std::unique_ptr<Model> Classifier::acquire() const {
   std::unique_lock<std::mutex> lock(mutex_);
@@ -102,6 +115,9 @@ Predictions Classifier::run(const Pixel* images, int64_t n, Scores scores) const
   if (scores != Scores::None) p.scores.resize(static_cast<size_t>(n) * classes_);
   if (n == 0) return p;
 
+  // On a GPU, not while the training step of another thread is being captured into a
+  // CUDA graph: this call's work would be recorded into it (core/graph_capture.h).
+  const std::unique_lock<std::mutex> capture_lock = gpu_work_lock();
   Lease lease(*this);
   Model& model = lease.model();
   const int64_t pixels = input_.numel();

@@ -285,10 +285,14 @@ void Trainer::end_epoch(double seconds, bool& stop_early, bool& interrupted) {
   stop_early = early_stop_reached();
 
   // The activation buffers are rebuilt by the next forward; without them the
-  // checkpoint image and its verification do not add to the training peak.
-  drop_step_graphs();  // they point into the workspaces
-  model_->release_workspaces();
-  batch_x_ = batch_labels_ = dlogits_ = sample_correct_ = Tensor();
+  // checkpoint image and its verification do not add to the training peak. With CUDA
+  // graphs they are kept, with the graphs that point into them, so that the next epoch
+  // replays from its first step (the buffers of one batch on top of the save's peak).
+  if (!step_graphs_apply()) {
+    drop_step_graphs();  // they point into the workspaces
+    model_->release_workspaces();
+    batch_x_ = batch_labels_ = dlogits_ = sample_correct_ = Tensor();
+  }
   save(CheckpointKind::Last);
   if (*improved) save(CheckpointKind::Best);
   if (const int64_t k = cfg_.checkpoint.keep_best; k > 0) {

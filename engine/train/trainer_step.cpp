@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <array>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
 
 #include "engine/core/batch_chunks.h"
+#include "core/graph_capture.h"
 #include "core/step_values.h"
 #include "engine/core/device.h"
 #include "kernels/cuda/settings.h"
@@ -69,12 +71,10 @@ void Trainer::run_step() {
   const int classes = model_->num_classes();
   const int64_t start = step_in_epoch_ * batch;
   const int b = static_cast<int>(std::min<int64_t>(batch, n - start));
-  // A graph reads its buffers where they were when it was captured: any allocation since
-  // the last step (a buffer made again) drops every graph.
   const bool graphs = step_graphs_apply();
   if (!step_graphs_) step_graphs_ = std::make_unique<StepGraphs>();
-  if (device_activity().allocations != step_graphs_->allocations_seen) drop_step_graphs();
-  const uint64_t allocations_before = device_activity().allocations;
+  // This thread's GPU allocations: a step that makes a buffer is not captured yet.
+  const uint64_t allocations_before = thread_device_allocations();
   // This rank's chunks of the batch (all of it in one process, docs/distributed.md).
   BatchChunks plan(b, collective_, cfg_.dist.chunks);
   if (shards_) {
@@ -108,36 +108,51 @@ void Trainer::run_step() {
   } plan_scope{*model_};
   model_->set_batch_chunks(&plan);
 
-  const bool allocated = device_activity().allocations != allocations_before;
+  // A graph reads its buffers where they were when it was captured: a GPU buffer alive
+  // then and freed since (a buffer made again, here or between steps) drops every graph.
+  // An evaluation's or a save's buffers, made after the capture, do not.
+  if (marked_device_buffer_frees() != step_graphs_->frees_seen) drop_step_graphs();
+  const bool allocated = thread_device_allocations() != allocations_before;
   if (graphs && allocated) drop_step_graphs();
   if (const StepGraphs::Graph* g = graphs && !allocated ? step_graphs_->find(local) : nullptr) {
     // The host's part of the step, as the capture did it; then the device's, replayed.
     for (int s = 0; s < kRngStreamCount; ++s)
       if (g->draws[s]) rng_.take(static_cast<RngStream>(s), g->draws[s]);
     model_->replayed_train_step();
-    optimizer_->replayed_step();
+    optimizer_->replayed_step(g->counts);
+    if (g->counts == AdamOptimizer::StepCounts::OnDevice) scaler_->replayed_step();
     kernels::cuda::launch(g->graph);
+    note_graph_launched();
   } else if (graphs && !allocated && step_graphs_->ready(local)) {
     std::array<uint64_t, kRngStreamCount> before{};
     for (int s = 0; s < kRngStreamCount; ++s) before[s] = rng_.counter(static_cast<RngStream>(s));
+    // No other thread's GPU work while the step is recorded (core/graph_capture.h).
+    std::unique_lock<std::mutex> capture_lock(graph_capture_mutex());
+    mark_live_device_buffers();
     kernels::cuda::begin_capture();
     try {
       step_device_work(plan, b, local);
     } catch (...) {
       kernels::cuda::abandon_capture();
+      capture_lock.unlock();
       drop_step_graphs();
       throw;
     }
-    StepGraphs::Graph g{kernels::cuda::end_capture(), {}};
+    kernels::cuda::Graph captured = kernels::cuda::end_capture();
+    capture_lock.unlock();
+    StepGraphs::Graph g{std::move(captured), {},
+                        scaler_->active() ? AdamOptimizer::StepCounts::OnDevice : AdamOptimizer::StepCounts::OnHost};
     for (int s = 0; s < kRngStreamCount; ++s) g.draws[s] = rng_.counter(static_cast<RngStream>(s)) - before[s];
     // The capture ran the step's host part and recorded its device part: run that now.
+    note_graph_captured();
     kernels::cuda::launch(g.graph);
+    note_graph_launched();
     step_graphs_->add(local, std::move(g));
   } else {
     step_device_work(plan, b, local);
-    if (graphs) step_graphs_->eager_step_done(local, device_activity().allocations != allocations_before);
+    if (graphs) step_graphs_->eager_step_done(local, thread_device_allocations() != allocations_before);
   }
-  step_graphs_->allocations_seen = device_activity().allocations;
+  step_graphs_->frees_seen = marked_device_buffer_frees();
   ++step_in_epoch_;
   ++global_step_;
 }

@@ -153,12 +153,10 @@ cublasHandle_t Context::cublas() {
     const CublasLibrary& lib = cublas_library();  // throws, naming the file, when it cannot load
     cublasHandle_t h = nullptr;
     ENGINE_CUDA_CHECK(lib.create(&h));
-    ENGINE_CUDA_CHECK(lib.set_stream(h, stream_));
-    // Plain fp32 arithmetic: no TF32 tensor-core math (that would need
-    // CUBLAS_TF32_TENSOR_OP_MATH), so GEMMs stay close to the fp32 CPU reference.
-    ENGINE_CUDA_CHECK(lib.set_math_mode(h, CUBLAS_DEFAULT_MATH));
-    // Atomics-free kernels only (the default, stated because determinism relies on it).
-    ENGINE_CUDA_CHECK(lib.set_atomics_mode(h, CUBLAS_ATOMICS_NOT_ALLOWED));
+    // The handle's own workspace, kept for the process's life like the handle: a GEMM
+    // under graph capture then allocates nothing (kernels/cuda/cublas_library.h).
+    cublas_workspace_.reserve(kCublasWorkspaceBytes);
+    bind_cublas_handle(lib, h, stream_, cublas_workspace_.get(kCublasWorkspaceBytes), kCublasWorkspaceBytes);
     cublas_ = h;
   }
   return cublas_;

@@ -123,6 +123,7 @@ class Context {
   cublasHandle_t cublas_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   PersistentBuffer workspace_{"workspace"};
+  PersistentBuffer cublas_workspace_{"cuBLAS workspace"};
 };
 
 // ---- Launch helpers shared by op files (kernels in elementwise_ops.cu). All run on

@@ -16,6 +16,9 @@
 // chosen result was reported with, as cuDNN asks.
 #include "kernels/cuda/conv_cudnn.h"
 
+#include <stdexcept>
+#include "kernels/cuda/conv_algo_choice.h"
+
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -30,10 +33,6 @@
 namespace engine::kernels::cuda {
 
 namespace {
-
-// Algorithms needing more scratch than this are passed over (FFT variants can ask for
-// gigabytes); the fallbacks below need little or none.
-constexpr std::size_t kMaxWorkspace = std::size_t{1} << 30;
 
 // cuDNN descriptors for one convolution shape and element type, plus the algorithm
 // chosen (once) for each direction.
@@ -145,21 +144,31 @@ ConvPlan& conv_plan(const ConvShape& s, ConvData data, bool deterministic) {
   return ref;
 }
 
-// Index of the first acceptable result (results come best first), or -1.
+// cuDNN's results as the choice rule reads them (kernels/cuda/conv_algo_choice.h).
 template <typename Perf>
-int first_usable(const std::vector<Perf>& perf, int returned, bool deterministic,
-                 ConvData data) {
+std::vector<ConvAlgoResult> algo_results(const std::vector<Perf>& perf, int returned) {
+  std::vector<ConvAlgoResult> out;
   for (int i = 0; i < returned; ++i) {
     const Perf& p = perf[static_cast<std::size_t>(i)];
-    if (p.status != CUDNN_STATUS_SUCCESS) continue;
-    if (deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
-    const bool tensor_op =
-        p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
-    if (data == ConvData::Float && tensor_op) continue;
-    if (p.memory > kMaxWorkspace) continue;
-    return i;
+    ConvAlgoResult r;
+    r.succeeded = p.status == CUDNN_STATUS_SUCCESS;
+    r.deterministic = p.determinism == CUDNN_DETERMINISTIC;
+    r.tensor_op_math = p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+    r.memory = p.memory;
+    out.push_back(r);
   }
-  return -1;
+  return out;
+}
+
+// The index of the result to take, or -1 for the direction's fallback; throws the
+// refusal (bf16 without a usable result).
+template <typename Perf>
+int choose(const std::vector<Perf>& perf, int returned, bool deterministic, ConvData data, ConvDirection direction,
+           const ConvShape& s) {
+  const ConvAlgoChoice c =
+      choose_conv_algo(algo_results(perf, returned), deterministic, data, direction, shape_text(s, data));
+  if (c.kind == ConvAlgoChoice::Kind::Refused) throw std::runtime_error(c.refusal);
+  return c.kind == ConvAlgoChoice::Kind::Result ? c.index : -1;
 }
 
 // fp16 and bf16 plans run a direction with the math type its chosen result reports. fp32
@@ -186,14 +195,14 @@ void choose_forward(cudnnHandle_t h, ConvPlan& plan, const ConvShape& s, bool de
   else
     ENGINE_CUDA_CHECK(cudnnFindConvolutionForwardAlgorithm(
         h, plan.x, plan.w, plan.fwd_conv, plan.y, max_count, &returned, perf.data()));
-  const int i = first_usable(perf, returned, det, plan.data);
+  const int i = choose(perf, returned, det, plan.data, ConvDirection::Forward, s);
   if (i >= 0) {
     const cudnnConvolutionFwdAlgoPerf_t& p = perf[static_cast<std::size_t>(i)];
     plan.fwd_algo = p.algo;
     adopt_math_type(plan, plan.fwd_conv, p.mathType);
   } else {
     // Implicit GEMM is deterministic and supports every stride-1 shape in fp32 and fp16
-    // (bf16 not yet run on a GPU).
+    // (bf16 refuses instead: kernels/cuda/conv_algo_choice.h).
     plan.fwd_algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
   }
   check_with_shape(cudnnGetConvolutionForwardWorkspaceSize(h, plan.x, plan.w, plan.fwd_conv,
@@ -213,7 +222,7 @@ void choose_backward_data(cudnnHandle_t h, ConvPlan& plan, const ConvShape& s, b
   else
     ENGINE_CUDA_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(
         h, plan.w, plan.y, plan.bwd_data_conv, plan.x, max_count, &returned, perf.data()));
-  const int i = first_usable(perf, returned, det, plan.data);
+  const int i = choose(perf, returned, det, plan.data, ConvDirection::BackwardData, s);
   if (i >= 0) {
     const cudnnConvolutionBwdDataAlgoPerf_t& p = perf[static_cast<std::size_t>(i)];
     plan.bwd_data_algo = p.algo;
@@ -240,7 +249,7 @@ void choose_backward_filter(cudnnHandle_t h, ConvPlan& plan, const ConvShape& s,
   else
     ENGINE_CUDA_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(
         h, plan.x, plan.y, plan.bwd_filter_conv, plan.w, max_count, &returned, perf.data()));
-  const int i = first_usable(perf, returned, det, plan.data);
+  const int i = choose(perf, returned, det, plan.data, ConvDirection::BackwardFilter, s);
   if (i >= 0) {
     const cudnnConvolutionBwdFilterAlgoPerf_t& p = perf[static_cast<std::size_t>(i)];
     plan.bwd_filter_algo = p.algo;

@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/shared_library.h"
@@ -29,6 +30,7 @@ CublasLibrary open_library() {
   CublasLibrary lib;
   resolve_symbol(handle, "cublasCreate_v2", lib.create, missing);
   resolve_symbol(handle, "cublasSetStream_v2", lib.set_stream, missing);
+  resolve_symbol(handle, "cublasSetWorkspace_v2", lib.set_workspace, missing);
   resolve_symbol(handle, "cublasSetMathMode", lib.set_math_mode, missing);
   resolve_symbol(handle, "cublasSetAtomicsMode", lib.set_atomics_mode, missing);
   resolve_symbol(handle, "cublasGetStatusString", lib.status_string, missing);
@@ -39,6 +41,23 @@ CublasLibrary open_library() {
 }
 
 }  // namespace
+
+void bind_cublas_handle(const CublasLibrary& lib, cublasHandle_t h, cudaStream_t stream, void* workspace,
+                        std::size_t bytes) {
+  const auto check = [&](cublasStatus_t st, const char* call) {
+    if (st != CUBLAS_STATUS_SUCCESS)
+      throw std::runtime_error(std::string("cuBLAS error: ") + lib.status_string(st) + " in " + call);
+  };
+  if (!workspace || bytes == 0) throw std::logic_error("bind_cublas_handle: no workspace");
+  check(lib.set_stream(h, stream), "cublasSetStream");
+  // After the stream, which resets the workspace (see the header).
+  check(lib.set_workspace(h, workspace, bytes), "cublasSetWorkspace");
+  // Plain fp32 arithmetic: no TF32 tensor-core math (that would need
+  // CUBLAS_TF32_TENSOR_OP_MATH), so GEMMs stay close to the fp32 CPU reference.
+  check(lib.set_math_mode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  // Atomics-free kernels only (the default, stated because determinism relies on it).
+  check(lib.set_atomics_mode(h, CUBLAS_ATOMICS_NOT_ALLOWED), "cublasSetAtomicsMode");
+}
 
 std::string cublas_library_name() {
   const char* env = std::getenv("ENGINE_CUBLAS_LIBRARY");

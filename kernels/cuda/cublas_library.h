@@ -11,6 +11,7 @@
 #pragma once
 #include <cublas_api.h>
 
+#include <cstddef>
 #include <string>
 
 namespace engine::kernels::cuda {
@@ -24,6 +25,7 @@ using CublasGemmEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cubla
 struct CublasLibrary {
   decltype(&cublasCreate_v2) create = nullptr;
   decltype(&cublasSetStream_v2) set_stream = nullptr;
+  decltype(&cublasSetWorkspace_v2) set_workspace = nullptr;
   decltype(&cublasSetMathMode) set_math_mode = nullptr;
   decltype(&cublasSetAtomicsMode) set_atomics_mode = nullptr;
   decltype(&cublasGetStatusString) status_string = nullptr;
@@ -35,6 +37,19 @@ struct CublasLibrary {
 // The process's cuBLAS, loaded once; throws std::runtime_error naming the file and
 // what to do when it cannot be loaded (retried on the next call).
 const CublasLibrary& cublas_library();
+
+// The workspace every handle of the engine is given: cuBLAS's recommendation for Hopper
+// (4 MiB for earlier GPUs; more is harmless).
+constexpr std::size_t kCublasWorkspaceBytes = std::size_t{32} << 20;
+
+// Binds handle `h` to `stream` with `workspace` (`bytes`, device memory the caller keeps
+// for the handle's life) as its workspace, plain fp32 math and no atomics. The workspace
+// is set after the stream because cublasSetStream resets it to cuBLAS's own: without one
+// of the engine's, a GEMM captured into a CUDA graph records cuBLAS's cudaMallocAsync and
+// cudaFreeAsync into the graph, outside the engine's buffers, and may choose another
+// kernel than the eager call did. Throws std::runtime_error naming the failing call.
+void bind_cublas_handle(const CublasLibrary& lib, cublasHandle_t h, cudaStream_t stream, void* workspace,
+                        std::size_t bytes);
 
 // The file cublas_library() opens or would open.
 std::string cublas_library_name();

@@ -33,13 +33,16 @@
 //   copy_d2h BYTES result   (after an op that returns a value to the host: reduce_sum)
 // (pinned host memory: alloc_pinned BYTES, copy_d2h_async BYTES, copy_h2d_async BYTES, mark,
 // wait; graphs: capture_begin, capture_end OPS, graph_launch OPS, then the graph's ops).
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <atomic>
 #include <mutex>
 #include <new>
+#include <thread>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -115,10 +118,24 @@ void host_tree_sum_parts(int count, int64_t len, const T* parts, T* out) {
 // them in order, traced as they run, after a `graph_launch N` line. What CUDA refuses
 // during a capture (an allocation, a copy the host waits for, a value read back) throws.
 
-std::vector<std::function<void()>>* g_recording = nullptr;
+// The capture in progress, and the thread that began it. CUDA has one stream here
+// (kernels/cuda/context.h): what another thread queues during a capture would be recorded
+// into the graph, and a wait for it would end the capture, so any GPU call of another
+// thread during a capture throws (the engine serialises them: core/graph_capture.h).
+std::atomic<std::vector<std::function<void()>>*> g_recording{nullptr};
+std::atomic<std::thread::id> g_capture_thread{};
 
 [[noreturn]] void capture_refused(const std::string& what) {
   throw std::logic_error("emulated CUDA: " + what + " during a graph capture");
+}
+
+// Whether this call is recorded into the capture; throws for another thread's call.
+bool recording(const char* what) {
+  if (!g_recording.load()) return false;
+  if (g_capture_thread.load() != std::this_thread::get_id())
+    capture_refused(std::string(what) + " from a thread other than the capturing one (CUDA would record it "
+                    "into the graph)");
+  return true;
 }
 
 template <class R>
@@ -138,15 +155,23 @@ void set_device(int index) {
   if (index != 0) throw std::runtime_error("emulated CUDA: no device " + std::to_string(index));
 }
 void* alloc(std::size_t bytes) {
-  if (g_recording) capture_refused("an allocation of " + std::to_string(bytes) + " bytes");
+  if (recording("an allocation")) capture_refused("an allocation of " + std::to_string(bytes) + " bytes");
   void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
   if (!p) throw std::bad_alloc();
   if (trace_file()) trace_line("alloc " + std::to_string(bytes) + " " + test_support::hex(p));
   return p;
 }
-void free(void* p) { std::free(p); }
+void free(void* p) {
+  // Called from destructors, which cannot throw: another thread's free during a capture
+  // (which CUDA would record into the graph) ends the process, saying so.
+  if (g_recording.load() && g_capture_thread.load() != std::this_thread::get_id()) {
+    std::fputs("emulated CUDA: a free from a thread other than the capturing one during a graph capture\n", stderr);
+    std::abort();
+  }
+  std::free(p);
+}
 void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind) {
-  if (g_recording && kind != CopyKind::DeviceToDevice) capture_refused("a copy the host waits for");
+  if (recording("a copy") && kind != CopyKind::DeviceToDevice) capture_refused("a copy the host waits for");
   trace_bytes(kind == CopyKind::HostToDevice   ? "copy_h2d"
               : kind == CopyKind::DeviceToHost ? "copy_d2h"
                                                : "copy_d2d",
@@ -154,8 +179,8 @@ void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind) {
   if (bytes) std::memmove(dst, src, bytes);
 }
 void memset_zero(void* p, std::size_t bytes) {
-  if (g_recording) {
-    g_recording->push_back([=] {
+  if (recording("a memset")) {
+    g_recording.load()->push_back([=] {
       trace_bytes("memset", bytes);
       if (bytes) std::memset(p, 0, bytes);
     });
@@ -165,7 +190,7 @@ void memset_zero(void* p, std::size_t bytes) {
   if (bytes) std::memset(p, 0, bytes);
 }
 void synchronize() {
-  if (g_recording) capture_refused("a synchronization");
+  if (recording("a synchronization")) capture_refused("a synchronization");
   if (trace_file()) trace_line("sync");
 }
 void* alloc_pinned_host(std::size_t bytes) {
@@ -177,33 +202,38 @@ void* alloc_pinned_host(std::size_t bytes) {
 }
 void free_pinned_host(void* p) { std::free(p); }
 void copy_to_pinned_host_async(void* dst, const void* src, std::size_t bytes) {
+  (void)recording("a copy to the host");
   trace_bytes("copy_d2h_async", bytes);
   if (bytes) std::memcpy(dst, src, bytes);
 }
 void copy_from_pinned_host_async(void* dst, const void* src, std::size_t bytes) {
-  if (g_recording) capture_refused("the per-step values' upload (it belongs before the graph's launch)");
+  if (recording("an upload")) capture_refused("the per-step values' upload (it belongs before the graph's launch)");
   trace_bytes("copy_h2d_async", bytes);
   if (bytes) std::memcpy(dst, src, bytes);
 }
 void begin_capture() {
-  if (g_recording) capture_refused("a second capture");
+  if (recording("a capture")) capture_refused("a second capture");
   if (trace_file()) trace_line("capture_begin");
-  g_recording = new std::vector<std::function<void()>>();
+  g_capture_thread.store(std::this_thread::get_id());
+  g_recording.store(new std::vector<std::function<void()>>());
+  // ENGINE_EMULATED_CUDA_CAPTURE_HOLD_MS: the capture stays open this long before the
+  // step's work is recorded, so that another thread's GPU work meets it (the test of
+  // inference during training, tests/emulated_cuda/inference_during_capture.cpp).
+  if (const char* hold = std::getenv("ENGINE_EMULATED_CUDA_CAPTURE_HOLD_MS"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(hold)));
 }
 Graph end_capture() {
-  if (!g_recording) throw std::logic_error("emulated CUDA: end_capture without a capture");
-  auto* ops = g_recording;
-  g_recording = nullptr;
+  if (!recording("end_capture")) throw std::logic_error("emulated CUDA: end_capture without a capture");
+  auto* ops = g_recording.exchange(nullptr);
   if (trace_file()) trace_line("capture_end " + std::to_string(ops->size()));
   return Graph(ops, [](void* p) { delete static_cast<std::vector<std::function<void()>>*>(p); });
 }
 void abandon_capture() {
-  delete g_recording;
-  g_recording = nullptr;
+  delete g_recording.exchange(nullptr);
   if (trace_file()) trace_line("capture_abandoned");
 }
 void launch(const Graph& graph) {
-  if (g_recording) capture_refused("a graph launch");
+  if (recording("a graph launch")) capture_refused("a graph launch");
   const auto& ops = *static_cast<const std::vector<std::function<void()>>*>(graph.get());
   if (trace_file()) trace_line("graph_launch " + std::to_string(ops.size()));
   for (const auto& op : ops) op();
@@ -288,9 +318,9 @@ void emulated_tree_sum_parts_f64(int count, int64_t len, const double* parts, do
 // when the graph is launched: a per-step value passed by value would run stale there.
 #define ENGINE_OP(name, batch, precision, backends, ret, params, args)                      \
   ret name params {                                                                         \
-    if (g_recording) {                                                                      \
+    if (recording("op " #name)) {                                                          \
       if (!std::is_void_v<ret>) capture_refused(#name " returns a value to the host");      \
-      g_recording->push_back([=] {                                                          \
+      g_recording.load()->push_back([=] {                                                          \
         trace_op(#name, #args, ENGINE_EMU_UNPACK args);                                     \
         ENGINE_EMU_RUN_##backends(name, args)                                               \
       });                                                                                   \

@@ -257,19 +257,26 @@ for prec in ("fp32", "fp16"):
     if p.returncode != 0:
         failures.append(f"{prec}: cuda.graphs=true and false give different checkpoints:\n" + p.stdout[-2000:])
 
-# Graphs across a SIGUSR1 save and a SIGTERM stop in the middle of an epoch, then a resume
-# with graphs on: the straight graphs run's checkpoint, bit for bit. The signals go when
-# the live trace shows the graph replaying, so the stop falls among replayed steps.
-def launches_in(path):
+# Graphs across saves, epochs, an overflow and signals, per precision: every variant ends
+# with the checkpoint of the same run with graphs off, bit for bit.
+#  * Two epochs of 59 steps (the last of 32 samples), checkpoint.every_n_steps=5 with
+#    checkpoint.verify=false: saves among replayed steps, each reading the state the
+#    device holds (the loss scaler, Adam's step counts with a scaler) between replays.
+#  * fp16 starts from a loss scale of 2^40, so its first steps overflow and are skipped
+#    while the graph replays, and grows it every 3 steps, so it overflows again later.
+#  * The graphs outlive the saves, the evaluations and the epoch's end: one capture per
+#    batch size (64 and the last 32) for the whole run, every later step a replay.
+#  * A run stopped by SIGUSR1 (a save) and SIGTERM among replays, then resumed with graphs.
+def count_lines(path, prefix):
     try:
         with open(path) as f:
-            return sum(1 for l in f if l.startswith("graph_launch"))
+            return sum(1 for l in f if l.startswith(prefix))
     except FileNotFoundError:
         return 0
 
 
 def signal_after_launches(proc, path, count, sig, deadline):
-    while launches_in(path) < count:
+    while count_lines(path, "graph_launch") < count:
         if proc.poll() is not None or time.time() > deadline:
             return False
         time.sleep(0.005)
@@ -277,30 +284,82 @@ def signal_after_launches(proc, path, count, sig, deadline):
     return True
 
 
+def checkpoint_counts(path):
+    """The scaler's scale and conv1.weight's Adam step count, and the global step."""
+    import h5py
+    with h5py.File(path, "r") as f:
+        return (float(f["scaler"].attrs["scale"]), int(f["optimizer/step"].attrs["conv1.weight"]),
+                int(f["trainer"].attrs["global_step"]))
+
+
 import signal
-SIG_ARGS = ["--set", "cuda.batch_chunks=false", "--set", "cuda.graphs=true", "--set", "data.train_limit=4096",
-            "--set", "checkpoint.verify=false"]
-straight_dir, stopped_dir = os.path.join(tmp, "graphs_straight"), os.path.join(tmp, "graphs_stopped")
-run(["train", config, "--device", "cuda", "--run-dir", straight_dir] + COMMON + SIG_ARGS)
-trace = os.path.join(tmp, "graphs_stopped.trace")
-env = dict(os.environ, ENGINE_EMULATED_CUDA_TRACE=trace)
-proc = subprocess.Popen([engine, "train", config, "--device", "cuda", "--run-dir", stopped_dir] + COMMON + SIG_ARGS,
-                        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-deadline = time.time() + 120
-usr1 = signal_after_launches(proc, trace, 3, signal.SIGUSR1, deadline)
-term = usr1 and signal_after_launches(proc, trace, launches_in(trace) + 4, signal.SIGTERM, deadline)
-out, _ = proc.communicate(timeout=120)
-at_stop = launches_in(trace)
-if not term or proc.returncode != 130:
-    failures.append(f"graphs and signals: the run was not stopped mid-way by SIGTERM (exit {proc.returncode}, "
-                    f"signals sent: USR1 {usr1}, TERM {term}):\n{out[-1500:]}")
-else:
-    run(["train", config, "--device", "cuda", "--run-dir", stopped_dir] + COMMON + SIG_ARGS)
-    p, _ = run(["diff", os.path.join(straight_dir, "last.h5"), os.path.join(stopped_dir, "last.h5")], check=False)
-    print(f"\ngraphs, SIGUSR1 save and SIGTERM stop after {at_stop} launches, resumed with graphs: "
-          f"engine diff against the straight run: exit {p.returncode}, {'identical' if p.returncode == 0 else 'different'}")
+GRAPH_RUN = ["--set", "cuda.batch_chunks=false", "--set", "data.train_limit=4000", "--set", "train.epochs=2",
+             "--set", "checkpoint.every_n_steps=5", "--set", "checkpoint.verify=false"]
+PRECISIONS = {
+    "fp32": [],
+    "fp16": ["--set", "precision.mode=fp16", "--set", "precision.loss_scale.init=1099511627776",
+             "--set", "precision.loss_scale.growth_interval=3"],
+    "bf16": ["--set", "precision.mode=bf16"],
+}
+for prec, prec_args in PRECISIONS.items():
+    args = COMMON + GRAPH_RUN + prec_args
+    off_dir, on_dir, stopped_dir = (os.path.join(tmp, f"{prec}_graphs_{k}") for k in ("off", "on", "stopped"))
+    run(["train", config, "--device", "cuda", "--run-dir", off_dir] + args + ["--set", "cuda.graphs=false"])
+    on_trace = os.path.join(tmp, f"{prec}_graphs_on.trace")
+    p, _ = run(["train", config, "--device", "cuda", "--run-dir", on_dir] + args + ["--set", "cuda.graphs=true"],
+               env=dict(os.environ, ENGINE_EMULATED_CUDA_TRACE=on_trace))
+    captures, launches = count_lines(on_trace, "capture_end"), count_lines(on_trace, "graph_launch")
+    # The engine's own count (device_activity, what tools/gpu-check.sh reads on a GPU).
+    said = f"cuda graphs: {captures} captured, {launches} launched"
+    if said not in p.stdout:
+        failures.append(f"{prec}: engine train did not say '{said}':\n" + p.stdout[-1000:])
+    p, _ = run(["diff", os.path.join(on_dir, "last.h5"), os.path.join(off_dir, "last.h5")], check=False)
+    print(f"\n{prec}, 2 epochs, every_n_steps=5, verify=false: graphs on: {captures} captures, {launches} launches; "
+          f"engine diff against graphs off: exit {p.returncode}, {'identical' if p.returncode == 0 else 'different'}")
     if p.returncode != 0:
-        failures.append("graphs: the stopped and resumed run differs from the straight one:\n" + p.stdout[-2000:])
+        failures.append(f"{prec}: graphs on (saves among replays) and off give different checkpoints:\n"
+                        + p.stdout[-2000:])
+    # 2 x 59 steps: the first two of each size run eagerly, the third is captured.
+    if captures != 2 or launches < 2 * 59 - 6:
+        failures.append(f"{prec}: graphs on: {captures} captures and {launches} launches in 2 epochs of 59 steps "
+                        f"(expected 2 captures, the graphs kept across saves, evaluations and epochs)")
+    if prec == "fp16":
+        scale, adam_steps, global_step = checkpoint_counts(os.path.join(off_dir, "last.h5"))
+        print(f"fp16 graphs off: final scale {scale:g}, Adam steps {adam_steps} of {global_step} steps")
+        if adam_steps >= global_step - 10:
+            failures.append(f"fp16: only {global_step - adam_steps} steps skipped for overflow (expected > 10)")
+    trace = os.path.join(tmp, f"{prec}_graphs_stopped.trace")
+    proc = subprocess.Popen([engine, "train", config, "--device", "cuda", "--run-dir", stopped_dir] + args
+                            + ["--set", "cuda.graphs=true"],
+                            env=dict(os.environ, ENGINE_EMULATED_CUDA_TRACE=trace),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    usr1 = signal_after_launches(proc, trace, 20, signal.SIGUSR1, deadline)
+    term = usr1 and signal_after_launches(proc, trace, count_lines(trace, "graph_launch") + 4, signal.SIGTERM,
+                                          deadline)
+    out, _ = proc.communicate(timeout=300)
+    at_stop = count_lines(trace, "graph_launch")
+    if not term or proc.returncode != 130:
+        failures.append(f"{prec} graphs and signals: the run was not stopped mid-way by SIGTERM (exit "
+                        f"{proc.returncode}, signals sent: USR1 {usr1}, TERM {term}):\n{out[-1500:]}")
+        continue
+    run(["train", config, "--device", "cuda", "--run-dir", stopped_dir] + args + ["--set", "cuda.graphs=true"])
+    p, _ = run(["diff", os.path.join(off_dir, "last.h5"), os.path.join(stopped_dir, "last.h5")], check=False)
+    print(f"{prec}, graphs, SIGUSR1 save and SIGTERM stop after {at_stop} launches, resumed with graphs: "
+          f"engine diff against graphs off: exit {p.returncode}, {'identical' if p.returncode == 0 else 'different'}")
+    if p.returncode != 0:
+        failures.append(f"{prec} graphs: the stopped and resumed run differs from the graphs-off run:\n"
+                        + p.stdout[-2000:])
+
+# A Classifier on the GPU called from another thread while the step's graph is captured
+# (tests/emulated_cuda/inference_during_capture.cpp): each capture is held open 300 ms.
+probe = os.path.join(os.path.dirname(engine), "emulated_inference_during_capture")
+p = subprocess.run([probe, config, data_dir, os.path.join(tmp, "fp32_whole_batch", "last.h5")],
+                   env=dict(os.environ, ENGINE_EMULATED_CUDA_CAPTURE_HOLD_MS="300"),
+                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+print("\n" + p.stdout.strip())
+if p.returncode != 0:
+    failures.append(f"inference during a capture: exit {p.returncode}")
 
 # An emulated cuda.batch_chunks=true run against a CPU run of the same config.
 cpu_dir = os.path.join(tmp, "cpu")

@@ -60,6 +60,8 @@ struct DeviceActivity {
   uint64_t host_to_device = 0;    // device_copy from the CPU to a GPU
   uint64_t device_to_host = 0;    // device_copy from a GPU to the CPU
   uint64_t synchronizations = 0;  // device_synchronize of a GPU
+  uint64_t graph_captures = 0;    // training steps captured as CUDA graphs (cuda.graphs)
+  uint64_t graph_launches = 0;    // launches of those graphs: the steps replayed, and each capture's first run
 };
 DeviceActivity device_activity();
 

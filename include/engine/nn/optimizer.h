@@ -30,9 +30,12 @@ class AdamOptimizer : public Stateful {
   // runs the update reading them from the values' upload.
   void prepare_step(StepValues& values) const;
   void step(const StepValues& values);
-  // The host's part of a step(values) whose device work a CUDA graph replays: each
-  // tensor's step count (engine/train/step_graphs.h).
-  void replayed_step();
+  // The host's part of a step whose device work a CUDA graph replays
+  // (engine/train/step_graphs.h): after a step(values), each tensor's step count on the
+  // host; after a step_on_device, none: the graph counted them on the device, or did not
+  // (a skipped step), so the host's copy is older than the device's from here.
+  enum class StepCounts { OnHost, OnDevice };
+  void replayed_step(StepCounts counts);
   // The same update with the step counts kept on the device, for a loss scaler that may
   // skip the step there (nothing read back): the factors are made on the device after
   // the overflow check, from values.scalars.lr as uploaded; no update and no count when

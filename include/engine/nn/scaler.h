@@ -47,6 +47,10 @@ class LossScaler : public Stateful {
   void unscale_on_device(const std::vector<Parameter*>& params);
   DeviceValue<int32_t> device_found_inf() const;
   void update_on_device();
+  // The host's part of a step whose unscale_on_device and update_on_device a CUDA graph
+  // replays (engine/train/step_graphs.h): the device's state is the newer from here, even
+  // when a read since the capture made the two copies the same.
+  void replayed_step();
 
   StateDict state() const override;
   void load_state(const StateDict& in) override;

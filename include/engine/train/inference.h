@@ -73,6 +73,9 @@ class Classifier {
   std::vector<int32_t> classify(const float* images, int64_t n) const;
 
  private:
+  // On a GPU: the lock GPU work of a thread other than the training step's holds, so
+  // that it never runs into the capture of a step's CUDA graph (empty on the CPU).
+  std::unique_lock<std::mutex> gpu_work_lock() const;
   class Lease;
   std::unique_ptr<Model> acquire() const;
   void give_back(std::unique_ptr<Model> m) const;
