@@ -1,6 +1,6 @@
 // The library's error types that are not tied to one header's API. Every error the
 // library throws carries one line of text naming the file or key at fault:
-//   ConfigError (engine/train/config.h)      a config value, its key and where it came from;
+//   ConfigError (engine/io/config_table.h)   a config value, its key and where it came from;
 //   CheckpointError (engine/io/checkpoint.h)  a checkpoint file, its path first;
 //   DataError (here)                   a dataset file or directory (key data.dir);
 //   std::invalid_argument              API misuse.
