@@ -209,7 +209,7 @@ fi
 
 # ---- graphs --------------------------------------------------------------------------
 # cuda.graphs=true (each step replayed as a CUDA graph) must give the eager run's bits in
-# every precision, over 2 epochs with saves among the replays (every 5 steps, unverified,
+# every precision, over 3 epochs (the third all replays) with saves among the replays (every 5 steps, unverified,
 # so nothing drops the graphs: the host reads the scaler and step counts the graph moved
 # on), fp16 from a scale of 2^40 (its first steps overflow and are skipped during
 # replays, and it grows every 3 steps); the engine's own count must show replays. Then a
@@ -217,7 +217,7 @@ fi
 CURRENT=graphs
 if stage_begin graphs; then
   G=(--set data.train_limit=4000 --set data.test_limit=512 --set checkpoint.verify=false
-     --set checkpoint.every_n_steps=5 --set cuda.batch_chunks=false --set train.epochs=2)
+     --set checkpoint.every_n_steps=5 --set cuda.batch_chunks=false --set train.epochs=3)
   FP16_OVERFLOW=(--set precision.mode=fp16 --set precision.loss_scale.init=1099511627776
                  --set precision.loss_scale.growth_interval=3)
   for prec in fp32 fp16 bf16; do

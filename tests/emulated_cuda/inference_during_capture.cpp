@@ -36,7 +36,7 @@ namespace {
 engine::Checkpoint train(const std::string& config_path, const std::string& data_dir, bool graphs) {
   nlohmann::json j = nlohmann::json::parse(std::ifstream(config_path));
   for (const std::string& kv : {"data.dir=" + data_dir, std::string("data.train_limit=1000"),
-                                std::string("data.val_split=200"), std::string("data.test_limit=64"),
+                                std::string("data.val_split=64"), std::string("data.test_limit=64"),
                                 std::string("data.batch_size=64"), std::string("train.epochs=2"),
                                 std::string("cuda.batch_chunks=false"),
                                 std::string("cuda.graphs=") + (graphs ? "true" : "false")})
