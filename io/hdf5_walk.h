@@ -1,6 +1,6 @@
 // The HDF5 half of loading a checkpoint: opens a file image with libhdf5 and walks it
 // into a manifest (io/checkpoint_manifest.h). Runs only inside the parser process of
-// io/hdf5_sandbox.cpp, never in the caller's process: libhdf5 1.10 cannot be trusted
+// io/hdf5_sandbox_parser.cpp, never in the caller's process: libhdf5 1.10 cannot be trusted
 // with hostile bytes (docs/security.md).
 #pragma once
 #include <cstddef>

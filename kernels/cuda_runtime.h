@@ -20,7 +20,7 @@ void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind);
 void memset_zero(void* p, std::size_t bytes);
 void synchronize();
 // Page-locked host memory, for device-to-host copies that need not wait one by one: the
-// async save's snapshot buffer (engine/run/run_directory.cpp).
+// async save's snapshot buffer (engine/run/run_directory_writer.cpp).
 void* alloc_pinned_host(std::size_t bytes);
 void free_pinned_host(void* p);
 // Queues a copy from device memory into pinned host memory on the compute stream, after

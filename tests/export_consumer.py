@@ -2,7 +2,7 @@
 tests/test_export_torch.py; docs/export.md): a short engine run, `engine eval`'s logits
 of its 10,000 test images, those images normalised as the export's metadata says, and
 the tolerance of docs/export.md per image and logit, computed the way the engine computes
-it for the probes (engine/train/export.cpp), here in PyTorch.
+it for the probes (engine/train/export_error_bounds.cpp), here in PyTorch.
 
 Environment: ENGINE_BIN, ENGINE_SOURCE_DIR, ENGINE_TEST_TMP (set by tests/CMakeLists.txt).
 """
@@ -22,7 +22,7 @@ ENGINE = os.environ.get("ENGINE_BIN") or os.path.join(SOURCE, "build", "engine")
 sys.path.insert(0, os.path.join(SOURCE, "tools"))
 
 U = 2.0 ** -24          # float32's unit roundoff
-BATCHNORM_ULPS = 8      # engine/train/export.cpp, kBatchNormUlps
+BATCHNORM_ULPS = 8      # engine/train/export_error_bounds.cpp, kBatchNormUlps
 MAGNITUDE_MARGIN = 1.001
 
 

@@ -3,7 +3,7 @@
 a plain file of two tensors with metadata, and a complete engine export of a tiny `mlp`
 (input 1x2x2, 2 classes, 1 probe) that `engine verify-export` accepts, so the fuzzer
 starts inside the export check too. The probe tolerance is docs/export.md's bound,
-computed here as engine/train/export.cpp does. Run: make_safetensors_seeds.py [DIR]"""
+computed here as engine/train/export_error_bounds.cpp does. Run: make_safetensors_seeds.py [DIR]"""
 import base64, json, os, struct, sys
 import numpy as np
 
