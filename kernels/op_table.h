@@ -5,25 +5,25 @@
 #pragma once
 #include <cstddef>
 
+#include "engine/kernels/precision.h"
 #include "kernels/ops.h"
 
 namespace engine::kernels {
 
 enum class OpBatch { Whole, Chunks };
-enum class OpPrecision { Fp32, Fp16, Bf16 };
 enum class OpBackends { Every, RefCuda, CudaOnly };
 
 struct OpInfo {
   const char* name;
   OpBatch batch;
-  OpPrecision precision;
+  Precision precision;  // engine/kernels/precision.h
   OpBackends backends;
 };
 
 // Every op, in the list's order.
 inline constexpr OpInfo kOps[] = {
 #define ENGINE_OP(name, batch, precision, backends, ret, params, args) \
-  {#name, OpBatch::batch, OpPrecision::precision, OpBackends::backends},
+  {#name, OpBatch::batch, Precision::precision, OpBackends::backends},
 #include "kernels/op_list.inc"
 #undef ENGINE_OP
 };

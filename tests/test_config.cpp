@@ -150,7 +150,7 @@ TEST_CASE("fixed choices: the JSON strings become enums and go back as the same 
       "x");
   CHECK(c.optimizer.name == engine::OptimizerName::Adam);
   CHECK(c.scheduler.name == engine::SchedulerName::Constant);
-  CHECK(c.precision.mode == engine::PrecisionMode::Fp16);
+  CHECK(c.precision.mode == engine::Precision::Fp16);
   CHECK(c.train.early_stopping.monitor == engine::MonitorMetric::ValAcc);
   CHECK(c.checkpoint.on_error == engine::SaveErrorPolicy::Continue);
   const json j = engine::config_to_json(c);
@@ -169,7 +169,7 @@ TEST_CASE("fixed choices: the JSON strings become enums and go back as the same 
 
 TEST_CASE("precision.mode bf16: parsed from JSON and --set, written back as \"bf16\", round-trips") {
   const Config c = engine::config_from_json(json::parse(R"({"precision": {"mode": "bf16"}})"), "x");
-  CHECK(c.precision.mode == engine::PrecisionMode::Bf16);
+  CHECK(c.precision.mode == engine::Precision::Bf16);
   CHECK(std::string(engine::to_string(c.precision.mode)) == "bf16");
   const json j = engine::config_to_json(c);
   CHECK(j["precision"]["mode"] == "bf16");
@@ -178,7 +178,7 @@ TEST_CASE("precision.mode bf16: parsed from JSON and --set, written back as \"bf
 
   json set = json::object();
   engine::apply_override(set, "precision.mode=bf16");
-  CHECK(engine::config_from_json(set, "x").precision.mode == engine::PrecisionMode::Bf16);
+  CHECK(engine::config_from_json(set, "x").precision.mode == engine::Precision::Bf16);
   // The mode names are case-sensitive, as every fixed choice.
   CHECK(error_for("precision.mode", "\"BF16\"") ==
         "configs/x.json: key 'precision.mode' must be one of fp32, fp16, bf16, got \"BF16\"");
@@ -222,7 +222,7 @@ TEST_CASE("round trip through JSON is exact") {
   c.scheduler.name = engine::SchedulerName::Constant;
   c.scheduler.t_max = 7;
   c.scheduler.eta_min = 1e-7;
-  c.precision.mode = engine::PrecisionMode::Fp16;
+  c.precision.mode = engine::Precision::Fp16;
   c.precision.loss_scale.init = 3.0;
   c.precision.loss_scale.growth_factor = 1.0000000000000002;
   c.precision.loss_scale.backoff_factor = 0.125;

@@ -166,7 +166,7 @@ TEST_CASE("the op tables hold every op of the list, once") {
   // The CPU's table says which ops it lacks rather than running something else.
   for (const OpInfo& op : kOps) {
     CAPTURE(op.name);
-    CHECK((op.backends != OpBackends::Every) == (op.precision != OpPrecision::Fp32 ||
+    CHECK((op.backends != OpBackends::Every) == (op.precision != engine::Precision::Fp32 ||
                                                  std::strncmp(op.name, "tree_sum_parts", 14) == 0));
   }
   float out[2] = {0, 0};

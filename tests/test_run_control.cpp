@@ -221,17 +221,17 @@ TEST_CASE("precision.mode bf16: no loss scaler, fp32 on the CPU, and the checkpo
   if (!dataset_available()) return;
   const std::string dir = fresh_dir("run_control_bf16");
   Config fp16_cfg = tiny_config(dir + "/a");
-  fp16_cfg.precision.mode = engine::PrecisionMode::Fp16;
+  fp16_cfg.precision.mode = engine::Precision::Fp16;
   Trainer fp16(fp16_cfg, Device::cpu(), make_model(fp16_cfg));
   Config bf16_cfg = tiny_config(dir + "/b");
-  bf16_cfg.precision.mode = engine::PrecisionMode::Bf16;
+  bf16_cfg.precision.mode = engine::Precision::Bf16;
   Trainer bf16(bf16_cfg, Device::cpu(), make_model(bf16_cfg));
   CHECK(bf16.compute_precision() == engine::Precision::Fp32);  // the CPU backend is fp32
-  CHECK(engine::compute_precision(engine::PrecisionMode::Bf16, Device::cuda(0)) == engine::Precision::Bf16);
-  CHECK(engine::compute_precision(engine::PrecisionMode::Fp16, Device::cuda(0)) == engine::Precision::Fp16);
-  CHECK(engine::compute_precision(engine::PrecisionMode::Fp32, Device::cuda(0)) == engine::Precision::Fp32);
-  CHECK(!engine::scales_loss(engine::PrecisionMode::Bf16));
-  CHECK(engine::scales_loss(engine::PrecisionMode::Fp16));
+  CHECK(engine::compute_precision(engine::Precision::Bf16, Device::cuda(0)) == engine::Precision::Bf16);
+  CHECK(engine::compute_precision(engine::Precision::Fp16, Device::cuda(0)) == engine::Precision::Fp16);
+  CHECK(engine::compute_precision(engine::Precision::Fp32, Device::cuda(0)) == engine::Precision::Fp32);
+  CHECK(!engine::scales_loss(engine::Precision::Bf16));
+  CHECK(engine::scales_loss(engine::Precision::Fp16));
 
   // Disabled as in fp32: scale 1, even after resuming an fp16 run's scaler.
   const Checkpoint mine = bf16.snapshot();
@@ -246,7 +246,7 @@ TEST_CASE("precision.mode bf16: no loss scaler, fp32 on the CPU, and the checkpo
   save_checkpoint(dir + "/bf16.h5", mine);
   const Checkpoint loaded = load_checkpoint(dir + "/bf16.h5");
   CHECK(engine::config_from_json(nlohmann::json::parse(loaded.config_json), "x").precision.mode ==
-        engine::PrecisionMode::Bf16);
+        engine::Precision::Bf16);
   const Config fp32_cfg = tiny_config(dir + "/c");
   Trainer fp32(fp32_cfg, Device::cpu(), make_model(fp32_cfg));
   CHECK(fp32.restore(loaded, LoadMode::Strict).clean());
@@ -258,7 +258,7 @@ TEST_CASE("Trainer::restore: scaler state follows the config; the loss buffer ma
   const Config fp32_cfg = tiny_config(dir + "/a");
   Trainer fp32(fp32_cfg, Device::cpu(), make_model(fp32_cfg));
   Config fp16_cfg = tiny_config(dir + "/b");
-  fp16_cfg.precision.mode = engine::PrecisionMode::Fp16;
+  fp16_cfg.precision.mode = engine::Precision::Fp16;
   Trainer fp16(fp16_cfg, Device::cpu(), make_model(fp16_cfg));
   CHECK(fp16.restore(fp32.snapshot(), LoadMode::Strict).clean());
   const StateDict scaler = fp16.snapshot().groups.at("scaler");
@@ -301,7 +301,7 @@ TEST_CASE("Trainer::restore rolls back every component it touched, the failing o
   const std::string dir = fresh_dir("run_control_rollback");
   // fp16 (on the CPU: scaler enabled but inactive), so the scaler's state can differ too.
   Config cfg = tiny_config(dir + "/a");
-  cfg.precision.mode = engine::PrecisionMode::Fp16;
+  cfg.precision.mode = engine::Precision::Fp16;
   Trainer target(cfg, Device::cpu(), make_model(cfg));
   Config other_cfg = cfg;
   other_cfg.seed = 7;  // other weights, other RNG

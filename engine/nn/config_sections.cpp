@@ -6,26 +6,20 @@ namespace engine {
 
 const char* to_string(OptimizerName v) { return v == OptimizerName::AdamW ? "adamw" : "adam"; }
 const char* to_string(SchedulerName v) { return v == SchedulerName::Cosine ? "cosine" : "constant"; }
-const char* to_string(PrecisionMode v) {
+const char* to_string(Precision v) {
   switch (v) {
-    case PrecisionMode::Fp16: return "fp16";
-    case PrecisionMode::Bf16: return "bf16";
-    case PrecisionMode::Fp32: break;
+    case Precision::Fp16: return "fp16";
+    case Precision::Bf16: return "bf16";
+    case Precision::Fp32: break;
   }
   return "fp32";
 }
 
-Precision compute_precision(PrecisionMode mode, const Device& device) {
-  if (!device.is_cuda()) return Precision::Fp32;
-  switch (mode) {
-    case PrecisionMode::Fp16: return Precision::Fp16;
-    case PrecisionMode::Bf16: return Precision::Bf16;
-    case PrecisionMode::Fp32: break;
-  }
-  return Precision::Fp32;
+Precision compute_precision(Precision mode, const Device& device) {
+  return device.is_cuda() ? mode : Precision::Fp32;
 }
 
-bool scales_loss(PrecisionMode mode) { return mode == PrecisionMode::Fp16; }
+bool scales_loss(Precision mode) { return mode == Precision::Fp16; }
 
 namespace {
 bool positive(double v) { return v > 0; }
@@ -118,7 +112,7 @@ const ConfigSection<PrecisionConfig>& precision_config_keys() {
   };
   static const ConfigSection<S> keys = [] {
     ConfigSection<S> k = {
-        choice_key("mode", &S::mode, {PrecisionMode::Fp32, PrecisionMode::Fp16, PrecisionMode::Bf16},
+        choice_key("mode", &S::mode, {Precision::Fp32, Precision::Fp16, Precision::Bf16},
           "`fp32`, `fp16`, `bf16`",
           R"doc(`fp16` trains with half-precision activations and dynamic loss scaling, and keeps fp32 master weights. `bf16` runs the convolutions and linear layers on bfloat16 inputs with fp32 accumulation, also with fp32 master weights, and without loss scaling: bfloat16 has fp32's exponent range (the `loss_scale` keys are not used; the scale stays 1). **Both need the CUDA backend.** On the CPU the engine runs in fp32. The loss scaler's saved state is then kept unchanged, so a checkpoint can move between a CPU run and a GPU run.)doc"),
     };

@@ -216,7 +216,7 @@ Trainer::Trainer(Config cfg, Device device, std::unique_ptr<Model> model, Traine
     observer_->on_message(
         "precision.mode fp16 needs the CUDA backend: training in fp32 on the CPU, "
         "loss-scaler state kept unchanged");
-  if (cfg_.precision.mode == PrecisionMode::Bf16 && device_.is_cpu())
+  if (cfg_.precision.mode == Precision::Bf16 && device_.is_cpu())
     observer_->on_message("precision.mode bf16 needs the CUDA backend: training in fp32 on the CPU");
   if (device_.is_cpu()) {
     // The CPU step completes the weight and bias gradients in one pass after backward

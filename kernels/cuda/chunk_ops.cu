@@ -13,6 +13,7 @@
 //   values, the function BatchNorm2d uses between exchanges, so the fused op and the
 //   steps with exchanges in between give the same bits.
 // No atomics anywhere: the bits depend only on the sizes and the chunk bounds.
+#include "engine/kernels/precision.h"
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -154,7 +155,6 @@ __global__ void backward_apply_kernel(int64_t total, int c, int64_t hw, const fl
 
 // ---- Conv / linear by chunks ----------------------------------------------------------
 
-enum class Math { F32, F16, BF16 };
 
 // Per-sample sizes and the whole-batch op for a sub-batch, for conv and linear alike.
 struct ConvOps {
@@ -164,15 +164,15 @@ struct ConvOps {
   static int64_t out_hw(const Shape& s) { return static_cast<int64_t>(s.out_h()) * s.out_w(); }
   static int out_channels(const Shape& s) { return s.k; }
   static int64_t weight_size(const Shape& s) { return static_cast<int64_t>(s.k) * s.c * s.r * s.s; }
-  static void forward(Math m, const Shape& s, const float* x, const float* w, const float* b, float* y) {
-    if (m == Math::F16) conv2d_forward_f16(s, x, w, b, y);
-    else if (m == Math::BF16) conv2d_forward_bf16(s, x, w, b, y);
+  static void forward(Precision m, const Shape& s, const float* x, const float* w, const float* b, float* y) {
+    if (m == Precision::Fp16) conv2d_forward_f16(s, x, w, b, y);
+    else if (m == Precision::Bf16) conv2d_forward_bf16(s, x, w, b, y);
     else conv2d_forward(s, x, w, b, y);
   }
-  static void backward(Math m, const Shape& s, const float* x, const float* w, const float* dy, float* dx,
+  static void backward(Precision m, const Shape& s, const float* x, const float* w, const float* dy, float* dx,
                        float* dw) {
-    if (m == Math::F16) conv2d_backward_f16(s, x, w, dy, dx, dw, nullptr);
-    else if (m == Math::BF16) conv2d_backward_bf16(s, x, w, dy, dx, dw, nullptr);
+    if (m == Precision::Fp16) conv2d_backward_f16(s, x, w, dy, dx, dw, nullptr);
+    else if (m == Precision::Bf16) conv2d_backward_bf16(s, x, w, dy, dx, dw, nullptr);
     else conv2d_backward(s, x, w, dy, dx, dw, nullptr);
   }
 };
@@ -184,21 +184,21 @@ struct LinearOps {
   static int64_t out_hw(const Shape&) { return 1; }
   static int out_channels(const Shape& s) { return s.out; }
   static int64_t weight_size(const Shape& s) { return static_cast<int64_t>(s.out) * s.in; }
-  static void forward(Math m, const Shape& s, const float* x, const float* w, const float* b, float* y) {
-    if (m == Math::F16) linear_forward_f16(s, x, w, b, y);
-    else if (m == Math::BF16) linear_forward_bf16(s, x, w, b, y);
+  static void forward(Precision m, const Shape& s, const float* x, const float* w, const float* b, float* y) {
+    if (m == Precision::Fp16) linear_forward_f16(s, x, w, b, y);
+    else if (m == Precision::Bf16) linear_forward_bf16(s, x, w, b, y);
     else linear_forward(s, x, w, b, y);
   }
-  static void backward(Math m, const Shape& s, const float* x, const float* w, const float* dy, float* dx,
+  static void backward(Precision m, const Shape& s, const float* x, const float* w, const float* dy, float* dx,
                        float* dw) {
-    if (m == Math::F16) linear_backward_f16(s, x, w, dy, dx, dw, nullptr);
-    else if (m == Math::BF16) linear_backward_bf16(s, x, w, dy, dx, dw, nullptr);
+    if (m == Precision::Fp16) linear_backward_f16(s, x, w, dy, dx, dw, nullptr);
+    else if (m == Precision::Bf16) linear_backward_bf16(s, x, w, dy, dx, dw, nullptr);
     else linear_backward(s, x, w, dy, dx, dw, nullptr);
   }
 };
 
 template <class Ops>
-void forward_chunks(Math math, const typename Ops::Shape& s, int chunks, const int* bounds, const float* x,
+void forward_chunks(Precision math, const typename Ops::Shape& s, int chunks, const int* bounds, const float* x,
                     const float* w, const float* b, float* y) {
   const ChunkBounds cb = to_bounds(chunks, bounds);
   for (int k = 0; k < chunks; ++k) {
@@ -210,7 +210,7 @@ void forward_chunks(Math math, const typename Ops::Shape& s, int chunks, const i
 }
 
 template <class Ops>
-void backward_chunks(Math math, const typename Ops::Shape& s, int chunks, const int* bounds, const float* x,
+void backward_chunks(Precision math, const typename Ops::Shape& s, int chunks, const int* bounds, const float* x,
                      const float* w, const float* dy, float* dx, float* dw_tree, double* db_tree) {
   const ChunkBounds cb = to_bounds(chunks, bounds);
   const int64_t wn = Ops::weight_size(s);
@@ -279,51 +279,51 @@ void require_all_channels(const BatchNormShape& s, const char* op) {
 
 void conv2d_forward_chunks(const ConvShape& s, int chunks, const int* bounds, const float* x, const float* w,
                            const float* b, float* y) {
-  forward_chunks<ConvOps>(Math::F32, s, chunks, bounds, x, w, b, y);
+  forward_chunks<ConvOps>(Precision::Fp32, s, chunks, bounds, x, w, b, y);
 }
 void linear_forward_chunks(const LinearShape& s, int chunks, const int* bounds, const float* x, const float* w,
                            const float* b, float* y) {
-  forward_chunks<LinearOps>(Math::F32, s, chunks, bounds, x, w, b, y);
+  forward_chunks<LinearOps>(Precision::Fp32, s, chunks, bounds, x, w, b, y);
 }
 void conv2d_backward_chunks(const ConvShape& s, int chunks, const int* bounds, const float* x, const float* w,
                             const float* dy, float* dx, float* dw_tree, double* db_tree) {
-  backward_chunks<ConvOps>(Math::F32, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
+  backward_chunks<ConvOps>(Precision::Fp32, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
 }
 void linear_backward_chunks(const LinearShape& s, int chunks, const int* bounds, const float* x, const float* w,
                             const float* dy, float* dx, float* dw_tree, double* db_tree) {
-  backward_chunks<LinearOps>(Math::F32, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
+  backward_chunks<LinearOps>(Precision::Fp32, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
 }
 void conv2d_forward_chunks_f16(const ConvShape& s, int chunks, const int* bounds, const float* x,
                                const float* w, const float* b, float* y) {
-  forward_chunks<ConvOps>(Math::F16, s, chunks, bounds, x, w, b, y);
+  forward_chunks<ConvOps>(Precision::Fp16, s, chunks, bounds, x, w, b, y);
 }
 void linear_forward_chunks_f16(const LinearShape& s, int chunks, const int* bounds, const float* x,
                                const float* w, const float* b, float* y) {
-  forward_chunks<LinearOps>(Math::F16, s, chunks, bounds, x, w, b, y);
+  forward_chunks<LinearOps>(Precision::Fp16, s, chunks, bounds, x, w, b, y);
 }
 void conv2d_backward_chunks_f16(const ConvShape& s, int chunks, const int* bounds, const float* x,
                                 const float* w, const float* dy, float* dx, float* dw_tree, double* db_tree) {
-  backward_chunks<ConvOps>(Math::F16, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
+  backward_chunks<ConvOps>(Precision::Fp16, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
 }
 void linear_backward_chunks_f16(const LinearShape& s, int chunks, const int* bounds, const float* x,
                                 const float* w, const float* dy, float* dx, float* dw_tree, double* db_tree) {
-  backward_chunks<LinearOps>(Math::F16, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
+  backward_chunks<LinearOps>(Precision::Fp16, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
 }
 void conv2d_forward_chunks_bf16(const ConvShape& s, int chunks, const int* bounds, const float* x,
                                 const float* w, const float* b, float* y) {
-  forward_chunks<ConvOps>(Math::BF16, s, chunks, bounds, x, w, b, y);
+  forward_chunks<ConvOps>(Precision::Bf16, s, chunks, bounds, x, w, b, y);
 }
 void linear_forward_chunks_bf16(const LinearShape& s, int chunks, const int* bounds, const float* x,
                                 const float* w, const float* b, float* y) {
-  forward_chunks<LinearOps>(Math::BF16, s, chunks, bounds, x, w, b, y);
+  forward_chunks<LinearOps>(Precision::Bf16, s, chunks, bounds, x, w, b, y);
 }
 void conv2d_backward_chunks_bf16(const ConvShape& s, int chunks, const int* bounds, const float* x,
                                  const float* w, const float* dy, float* dx, float* dw_tree, double* db_tree) {
-  backward_chunks<ConvOps>(Math::BF16, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
+  backward_chunks<ConvOps>(Precision::Bf16, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
 }
 void linear_backward_chunks_bf16(const LinearShape& s, int chunks, const int* bounds, const float* x,
                                  const float* w, const float* dy, float* dx, float* dw_tree, double* db_tree) {
-  backward_chunks<LinearOps>(Math::BF16, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
+  backward_chunks<LinearOps>(Precision::Bf16, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
 }
 
 void tree_sum_parts(int count, int64_t len, const float* parts, float* out) {

@@ -2,6 +2,7 @@
 // layouts (NCHW activations, OIHW conv weights, [out, in] linear weights).
 // Copies of a Tensor share storage; clone() makes an independent copy.
 #pragma once
+#include "engine/kernels/precision.h"
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -17,10 +18,7 @@ enum class DType { F32, F16, I32, U8, F64 };
 std::size_t dtype_size(DType t);
 const char* dtype_name(DType t);  // "float32", "float16", "int32", "uint8", "float64"
 
-// The arithmetic of the convolution and linear ops. Fp16 and Bf16 are mixed precision on
-// CUDA (fp16 or bfloat16 operands, fp32 accumulation, fp32 parameters and results); on the
-// CPU they are fp32.
-enum class Precision { Fp32, Fp16, Bf16 };
+// Precision (the arithmetic of the convolution and linear ops): engine/kernels/precision.h.
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);  // "[32, 1, 3, 3]"

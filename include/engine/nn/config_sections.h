@@ -15,11 +15,10 @@ namespace engine {
 // as to_string() does; the config reader turns the strings into these, the writer back.
 enum class OptimizerName { AdamW, Adam };        // "adamw" (decoupled weight decay) | "adam" (L2)
 enum class SchedulerName { Cosine, Constant };   // "cosine" | "constant"
-enum class PrecisionMode { Fp32, Fp16, Bf16 };   // "fp32" | "fp16" | "bf16"
 
 const char* to_string(OptimizerName v);
 const char* to_string(SchedulerName v);
-const char* to_string(PrecisionMode v);
+const char* to_string(Precision v);  // precision.mode: engine/kernels/precision.h
 
 struct ModelConfig {
   // A name the model factory knows: the CLI checks it against the registry
@@ -54,7 +53,7 @@ struct LossScaleConfig {
 };
 
 struct PrecisionConfig {
-  PrecisionMode mode = PrecisionMode::Fp32;
+  Precision mode = Precision::Fp32;
   LossScaleConfig loss_scale;
 };
 
@@ -62,10 +61,10 @@ struct PrecisionConfig {
 // `device`. fp16 and bf16 are CUDA only; the CPU backend is fp32 whatever the mode. Every
 // model instance that must compute the trained model's bits (training, verification,
 // evaluation, a Classifier) is set to this.
-Precision compute_precision(PrecisionMode mode, const Device& device);
+Precision compute_precision(Precision mode, const Device& device);
 // Whether precision.mode scales the loss (dynamic loss scaling, engine/nn/scaler.h): fp16
 // only. bf16 has fp32's exponent range, so its gradients need no scaling.
-bool scales_loss(PrecisionMode mode);
+bool scales_loss(Precision mode);
 
 const ConfigSection<ModelConfig>& model_config_keys();
 const ConfigSection<OptimizerConfig>& optimizer_config_keys();
