@@ -3,7 +3,7 @@
 # CTest time limit, counting what passed (docs/testing.md "Signals and kills"):
 #   tests/tools/signal_stability.sh BUILD_DIR ROUNDS [LOG_DIR]
 # The doctest cases that race a signal or a kill against training (test_preemption,
-# test_resume, test_cli, test_run_control) and the mpirun scripts (mpi_stops,
+# test_resume, test_cli, test_run_lock) and the mpirun scripts (mpi_stops,
 # mpi_faults; skipped without Open MPI). Exit 0 only when every run passed.
 set -u
 build=$(cd "${1:?usage: signal_stability.sh BUILD_DIR ROUNDS [LOG_DIR]}" && pwd)
@@ -22,7 +22,7 @@ cases=(
   "test_preemption|$build/tests/test_preemption"
   "test_resume signals|$build/tests/test_resume -tc=SIGKILL*,SIGTERM*,after a mid-epoch resume*"
   "test_cli signals|$build/tests/test_cli -tc=one writer per run directory*,output to a file*"
-  "test_run_control lock|$build/tests/test_run_control -tc=run directory lock*"
+  "test_run_lock|$build/tests/test_run_lock"
 )
 if [[ -x "$build/tests/mpi/agree_cost" ]] && command -v mpirun >/dev/null; then
   mpi_args="$build/engine $(command -v mpirun) $src/configs/mnist.json /usr/share/datasets/fashion-mnist"
