@@ -98,8 +98,8 @@ TEST_CASE("adam_update (ref and cpu) follows PyTorch's Adam and AdamW algorithm"
         f.decay_factor = static_cast<float>(1.0 - want.lr * want.wd);
         f.one_minus_beta1 = static_cast<float>(1.0 - want.b1);
         f.one_minus_beta2 = static_cast<float>(1.0 - want.b2);
-        ref::adam_update(static_cast<int64_t>(n), p_ref.data(), grad.data(), m_ref.data(), v_ref.data(), h, &f, nullptr);
-        cpu::adam_update(static_cast<int64_t>(n), p_cpu.data(), grad.data(), m_cpu.data(), v_cpu.data(), h, &f, nullptr);
+        ref::adam_update(static_cast<int64_t>(n), p_ref.data(), grad.data(), m_ref.data(), v_ref.data(), h, &f, nullptr, 0, nullptr);
+        cpu::adam_update(static_cast<int64_t>(n), p_cpu.data(), grad.data(), m_cpu.data(), v_cpu.data(), h, &f, nullptr, 0, nullptr);
         want.step(t, grad);
       }
       // Float against double over six steps: a few float roundings per step of each

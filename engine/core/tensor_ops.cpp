@@ -434,8 +434,12 @@ void gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indi
 
 void adam_update(Tensor& param, const Tensor& grad, int64_t first, int64_t n, Tensor& exp_avg,
                  Tensor& exp_avg_sq, const kernels::AdamHyper& h, DeviceValue<kernels::AdamStepFactors> f,
-                 DeviceValue<int32_t> skip) {
-  const Device d = OpChecks("adam_update")
+                 DeviceValue<int32_t> skip, Tensor* digests, int64_t digest_slot) {
+  OpChecks checks("adam_update");
+  if (digests)
+    checks.that(digest_slot >= 0, "digest_slot >= 0")
+        .at_least("digests", *digests, DType::U8, (3 * digest_slot + 3) * static_cast<int64_t>(sizeof(uint64_t)));
+  const Device d = checks
                        .that(first >= 0 && n >= 0, "a non-negative range")
                        .at_least("param", param, DType::F32, first + n)
                        .at_least("grad", grad, DType::F32, first + n)
@@ -444,8 +448,9 @@ void adam_update(Tensor& param, const Tensor& grad, int64_t first, int64_t n, Te
                        .value("f", f.ptr, f.device)
                        .optional_value("skip", skip.ptr, skip.device)
                        .device();
+  uint64_t* sums = digests ? static_cast<uint64_t*>(digests->raw()) + 3 * digest_slot : nullptr;
   detail::ops_on(d).adam_update(n, param.f32() + first, grad.f32() + first, exp_avg.f32(), exp_avg_sq.f32(), h,
-                                f.ptr, skip.ptr);
+                                f.ptr, skip.ptr, first, sums);
 }
 
 void adam_prepare_step(int count, DeviceValue<double> lr, const kernels::AdamFactorInputs& in,

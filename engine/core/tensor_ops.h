@@ -88,10 +88,13 @@ void gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indi
 
 // One Adam/AdamW step over param[first, first + n) with the moments of that range; f,
 // the step's factors, is in device memory (StepValues, or adam_prepare_step's output);
-// skip (null ptr: never): no update when it is not 0.
+// skip (null ptr: never): no update when it is not 0. With `digests` (bytes: uint64 sums,
+// three per slot), sums 3*digest_slot .. +2 receive the step digests of the range's
+// param, exp_avg and exp_avg_sq after the step (kernels/step_digest.h; param index
+// first + i), added to what they hold.
 void adam_update(Tensor& param, const Tensor& grad, int64_t first, int64_t n, Tensor& exp_avg,
                  Tensor& exp_avg_sq, const kernels::AdamHyper& h, DeviceValue<kernels::AdamStepFactors> f,
-                 DeviceValue<int32_t> skip = {});
+                 DeviceValue<int32_t> skip = {}, Tensor* digests = nullptr, int64_t digest_slot = 0);
 
 // Adam's step counts and factors on the device: unless *skip, each of the `count` step
 // counts in `steps` (bytes: int64[count]) counts up and factors (bytes:

@@ -17,6 +17,7 @@
 #include "kernels/chunk_tree.h"
 #include "kernels/ops.h"
 #include "kernels/det_math.h"
+#include "kernels/step_digest.h"
 
 namespace engine::kernels::cpu {
 
@@ -473,12 +474,79 @@ void gather_batch(int n, int pixels, const uint8_t* images, const uint8_t* label
   }
 }
 
+namespace {
+
+#if defined(__x86_64__)
+// digest_floats eight words at a time: the keys go up by 8 * kDigestIndexMultiplier per
+// vector; the even and odd lanes' 64-bit products go to two accumulators. A sum of the
+// same terms, so the same digest (tests/ops: against the reference).
+__attribute__((target("avx2"))) uint64_t digest_floats_avx2(const float* x, int64_t n, uint64_t first) {
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(x);
+  const uint32_t k0 = digest_key(first), m = kDigestIndexMultiplier;
+  __m256i key = _mm256_setr_epi32(static_cast<int>(k0), static_cast<int>(k0 + m), static_cast<int>(k0 + 2 * m),
+                                  static_cast<int>(k0 + 3 * m), static_cast<int>(k0 + 4 * m),
+                                  static_cast<int>(k0 + 5 * m), static_cast<int>(k0 + 6 * m),
+                                  static_cast<int>(k0 + 7 * m));
+  const __m256i step = _mm256_set1_epi32(static_cast<int>(8 * m)), one = _mm256_set1_epi32(1);
+  __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i a = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i)), key);
+    const __m256i b = _mm256_or_si256(a, one);
+    even = _mm256_add_epi64(even, _mm256_mul_epu32(a, b));
+    odd = _mm256_add_epi64(odd, _mm256_mul_epu32(_mm256_srli_epi64(a, 32), _mm256_srli_epi64(b, 32)));
+    key = _mm256_add_epi32(key, step);
+  }
+  alignas(32) uint64_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), even);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes + 4), odd);
+  uint64_t sum = 0;
+  for (const uint64_t l : lanes) sum += l;
+  return sum + digest_words(w + i, n - i, first + static_cast<uint64_t>(i));
+}
+#endif
+
+uint64_t digest_floats_fast(const float* x, int64_t n, uint64_t first, bool avx2) {
+#if defined(__x86_64__)
+  if (avx2) return digest_floats_avx2(x, n, first);
+#endif
+  (void)avx2;
+  return digest_floats(x, n, first);
+}
+
+}  // namespace
+
 void adam_update(int64_t n, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                 const AdamHyper& h, const AdamStepFactors* factors, const int32_t* skip) {
-  if (skip && *skip) return;
+                 const AdamHyper& h, const AdamStepFactors* factors, const int32_t* skip, int64_t index_first,
+                 uint64_t* digests) {
+  const bool update = !(skip && *skip);
   const AdamStepFactors f = *factors;
+  if (!digests) {
+    if (!update) return;
 #pragma omp parallel for schedule(static) if (n > 4096)
-  for (int64_t i = 0; i < n; ++i) adam_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], h, f);
+    for (int64_t i = 0; i < n; ++i) adam_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], h, f);
+    return;
+  }
+  // The digests where the data already is: each block is hashed right after its update,
+  // while it is in L1. The sums are exact (integers), so the blocks' threads and order
+  // do not change them.
+  constexpr int64_t kBlock = 2048;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  uint64_t dp = 0, dm = 0, dv = 0;
+  static const bool avx2 = cpu_kernels() != CpuKernels::Portable;
+#pragma omp parallel for schedule(static) reduction(+ : dp, dm, dv) if (n > 4096)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t lo = blk * kBlock, len = std::min(kBlock, n - lo);
+    if (update)
+      for (int64_t i = lo; i < lo + len; ++i) adam_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], h, f);
+    const uint64_t at = static_cast<uint64_t>(index_first + lo);
+    dp += digest_floats_fast(param + lo, len, at, avx2);
+    dm += digest_floats_fast(exp_avg + lo, len, at, avx2);
+    dv += digest_floats_fast(exp_avg_sq + lo, len, at, avx2);
+  }
+  digests[0] += dp;
+  digests[1] += dm;
+  digests[2] += dv;
 }
 
 void adam_prepare_step(int count, const double* lr, AdamFactorInputs in, const int32_t* skip, int64_t* steps,

@@ -20,6 +20,7 @@
 #include "kernels/batchnorm_math.h"
 #include "kernels/cuda/block_sum.h"
 #include "kernels/cuda/cast.h"
+#include "kernels/step_digest.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/reduction_order.h"
 #include "kernels/elementwise.h"
@@ -461,18 +462,40 @@ __global__ void gather_batch_kernel(int n, int pixels, const uint8_t* images,
 
 // ---- Optimiser and loss scaling -----------------------------------------------------
 
+// The step digests' partial sums (kernels/step_digest.h): a warp's lanes summed by
+// shuffles, one atomic add per warp. Integer sums: exact, so the order the blocks add
+// in does not change them.
+__device__ void add_digest(uint64_t value, uint64_t* to) {
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  if ((threadIdx.x & 31) == 0) atomicAdd(reinterpret_cast<unsigned long long*>(to), static_cast<unsigned long long>(value));
+}
+
 __global__ void adam_kernel(int64_t n, float* param, const float* grad, float* exp_avg,
                             float* exp_avg_sq, AdamHyper h, const AdamStepFactors* factors,
-                            const int32_t* skip) {
-  if (skip && *skip) return;
+                            const int32_t* skip, int64_t index_first, uint64_t* digests) {
+  const bool update = !(skip && *skip);
+  if (!update && !digests) return;
   const AdamStepFactors f = *factors;
+  uint64_t dp = 0, dm = 0, dv = 0;
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     float p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
-    adam_element(p, grad[i], m, v, h, f);
-    param[i] = p;
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
+    if (update) {
+      adam_element(p, grad[i], m, v, h, f);
+      param[i] = p;
+      exp_avg[i] = m;
+      exp_avg_sq[i] = v;
+    }
+    if (digests) {
+      const uint64_t at = static_cast<uint64_t>(index_first + i);
+      dp += digest_term(at, digest_word(p));
+      dm += digest_term(at, digest_word(m));
+      dv += digest_term(at, digest_word(v));
+    }
   }
+  if (!digests) return;  // the same for every thread: no lane leaves a shuffle early
+  add_digest(dp, digests);
+  add_digest(dm, digests + 1);
+  add_digest(dv, digests + 2);
 }
 
 __global__ void unscale_check_kernel(int64_t n, float* grad, const float* inv_scale_at,
@@ -682,10 +705,11 @@ void gather_batch(int n, int pixels, const uint8_t* images, const uint8_t* label
 }
 
 void adam_update(int64_t n, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                 const AdamHyper& h, const AdamStepFactors* f, const int32_t* skip) {
+                 const AdamHyper& h, const AdamStepFactors* f, const int32_t* skip, int64_t index_first,
+                 uint64_t* digests) {
   if (n <= 0) return;
   adam_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(n, param, grad, exp_avg,
-                                                                 exp_avg_sq, h, f, skip);
+                                                                 exp_avg_sq, h, f, skip, index_first, digests);
   ENGINE_CUDA_CHECK_LAUNCH("adam_kernel");
 }
 

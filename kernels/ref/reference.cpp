@@ -8,6 +8,7 @@
 #include "kernels/batchnorm_math.h"
 #include "kernels/chunk_tree.h"
 #include "kernels/ops.h"
+#include "kernels/step_digest.h"
 
 namespace engine::kernels::ref {
 
@@ -299,9 +300,18 @@ void gather_batch(int n, int pixels, const uint8_t* images, const uint8_t* label
 }
 
 void adam_update(int64_t n, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                 const AdamHyper& h, const AdamStepFactors* f, const int32_t* skip) {
-  if (skip && *skip) return;
-  for (int64_t i = 0; i < n; ++i) adam_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], h, *f);
+                 const AdamHyper& h, const AdamStepFactors* f, const int32_t* skip, int64_t index_first,
+                 uint64_t* digests) {
+  if (!(skip && *skip))
+    for (int64_t i = 0; i < n; ++i) adam_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], h, *f);
+  if (!digests) return;
+  // One term per element, in index order (the definition; any order gives the same sum).
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t at = static_cast<uint64_t>(index_first + i);
+    digests[0] += digest_term(at, digest_word(param[i]));
+    digests[1] += digest_term(at, digest_word(exp_avg[i]));
+    digests[2] += digest_term(at, digest_word(exp_avg_sq[i]));
+  }
 }
 
 void adam_prepare_step(int count, const double* lr, AdamFactorInputs in, const int32_t* skip, int64_t* steps,

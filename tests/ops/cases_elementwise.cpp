@@ -478,17 +478,41 @@ OP_CASE("bit for bit over three steps: decoupled and L2 decay, zero and tiny gra
           f.decay_factor = static_cast<float>(1.0 - 3e-3 * wd);
           f.one_minus_beta1 = static_cast<float>(1.0 - 0.9);
           f.one_minus_beta2 = static_cast<float>(1.0 - 0.999);
-          ref::adam_update(n, p_ref.data(), grad.data(), m_ref.data(), v_ref.data(), h, &f, nullptr);
+          // The reference's digests of the tensor at index `first` (a shard's offset), added
+          // to a sum that already holds something: the op adds, never overwrites.
+          const int64_t first = t == 3 ? 7919 : 0;
+          const std::vector<uint64_t> held = {11, 22, 33};
+          std::vector<uint64_t> want_sums = held;
+          ref::adam_update(n, p_ref.data(), grad.data(), m_ref.data(), v_ref.data(), h, &f, nullptr, first,
+                           want_sums.data());
           // A skip flag of 0 updates; of 1 (the loss scaler found an overflow) leaves all alone.
           const float* grad_d = m.in(grad);
-          b.ops->adam_update(n, p, grad_d, md, vd, h, m.value(f), t == 2 ? m.value(int32_t{0}) : nullptr);
+          uint64_t* sums = m.in(held);
+          b.ops->adam_update(n, p, grad_d, md, vd, h, m.value(f), t == 2 ? m.value(int32_t{0}) : nullptr, first,
+                             sums);
           check_bits("adam param", m.get(p), p_ref);
           check_bits("adam exp_avg", m.get(md), m_ref);
           check_bits("adam exp_avg_sq", m.get(vd), v_ref);
-          b.ops->adam_update(n, p, grad_d, md, vd, h, m.value(f), m.value(int32_t{1}));
+          check_bits("adam digests", m.get(sums), want_sums);
+          // Split in two at an odd point, with each part's index: the same sums (what
+          // lets a rank's shard and a thread's block add their parts).
+          std::vector<uint64_t> split_sums = held;
+          const int64_t cut = n / 3;
+          std::vector<float> p_copy = p_ref, m_copy = m_ref, v_copy = v_ref;
+          const int32_t skip_all = 1;
+          ref::adam_update(cut, p_copy.data(), grad.data(), m_copy.data(), v_copy.data(), h, &f, &skip_all, first,
+                           split_sums.data());
+          ref::adam_update(n - cut, p_copy.data() + cut, grad.data() + cut, m_copy.data() + cut, v_copy.data() + cut,
+                           h, &f, &skip_all, first + cut, split_sums.data());
+          CHECK(split_sums == want_sums);
+          uint64_t* skipped_sums = m.in(held);
+          b.ops->adam_update(n, p, grad_d, md, vd, h, m.value(f), m.value(int32_t{1}), first, skipped_sums);
           check_bits("adam param, skipped", m.get(p), p_ref);
           check_bits("adam exp_avg, skipped", m.get(md), m_ref);
           check_bits("adam exp_avg_sq, skipped", m.get(vd), v_ref);
+          check_bits("adam digests, skipped (of the unchanged elements)", m.get(skipped_sums), want_sums);
+          // No digests asked: none written.
+          b.ops->adam_update(n, p, grad_d, md, vd, h, m.value(f), m.value(int32_t{1}), first, nullptr);
         }
       }
 }

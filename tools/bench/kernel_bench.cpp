@@ -207,9 +207,18 @@ int main(int argc, char** argv) {
   for (auto* p : params) grads.push_back(*p), m.emplace_back(p->size(), 0.0f), v.emplace_back(p->size(), 0.0f);
   b.op("adamw (all parameters)", 0, [&] {
     for (std::size_t i = 0; i < params.size(); ++i)
-      cpu::adam_update(static_cast<int64_t>(params[i]->size() / ranks), params[i]->data(), grads[i].data(), m[i].data(), v[i].data(), h, &sf, nullptr);
+      cpu::adam_update(static_cast<int64_t>(params[i]->size() / ranks), params[i]->data(), grads[i].data(), m[i].data(), v[i].data(), h, &sf, nullptr, 0, nullptr);
+  });
+  // The same with the step digests (kernels/step_digest.h) fused in: what train.step_digests costs.
+  std::vector<uint64_t> digest_sums(3 * params.size(), 0);
+  b.op("adamw with step digests", 0, [&] {
+    for (std::size_t i = 0; i < params.size(); ++i)
+      cpu::adam_update(static_cast<int64_t>(params[i]->size() / ranks), params[i]->data(), grads[i].data(), m[i].data(), v[i].data(), h, &sf, nullptr, 0, digest_sums.data() + 3 * i);
   });
 
+  // Not a part of the step's sum: it replaces the row above when digests are on.
+  const Row with_digests = b.rows.back();
+  b.rows.pop_back();
   double total = 0, flops = 0;
   for (const Row& r : b.rows) total += r.ms, flops += r.gflop;
   std::printf("kernel_bench: one training step, batch %d, %d chunks", global_batch, kTreeChunks);
@@ -225,5 +234,8 @@ int main(int argc, char** argv) {
   const int steps = (train_images + global_batch - 1) / global_batch;
   std::printf("%-30s %9.3f %9.1f\n", "step (sum of the ops)", total, flops / (total * 1e-3));
   std::printf("epoch of %d images (%d steps), ops only: %.2f s\n", train_images, steps, total * steps * 1e-3);
+  const double adam_ms = b.rows.back().ms;
+  std::printf("%-30s %9.3f  (+%.3f ms, %+.2f%% of the step: train.step_digests)\n", with_digests.name.c_str(),
+              with_digests.ms, with_digests.ms - adam_ms, 100.0 * (with_digests.ms - adam_ms) / total);
   return 0;
 }
