@@ -33,6 +33,9 @@ commands:
   inspect CKPT.h5        human summary of a checkpoint
   verify CKPT.h5         integrity and structure check (exit 0 only when sound)
   diff A.h5 B.h5         compare two checkpoints tensor by tensor (exit 0 when identical)
+  bisect A B             the first step where two runs part, and what differs there (docs/replay.md)
+  replay CKPT --to STEP  train again from a checkpoint (or a run's start) to a step; write it
+  audit RUN_DIR          prove every checkpoint of a run by replaying to it (exit 0 when all are)
   report RUN_DIR         one self-contained HTML page: curves, confusion matrix, config, checkpoints
   export CKPT.h5         the model as ONNX or safetensors, with metadata and a self-test (docs/export.md)
   verify-export FILE     runs an export's self-test through the engine (exit 0 only when it passes)
@@ -71,6 +74,19 @@ const Command kCommands[] = {
      verify_options, [](const Commands& c) { return cmd_verify(c.verify_path); }},
     {"diff", "Compares two checkpoints tensor by tensor, scalar by scalar.", ParsesCheckpoints::No, diff_options,
      [](const Commands& c) { return cmd_diff(c.diff_a, c.diff_b); }},
+    {"bisect",
+     "Finds the first global step where two runs (run directories or checkpoints) part, from their "
+     "step digests, or by replaying both from the newest state they share; names what differs there, "
+     "and between their configs and builds.",
+     ParsesCheckpoints::Yes, bisect_options, [](const Commands& c) { return cmd_bisect(c.bisect); }},
+    {"replay",
+     "Trains again from a checkpoint, or from the start of a run, to exactly global step STEP and writes "
+     "a full checkpoint there; --check compares every step with a run's recorded step digests.",
+     ParsesCheckpoints::Yes, replay_options, [](const Commands& c) { return cmd_replay(c.replay); }},
+    {"audit",
+     "Proves each checkpoint a run kept (last, best, milestones, best_epoch files, replicas) by "
+     "replaying to it from its predecessor or the run's start and comparing bit for bit.",
+     ParsesCheckpoints::Yes, audit_options, [](const Commands& c) { return cmd_audit(c.audit); }},
     {"report",
      "Writes one self-contained HTML file (no network, no scripts) of a run: loss, accuracy, "
      "learning-rate and loss-scale curves per epoch (from RUN_DIR/metrics.jsonl, else the "

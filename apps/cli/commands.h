@@ -36,6 +36,21 @@ struct ExportOptionsCli {
   std::string checkpoint, format, output, data_dir;
 };
 
+struct ReplayCliOptions {
+  std::string source, output, check_dir, device = "cpu", data_dir;
+  int64_t to = -1;
+  bool from_start = false;
+};
+
+struct BisectOptions {
+  std::string a, b, device = "cpu", data_dir;
+};
+
+struct AuditOptions {
+  std::string run_dir, device = "cpu", data_dir;
+  int jobs = 1;
+};
+
 // Every command's options: CLI11 fills the one of the command given.
 struct Commands {
   ExportOptionsCli export_;
@@ -46,6 +61,9 @@ struct Commands {
   ReportCliOptions report;
   std::string inspect_path, verify_path;
   std::string diff_a, diff_b;
+  ReplayCliOptions replay;
+  BisectOptions bisect;
+  AuditOptions audit;
 };
 
 void train_options(CLI::App* train, Commands& c);
@@ -65,6 +83,14 @@ int cmd_verify(const std::string& path);
 
 void diff_options(CLI::App* diff, Commands& c);
 int cmd_diff(const std::string& a, const std::string& b);
+
+// docs/replay.md.
+void replay_options(CLI::App* replay, Commands& c);
+int cmd_replay(const ReplayCliOptions& a);
+void bisect_options(CLI::App* bisect, Commands& c);
+int cmd_bisect(const BisectOptions& a);
+void audit_options(CLI::App* audit, Commands& c);
+int cmd_audit(const AuditOptions& a);
 
 void report_options(CLI::App* report, Commands& c);
 int cmd_report(const ReportCliOptions& a);

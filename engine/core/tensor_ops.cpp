@@ -453,6 +453,16 @@ void adam_update(Tensor& param, const Tensor& grad, int64_t first, int64_t n, Te
                                 f.ptr, skip.ptr, first, sums);
 }
 
+void digest(const Tensor& x, int64_t first, int64_t n, Tensor& sums, int64_t slot) {
+  const Device d = OpChecks("digest")
+                       .that(first >= 0 && n >= 0 && slot >= 0, "a non-negative range and slot")
+                       .at_least("x", x, DType::F32, first + n)
+                       .at_least("sums", sums, DType::U8, (slot + 1) * static_cast<int64_t>(sizeof(uint64_t)))
+                       .device();
+  detail::ops_on(d).digest_words(n, reinterpret_cast<const uint32_t*>(x.f32() + first), first,
+                                 static_cast<uint64_t*>(sums.raw()) + slot);
+}
+
 void adam_prepare_step(int count, DeviceValue<double> lr, const kernels::AdamFactorInputs& in,
                        DeviceValue<int32_t> skip, Tensor& steps, Tensor& factors) {
   const Device d = OpChecks("adam_prepare_step")

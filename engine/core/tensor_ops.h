@@ -96,6 +96,10 @@ void adam_update(Tensor& param, const Tensor& grad, int64_t first, int64_t n, Te
                  Tensor& exp_avg_sq, const kernels::AdamHyper& h, DeviceValue<kernels::AdamStepFactors> f,
                  DeviceValue<int32_t> skip = {}, Tensor* digests = nullptr, int64_t digest_slot = 0);
 
+// Step digests (kernels/step_digest.h): sums (bytes: uint64 sums) [slot] += the digest
+// of x's float32 elements [first, first + n), each at its index in x.
+void digest(const Tensor& x, int64_t first, int64_t n, Tensor& sums, int64_t slot);
+
 // Adam's step counts and factors on the device: unless *skip, each of the `count` step
 // counts in `steps` (bytes: int64[count]) counts up and factors (bytes:
 // AdamStepFactors[count]) receives that step's factors with learning rate *lr.

@@ -84,7 +84,8 @@ void AdamOptimizer::step_on_device(const StepValues& values, DeviceValue<int32_t
     Tensor& p = s.param->value;
     const int64_t first = s.count < 0 ? 0 : s.offset, n = s.count < 0 ? p.numel() : s.count;
     if (n == 0) continue;
-    tt::adam_update(p, s.param->grad, first, n, s.exp_avg, s.exp_avg_sq, h, {factors + i, d, {}}, skip);
+    tt::adam_update(p, s.param->grad, first, n, s.exp_avg, s.exp_avg_sq, h, {factors + i, d, {}}, skip,
+                    digest_sums_, static_cast<int64_t>(i));
   }
 }
 
@@ -119,8 +120,15 @@ void AdamOptimizer::step(const StepValues& values) {
     Tensor& p = s.param->value;
     const int64_t first = s.count < 0 ? 0 : s.offset, n = s.count < 0 ? p.numel() : s.count;
     if (n == 0) continue;  // no element of this parameter in this rank's shard
-    tt::adam_update(p, s.param->grad, first, n, s.exp_avg, s.exp_avg_sq, h, values.adam_factors(i));
+    tt::adam_update(p, s.param->grad, first, n, s.exp_avg, s.exp_avg_sq, h, values.adam_factors(i), {},
+                    digest_sums_, static_cast<int64_t>(i));
   }
+}
+
+std::vector<std::string> AdamOptimizer::parameter_names() const {
+  std::vector<std::string> names;
+  for (const Slot& s : slots_) names.push_back(s.param->name);
+  return names;
 }
 
 void AdamOptimizer::shard(const ParameterShards& shards) {

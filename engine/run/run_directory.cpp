@@ -132,6 +132,24 @@ void RunDirectory::save(Trainer& trainer, CheckpointKind kind) {
 
 void RunDirectory::after_step(Trainer&) { impl_->report_outcomes(); }
 
+void RunDirectory::record_step_digests(Trainer& trainer, const std::vector<StepDigest>& steps) {
+  Impl& m = *impl_;
+  if (steps.empty() || m.digest_log_failed || m.role != RunDirRole::Owner) return;
+  try {
+    if (!m.digest_log.is_open()) {
+      m.digest_log.open(path(step_digest_log::kFileName), steps.front().global_step - 1, &m.env);
+      if (!m.digest_log.cut_reason().empty())
+        trainer.observer().on_message("warning: " + path(step_digest_log::kFileName) + ": " +
+                                      m.digest_log.cut_reason() + "; the damaged tail was cut");
+    }
+    m.digest_log.append(steps);
+  } catch (const std::exception& e) {
+    m.digest_log_failed = true;
+    m.digest_log.close();
+    trainer.observer().on_message(std::string("warning: step digests are no longer recorded: ") + e.what());
+  }
+}
+
 std::vector<std::string> RunDirectory::tiers() const {
   std::vector<std::string> out{impl_->dir};
   for (const Impl::Replica& r : impl_->replicas) out.push_back(r.dir);
@@ -140,6 +158,14 @@ std::vector<std::string> RunDirectory::tiers() const {
 
 void RunDirectory::flush(Trainer&) {
   Impl& m = *impl_;
+  // The steps' record as durable as the checkpoints it accompanies.
+  if (m.digest_log.is_open() && !m.digest_log_failed) try {
+      m.digest_log.sync();
+    } catch (const std::exception& e) {
+      m.digest_log_failed = true;
+      m.digest_log.close();
+      m.trainer.observer().on_message(std::string("warning: step digests are no longer recorded: ") + e.what());
+    }
   m.wait_until([&m] { return m.all_written(); });
   m.report_outcomes();
 }

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/io/step_digest.h"
 #include "engine/run/run_directory.h"
 #include "kernels/cuda_runtime.h"
 
@@ -179,6 +180,10 @@ struct RunDirectory::Impl {
   const std::unique_ptr<Model> prototype;  // the writer's: verification builds its instances from it
   std::map<std::string, std::map<std::string, Tensor>> buffers;  // training thread only
   std::optional<double> state_bytes;  // for the first save's estimate
+  // step_digests.jsonl, opened at the first record (training thread only); a write that
+  // failed is told once and ends the record (training goes on).
+  step_digest_log::Writer digest_log;
+  bool digest_log_failed = false;
 
   mutable std::mutex mutex;  // guards what follows
   std::condition_variable wake, idle;

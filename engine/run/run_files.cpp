@@ -30,7 +30,7 @@ bool run_files::is_run_file(const std::string& n) {
   auto ends_with = [&](const std::string& s) {
     return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0;
   };
-  if (n == kLast || n == kBest || n == kMetrics || n == kTensorBoard || n == kReport) return true;
+  if (n == kLast || n == kBest || n == kMetrics || n == kTensorBoard || n == kReport || n == kStepDigests) return true;
   if ((n.rfind("epoch_", 0) == 0 || n.rfind("best_epoch_", 0) == 0) && ends_with(".h5")) return true;
   return n.size() > 1 && n[0] == '.' && n.find(".tmp.") != std::string::npos;  // .last.h5.tmp.PID
 }

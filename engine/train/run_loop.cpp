@@ -46,6 +46,7 @@ FitResult Trainer::fit(const StopPlan& stop, RunSink* sink) {
       t.control_.clear_stop();
       t.control_.take_checkpoint_request();
       t.protocol_->reset();
+      t.pending_digests_.clear();
     }
   } run_scope{*this};
   sink_ = sink;
@@ -182,10 +183,23 @@ void Trainer::train_epoch(bool& interrupted) {
     // The ranks act on the same requests at the same step: a signal that reaches them at
     // different steps still gives one stop, or one checkpoint, at one step.
     const bool checkpoint_local = control_.take_checkpoint_request();
+    // Several ranks: the step's digests ride along (the replicas compared, the moments'
+    // parts added up), then the record goes to the sink, before any save of the step.
+    RunProtocol::StepDigests digests;
+    if (digest_awaits_ranks_) {
+      digests.replica = replica_digest();
+      digests.parts = digest_parts_;
+    }
     const RunProtocol::Agreed agreed = protocol_->agree(
         control_.stop_requested(), checkpoint_local,
         [&] { return !epoch_done && time_budget_ && out_of_time(step_in_epoch_ + 1 == steps); },
-        [&] { return !epoch_done && save_by_time_due(); });
+        [&] { return !epoch_done && save_by_time_due(); }, digest_awaits_ranks_ ? &digests : nullptr);
+    if (digest_awaits_ranks_) complete_step_digest(digests.parts, digests.replicas);
+    if (!pending_digests_.empty()) {
+      const std::vector<StepDigest> records = std::move(pending_digests_);
+      pending_digests_.clear();
+      call_sink([&] { sink_->record_step_digests(*this, records); });
+    }
     const bool halt = agreed.stop;
     // A checkpoint request (SIGUSR1) saves now and training goes on; at the end of an
     // epoch, end_epoch's last.h5 answers it.

@@ -1,5 +1,6 @@
 #include "train/run_protocol.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -15,7 +16,8 @@ namespace {
 class OneProcessProtocol final : public RunProtocol {
  public:
   Agreed agree(bool stop_requested, bool checkpoint_requested, const std::function<bool()>&,
-               const std::function<bool()>& save_due) override {
+               const std::function<bool()>& save_due, StepDigests* digests) override {
+    if (digests) digests->replicas = {digests->replica};
     return {stop_requested, checkpoint_requested, save_due && save_due()};
   }
   // The time limit is checked right before the step it is about (after whatever the
@@ -38,11 +40,11 @@ class RanksProtocol final : public RunProtocol {
   explicit RanksProtocol(Collective& comm) : comm_(comm) {}
 
   Agreed agree(bool stop_requested, bool checkpoint_requested, const std::function<bool()>& next_step_late,
-               const std::function<bool()>& save_due) override {
+               const std::function<bool()>& save_due, StepDigests* digests) override {
     // Rank 0 decides the next step's time limit and a save by time now, in the same exchange.
     const bool late = owns_clock() && next_step_late && next_step_late();
     const bool due = owns_clock() && save_due && save_due();
-    const std::vector<int64_t> all = exchange(stop_requested || stop_agreed_, checkpoint_requested, late, due);
+    const std::vector<int64_t> all = exchange(stop_requested || stop_agreed_, checkpoint_requested, late, due, digests);
     stop_agreed_ = all[0] != 0;
     next_step_late_ = all[2] != 0;
     return {stop_agreed_, all[1] != 0, all[5] != 0};
@@ -73,7 +75,10 @@ class RanksProtocol final : public RunProtocol {
   // Only rank 0's clock decides the time limit: the ranks' clocks and limits may differ.
   bool owns_clock() const { return comm_.rank() == 0; }
 
-  std::vector<int64_t> exchange(bool stop, bool checkpoint, bool late, bool save_due = false) {
+  // The flags' maximum over the ranks; with `digests`, their words ride along in the same
+  // allgather: the parts summed (modulo 2^64), the replicas by rank.
+  std::vector<int64_t> exchange(bool stop, bool checkpoint, bool late, bool save_due = false,
+                                StepDigests* digests = nullptr) {
     const int rank = comm_.rank();
     SinkFailure failure = SinkFailure::None;
     if (held_) try {
@@ -83,8 +88,29 @@ class RanksProtocol final : public RunProtocol {
       } catch (...) {
         failure = SinkFailure::Other;
       }
-    const std::vector<int64_t> all = comm_.agree_max(
-        {stop, checkpoint, late, static_cast<int64_t>(failure), failure == SinkFailure::None ? 0 : rank + 1, save_due});
+    std::vector<int64_t> local = {stop, checkpoint, late, static_cast<int64_t>(failure),
+                                  failure == SinkFailure::None ? 0 : rank + 1, save_due};
+    const std::size_t flags = local.size();
+    if (digests) {
+      local.push_back(static_cast<int64_t>(digests->replica));
+      for (const uint64_t p : digests->parts) local.push_back(static_cast<int64_t>(p));
+    }
+    const int w = comm_.size();
+    std::vector<int64_t> gathered(local.size() * static_cast<std::size_t>(w));
+    comm_.allgather(local.data(), local.size() * sizeof(int64_t), gathered.data());
+    std::vector<int64_t> all(local.begin(), local.begin() + static_cast<std::ptrdiff_t>(flags));
+    for (int r = 0; r < w; ++r)
+      for (std::size_t i = 0; i < flags; ++i) all[i] = std::max(all[i], gathered[r * local.size() + i]);
+    if (digests) {
+      digests->replicas.assign(static_cast<std::size_t>(w), 0);
+      std::vector<uint64_t> sums(digests->parts.size(), 0);
+      for (int r = 0; r < w; ++r) {
+        const int64_t* row = gathered.data() + r * local.size() + flags;
+        digests->replicas[static_cast<std::size_t>(r)] = static_cast<uint64_t>(row[0]);
+        for (std::size_t i = 0; i < sums.size(); ++i) sums[i] += static_cast<uint64_t>(row[1 + i]);
+      }
+      digests->parts = std::move(sums);
+    }
     if (all[3] != static_cast<int64_t>(SinkFailure::None)) {
       if (held_) {
         const std::exception_ptr e = held_;

@@ -8,6 +8,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "engine/core/collective.h"
 
@@ -21,6 +22,13 @@ class RunProtocol {
     bool stop = false, checkpoint = false;
     bool save_due = false;  // checkpoint.every_seconds: the clock-owning rank's answer
   };
+  // What the ranks compare and add up after a step, in the same exchange (step digests,
+  // docs/replay.md): no extra round.
+  struct StepDigests {
+    uint64_t replica = 0;            // in: this rank's digest of the state every rank holds
+    std::vector<uint64_t> parts;     // in: this rank's shard's sums; out: every rank's added
+    std::vector<uint64_t> replicas;  // out: every rank's `replica`, by rank
+  };
   // After a step, and between evaluation batches that a stop may cut short: the stop
   // and checkpoint requests every rank acts on. `next_step_late` (may be empty) is
   // asked, on the rank whose clock decides, whether the next step would overrun the
@@ -28,8 +36,10 @@ class RunProtocol {
   // sink failure held on any rank is thrown here, on every rank.
   // `save_due` (may be empty) is asked on the same rank whether a save by time is due
   // now (checkpoint.every_seconds); every rank gets its answer.
+  // With `digests` (after a step), the parts are added up and the replicas gathered too.
   virtual Agreed agree(bool stop_requested, bool checkpoint_requested,
-                       const std::function<bool()>& next_step_late, const std::function<bool()>& save_due) = 0;
+                       const std::function<bool()>& next_step_late, const std::function<bool()>& save_due,
+                       StepDigests* digests = nullptr) = 0;
   // Before a step that follows a step of this epoch: whether the time limit stops here.
   virtual bool time_limit_before_step(const std::function<bool()>& late) = 0;
   // At an epoch boundary, or before the test evaluation: whether the time limit stops

@@ -94,6 +94,7 @@ class Trainer::CounterState : public Stateful {
     d.scalars["epochs_without_improvement"] = t_.epochs_without_improvement_;
     d.scalars["monitor"] = std::string(to_string(t_.cfg_.train.early_stopping.monitor));
     d.scalars["epoch_elapsed_seconds"] = t_.epoch_elapsed_seconds();
+    d.scalars["step_digest"] = digest_hex(t_.step_digest());
     d.tensors["epoch_sample_loss"] = t_.epoch_sample_loss_;
     return d;
   }
@@ -111,6 +112,10 @@ class Trainer::CounterState : public Stateful {
     t_.epochs_without_improvement_ = in.get_int("epochs_without_improvement");
     t_.epoch_elapsed_before_ = in.get_real("epoch_elapsed_seconds");
     t_.epoch_sample_loss_.copy_from(in.get_tensor("epoch_sample_loss"));
+    const std::optional<uint64_t> digest = parse_digest_hex(in.get_string("step_digest"));
+    if (!digest) throw std::runtime_error("trainer/step_digest is not 16 hexadecimal digits");
+    t_.restored_digest_ = std::make_pair(t_.global_step_, *digest);
+    t_.last_digest_.reset();
   }
 
  private:

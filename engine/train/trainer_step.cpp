@@ -90,6 +90,14 @@ void Trainer::run_step() {
   reuse_buffer(batch_labels_, {local}, DType::I32, device_);
   reuse_buffer(dlogits_, {local, classes}, DType::F32, device_);
   reuse_buffer(sample_correct_, {n}, DType::F32, device_);
+  // Step digests: the optimizer adds its tensors' digests to zeroed sums as it updates.
+  const bool digests = step_digests_on();
+  if (digests) {
+    reuse_buffer(digest_sums_, {3 * static_cast<int64_t>(sizeof(uint64_t)) * static_cast<int64_t>(optimizer_->parameter_names().size())},
+                 DType::U8, device_);
+    digest_sums_.zero();
+  }
+  optimizer_->set_digest_sums(digests ? &digest_sums_ : nullptr);
   // Every value of this step that its kernels read and that differs from the last
   // step's, in one upload: the launches below are then the same every step.
   if (!step_values_) step_values_ = std::make_unique<StepValues>();
@@ -155,6 +163,7 @@ void Trainer::run_step() {
   step_graphs_->frees_seen = marked_device_buffer_frees();
   ++step_in_epoch_;
   ++global_step_;
+  if (digests) record_step_digest();
 }
 
 void Trainer::step_device_work(const BatchChunks& plan, int batch_total, int local) {

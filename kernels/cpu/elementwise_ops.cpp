@@ -502,7 +502,7 @@ __attribute__((target("avx2"))) uint64_t digest_floats_avx2(const float* x, int6
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes + 4), odd);
   uint64_t sum = 0;
   for (const uint64_t l : lanes) sum += l;
-  return sum + digest_words(w + i, n - i, first + static_cast<uint64_t>(i));
+  return sum + kernels::digest_words(w + i, n - i, first + static_cast<uint64_t>(i));
 }
 #endif
 
@@ -547,6 +547,20 @@ void adam_update(int64_t n, float* param, const float* grad, float* exp_avg, flo
   digests[0] += dp;
   digests[1] += dm;
   digests[2] += dv;
+}
+
+void digest_words(int64_t n, const uint32_t* words, int64_t index_first, uint64_t* sum) {
+  static const bool avx2 = cpu_kernels() != CpuKernels::Portable;
+  constexpr int64_t kBlock = 16384;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  uint64_t total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total) if (n > 4 * kBlock)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t lo = blk * kBlock;
+    total += digest_floats_fast(reinterpret_cast<const float*>(words + lo), std::min(kBlock, n - lo),
+                                static_cast<uint64_t>(index_first + lo), avx2);
+  }
+  *sum += total;
 }
 
 void adam_prepare_step(int count, const double* lr, AdamFactorInputs in, const int32_t* skip, int64_t* steps,

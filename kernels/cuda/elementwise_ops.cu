@@ -498,6 +498,13 @@ __global__ void adam_kernel(int64_t n, float* param, const float* grad, float* e
   add_digest(dv, digests + 2);
 }
 
+__global__ void digest_words_kernel(int64_t n, const uint32_t* words, int64_t index_first, uint64_t* sum) {
+  uint64_t d = 0;
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    d += digest_term(static_cast<uint64_t>(index_first + i), words[i]);
+  add_digest(d, sum);
+}
+
 __global__ void unscale_check_kernel(int64_t n, float* grad, const float* inv_scale_at,
                                      int32_t* found_inf) {
   const float inv_scale = *inv_scale_at;
@@ -711,6 +718,12 @@ void adam_update(int64_t n, float* param, const float* grad, float* exp_avg, flo
   adam_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(n, param, grad, exp_avg,
                                                                  exp_avg_sq, h, f, skip, index_first, digests);
   ENGINE_CUDA_CHECK_LAUNCH("adam_kernel");
+}
+
+void digest_words(int64_t n, const uint32_t* words, int64_t index_first, uint64_t* sum) {
+  if (n <= 0) return;
+  digest_words_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(n, words, index_first, sum);
+  ENGINE_CUDA_CHECK_LAUNCH("digest_words_kernel");
 }
 
 __global__ void round_to_float_kernel(int64_t n, const double* x, float* y) {

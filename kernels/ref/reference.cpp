@@ -314,6 +314,10 @@ void adam_update(int64_t n, float* param, const float* grad, float* exp_avg, flo
   }
 }
 
+void digest_words(int64_t n, const uint32_t* words, int64_t index_first, uint64_t* sum) {
+  *sum += kernels::digest_words(words, n, static_cast<uint64_t>(index_first));
+}
+
 void adam_prepare_step(int count, const double* lr, AdamFactorInputs in, const int32_t* skip, int64_t* steps,
                        AdamStepFactors* out) {
   if (*skip) return;

@@ -1,5 +1,6 @@
 // Cases of the per-element and per-row ops: relu, maxpool, dropout, cross_entropy,
 // softmax, reduce_sum, gather_batch, adam_update, unscale_check.
+#include "kernels/step_digest.h"
 #include <iterator>
 
 #include "engine/kernels/philox.h"
@@ -515,6 +516,31 @@ OP_CASE("bit for bit over three steps: decoupled and L2 decay, zero and tiny gra
           b.ops->adam_update(n, p, grad_d, md, vd, h, m.value(f), m.value(int32_t{1}), first, nullptr);
         }
       }
+}
+
+OP_CASE("the reference's digest, added to what the sum holds, at any length and index; one changed bit changes it",
+        digest_words) {
+  std::mt19937 g(1051);
+  for (const int64_t n : {0, 1, 7, 8, 9, 4096, 65537, 300001})
+    for (const int64_t first : {int64_t{0}, int64_t{5}, int64_t{1} << 33}) {
+      CAPTURE(n);
+      CAPTURE(first);
+      std::vector<uint32_t> words(static_cast<std::size_t>(n));
+      for (uint32_t& w : words) w = static_cast<uint32_t>(g());
+      // The definition, summed from the last word down (the order must not matter).
+      uint64_t want = 1234;
+      for (int64_t i = n - 1; i >= 0; --i)
+        want += digest_term(static_cast<uint64_t>(first + i), words[static_cast<std::size_t>(i)]);
+      Mem m(b);
+      uint64_t* sum = m.in(std::vector<uint64_t>{1234});
+      b.ops->digest_words(n, m.in(words), first, sum);
+      check_bits("digest", m.get(sum), std::vector<uint64_t>{want});
+      if (n == 0) continue;
+      words[static_cast<std::size_t>(n / 2)] ^= 1u << 17;
+      uint64_t* flipped = m.in(std::vector<uint64_t>{1234});
+      b.ops->digest_words(n, m.in(words), first, flipped);
+      CHECK(m.get(flipped)[0] != want);
+    }
 }
 
 OP_CASE("scales bit for bit; found_inf set on inf/NaN (first, middle, last), never reset; overflow once unscaled",

@@ -56,6 +56,15 @@ class AdamOptimizer : public Stateful {
   int64_t moment_bytes() const;
   int64_t state_bytes() const;
 
+  // Step digests (kernels/step_digest.h): with `sums` (a U8 tensor of 3 uint64 per
+  // parameter, on the parameters' device), every step adds to sums [3i, 3i+3) the
+  // digests of parameter i's updated elements and their two moments (this rank's shard
+  // only when sharded; index: the element's place in the whole parameter). The caller
+  // zeroes them between steps. Null: none (the default).
+  void set_digest_sums(Tensor* sums) { digest_sums_ = sums; }
+  // The parameters' names, in the order of the sums.
+  std::vector<std::string> parameter_names() const;
+
   // The whole moments: unsharded only (a sharded optimizer throws std::logic_error; the
   // Trainer gathers the shards before a save and when fit() returns).
   StateDict state() const override;
@@ -76,6 +85,7 @@ class AdamOptimizer : public Stateful {
   mutable std::vector<Slot> slots_;
   bool sharded_ = false;
   Tensor device_steps_, device_factors_;  // step_on_device's: int64[n] and AdamStepFactors[n], as bytes
+  Tensor* digest_sums_ = nullptr;
   enum class Newer { Same, Host, Device };
   mutable Newer steps_newer_ = Newer::Same;
   std::shared_ptr<StepValues> own_values_;  // step()'s

@@ -95,6 +95,10 @@ class RunDirectory final : public RunSink {
   void save(Trainer& trainer, CheckpointKind kind) override;
   void record_metrics(Trainer& trainer, const std::optional<EvalResult>& test) override;
   void after_step(Trainer& trainer) override;
+  // Appends to step_digests.jsonl (opened at the first call, cut after the step before
+  // the first record: a resumed run's steps replace what a killed one wrote after its
+  // checkpoint).
+  void record_step_digests(Trainer& trainer, const std::vector<StepDigest>& steps) override;
   double save_estimate(const Trainer& trainer) const override;
   void flush(Trainer& trainer) override;
 

@@ -16,6 +16,7 @@ inline constexpr const char* kBest = "best.h5";             // the best monitore
 inline constexpr const char* kMetrics = "metrics.jsonl";    // one line per epoch, then the test
 inline constexpr const char* kTensorBoard = "tensorboard";  // the event files' folder
 inline constexpr const char* kReport = "report.html";       // engine report
+inline constexpr const char* kStepDigests = "step_digests.jsonl";  // every step's digests (docs/replay.md)
 // The TensorBoard rewrite's temporary, inside kTensorBoard (one fixed name: one writer).
 inline constexpr const char* kEventsRewrite = ".events-rewrite.tmp";
 

@@ -32,6 +32,7 @@ struct EarlyStoppingConfig {
 struct TrainConfig {
   int64_t epochs = 15;
   EarlyStoppingConfig early_stopping;
+  bool step_digests = true;  // step_digests.jsonl (docs/replay.md)
 };
 
 struct CheckpointConfig {

@@ -12,6 +12,7 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -26,10 +27,19 @@
 #include "engine/train/config.h"
 #include "engine/nn/model.h"
 #include "engine/io/env.h"
+#include "engine/io/step_digest.h"
 #include "engine/train/epoch_metrics.h"
 #include "engine/train/run_control.h"
 
 namespace engine {
+
+// Several ranks: after a step, the state every rank holds as a replica (the whole
+// parameters after the allgather, the batch norms' statistics, the RNG and data
+// positions, the step's losses) differs between them (docs/replay.md). Thrown on every
+// rank at that step, before anything of it is saved.
+struct ReplicaDivergence : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 // What one train_step() did.
 struct StepResult {
@@ -125,6 +135,9 @@ class RunSink {
   // After every optimizer step: surfaces (throws, or warns) a failure of a save written
   // in the background meanwhile.
   virtual void after_step(Trainer&) {}
+  // The step digests of the steps trained since the last call, in order
+  // (train.step_digests; docs/replay.md): every step's before any save of it.
+  virtual void record_step_digests(Trainer&, const std::vector<StepDigest>&) {}
   // Seconds from requesting a save until it is complete, as the time limit must assume.
   virtual double save_estimate(const Trainer& trainer) const = 0;
   // Every save requested is complete when this returns (fit() calls it before it returns
@@ -227,6 +240,14 @@ class Trainer {
   StateReport restore(const Checkpoint& ckpt, LoadMode mode, RestoreObserver* observer = nullptr);
   // load_checkpoint + restore; throws CheckpointError naming the file on failure.
   StateReport resume_from(const std::string& path, LoadMode mode);
+
+  // The digest of the state after the last step (docs/replay.md): recorded by the step
+  // itself with train.step_digests, computed from the state otherwise (and after a
+  // restore, the checkpoint's). What every checkpoint stores as trainer/step_digest.
+  uint64_t step_digest() const;
+  // The last step's full record, when train.step_digests recorded it (nothing before the
+  // first step of this process, or when off).
+  const std::optional<StepDigest>& last_step_digest() const { return last_digest_; }
 
   int64_t epochs_done() const { return epoch_; }
   int64_t global_step() const { return global_step_; }
@@ -350,6 +371,21 @@ class Trainer {
   bool step_graphs_apply() const;
   // The step's device work, from the gather to the optimizer: what a graph captures.
   void step_device_work(const BatchChunks& plan, int batch_total, int local);
+  // Step digests (train.step_digests): the optimizer's sums, the last step's record, the
+  // records not yet handed to the sink, and the digest a restore brought (its step).
+  bool step_digests_on() const;
+  void record_step_digest();
+  // Several ranks: the digest of what every rank holds alike, and the record completed
+  // with the moments' parts added up over the ranks (throws ReplicaDivergence).
+  uint64_t replica_digest() const;
+  void complete_step_digest(const std::vector<uint64_t>& parts, const std::vector<uint64_t>& replicas);
+  void hand_step_digest();
+  Tensor digest_sums_, digest_whole_;
+  std::vector<uint64_t> digest_parts_;  // several ranks: this rank's moment sums, 2 per parameter
+  bool digest_awaits_ranks_ = false;
+  std::optional<StepDigest> last_digest_;
+  std::vector<StepDigest> pending_digests_;
+  std::optional<std::pair<int64_t, uint64_t>> restored_digest_;
   // Workspaces. sample_correct_: the epoch's, as epoch_sample_loss_ (unread).
   Tensor batch_x_, batch_labels_, permutation_, sample_correct_, eval_loss_, eval_correct_;
   Tensor dlogits_;
