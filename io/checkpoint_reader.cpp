@@ -22,6 +22,7 @@
 #include "io/checkpoint_assemble.h"
 #include "io/crc32.h"
 #include "io/hdf5_sandbox.h"
+#include "engine/io/step_digest.h"
 
 namespace engine {
 namespace checkpoint_internal {
@@ -151,18 +152,26 @@ class FileReader {
 
 // Upgrades from older layouts, keyed by the version they upgrade from; a layout change
 // adds one here (see the format doc).
-using Upgrade = void (*)(Checkpoint&);
+// `path` names the file in an upgrade's refusal.
+using Upgrade = void (*)(Checkpoint&, const std::string& path);
 const std::map<int64_t, Upgrade>& upgrades() {
   static const std::map<int64_t, Upgrade> table = {
       // Version 2 changed only the user-block header (metadata_bytes, metadata_crc32).
-      {1, [](Checkpoint&) {}},
+      {1, [](Checkpoint&, const std::string&) {}},
       // Version 3 added trainer/epoch_elapsed_seconds: an older file's partial epoch
       // counts as having taken no time so far (its epoch_seconds then counts the resumed
       // part only, as version 2 did).
-      {2, [](Checkpoint& c) {
+      {2, [](Checkpoint& c, const std::string&) {
          auto g = c.groups.find("trainer");
          if (g != c.groups.end() && !g->second.empty() && !g->second.scalars.count("epoch_elapsed_seconds"))
            g->second.scalars["epoch_elapsed_seconds"] = 0.0;
+       }},
+      // Version 4 added trainer/step_digest: everything it digests is in every older
+      // file, so the upgrade computes it from the stored tensors and counters.
+      {3, [](Checkpoint& c, const std::string& path) {
+         auto g = c.groups.find("trainer");
+         if (g != c.groups.end() && !g->second.empty() && !g->second.scalars.count("step_digest"))
+           g->second.scalars["step_digest"] = digest_hex(step_digest_of(c, path).combined());
        }},
   };
   return table;
@@ -179,7 +188,7 @@ Checkpoint finish_load(const std::string& path, const hdf5_sandbox::Reply& reply
   for (int64_t v = ckpt.meta.format_version; v < kCheckpointFormatVersion; ++v) {
     auto it = upgrades().find(v);
     if (it == upgrades().end()) fail(path, "no upgrade from format_version " + std::to_string(v));
-    it->second(ckpt);
+    it->second(ckpt, path);
   }
   return ckpt;
 }

@@ -59,6 +59,13 @@ class PosixEnv final : public Env {
   }
   ssize_t pread(int fd, void* data, std::size_t n, off_t offset) override { return ::pread(fd, data, n, offset); }
 
+  int open_for_appending(const std::string& path) override {
+    int fd;
+    do fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    while (fd < 0 && errno == EINTR);
+    return fd;
+  }
+
   int stat(const std::string& path, FileInfo& info) override {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) return -1;

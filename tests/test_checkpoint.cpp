@@ -1032,7 +1032,7 @@ TEST_CASE("h5py reads strings as str and datasets as saved") {
 f = h5py.File(sys.argv[1], "r")
 assert isinstance(f.attrs["saved_on"], str), type(f.attrs["saved_on"])
 assert f.attrs["format"] == "engine-checkpoint"
-assert f.attrs["format_version"] == 3 and f.attrs["format_version"].dtype == np.int64
+assert f.attrs["format_version"] == 4 and f.attrs["format_version"].dtype == np.int64
 assert isinstance(f["optimizer"].attrs["name"], str) and f["optimizer"].attrs["name"] == "adamw"
 b = f["model/conv1.bias"]
 assert b.dtype == np.float32 and b.shape == (4,)

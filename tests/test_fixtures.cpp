@@ -1,13 +1,14 @@
 // Every released checkpoint format_version has a fixture in tests/data/ that this
 // engine must keep reading (docs/checkpoint-format.md, "Versions and compatibility").
-// The two CPU fixtures are the same kind of run: CPU, 1024 training images in batches
+// The three CPU fixtures are the same kind of run: CPU, 1024 training images in batches
 // of 64, killed mid-epoch after the step-20 save (epoch 1 complete, 4 steps into epoch
 // 2). The two CUDA fixtures were written on an H200 (saved_on cuda:0): fp16 at the end
 // of epoch 1, and fp32 at step 5 of epoch 2 by a per-step save just before a SIGKILL.
 //
 // Storage: checkpoint_v2_cpu_mid_epoch.h5 is a plain file (test_cli, test_crafted, the
 // fuzz seeds and patched fuzz regressions, tools/crafted_checkpoints.py read it in
-// place). The other three are read by this test alone and are stored in one
+// place), and so is checkpoint_v3_cpu_mid_epoch.h5 (test_step_digest reads it with
+// tools/check_step_digest.py). The other three are read by this test alone and are stored in one
 // reproducible archive, tests/data/fixtures.tar.xz (everything tracked travels to the
 // lent GPU machine, 64 MiB in all: docs/gpu-check.md), unpacked here once per run.
 // To change them: unpack, edit, then from tests/data/
@@ -24,6 +25,7 @@
 
 #include "cli_util.h"
 #include "engine/io/checkpoint.h"
+#include "engine/io/step_digest.h"
 
 using namespace test_util;
 
@@ -50,9 +52,19 @@ std::string fixture(const char* name) {
   return path;
 }
 
+// Every file older than version 4 gets trainer/step_digest from the upgrade: the digest
+// of its stored step (engine/io/step_digest.h).
+void check_upgraded_step_digest(const std::string& path, const engine::Checkpoint& ck) {
+  CHECK(ck.groups.at("trainer").get_string("step_digest") ==
+        engine::digest_hex(engine::step_digest_of(ck, path).combined()));
+  CHECK(engine::stored_step_digest(ck, path) == engine::step_digest_of(ck, path).combined());
+}
+
 // Loads the fixture, checks what it holds (fc2.bias: the exact values h5py printed when
-// it was made), verifies it with the CLI, evaluates it and resumes it for one epoch.
-void check_mid_epoch_fixture(const char* name, int64_t format_version, const std::vector<float>& fc2_bias) {
+// it was made; epoch_elapsed_seconds: 0 before version 3, which added it), verifies it
+// with the CLI, evaluates it and resumes it for one epoch.
+void check_mid_epoch_fixture(const char* name, int64_t format_version, const std::vector<float>& fc2_bias,
+                             double epoch_elapsed_seconds = 0.0) {
   const std::string path = fixture(name);
   const engine::Checkpoint ck = engine::load_checkpoint(path);
   CHECK(ck.meta.format_version == format_version);
@@ -63,8 +75,8 @@ void check_mid_epoch_fixture(const char* name, int64_t format_version, const std
   CHECK(ck.groups.at("optimizer").get_int("step/fc1.weight") == 20);
   CHECK(ck.groups.at("rng").get_string("algorithm") == "philox4x32-10");
   CHECK(ck.groups.at("model").get_tensor("fc2.bias").to_vector() == fc2_bias);
-  // Written before version 3: the upgrade supplies the partial epoch's elapsed time as 0.
-  CHECK(ck.groups.at("trainer").get_real("epoch_elapsed_seconds") == 0.0);
+  CHECK(ck.groups.at("trainer").get_real("epoch_elapsed_seconds") == epoch_elapsed_seconds);
+  check_upgraded_step_digest(path, ck);
   CHECK(run("verify \"" + path + "\"").exit_code == 0);
 
   if (!dataset_available()) return;
@@ -98,6 +110,14 @@ TEST_CASE("format_version 2 fixture (metadata first) loads, evaluates and resume
                            0.07136920839548111f, -0.05509006977081299f});
 }
 
+TEST_CASE("format_version 3 fixture (epoch_elapsed_seconds) loads, evaluates and resumes") {
+  check_mid_epoch_fixture("checkpoint_v3_cpu_mid_epoch.h5", 3,
+                          {0.03764338418841362f, 0.011919653974473476f, -0.0422491654753685f, 0.006099380552768707f,
+                           0.014852521009743214f, 0.04219058156013489f, 0.005939937196671963f, 0.016633955761790276f,
+                           0.07137010246515274f, -0.05508998781442642f},
+                          0.080832942);
+}
+
 namespace {
 
 // A checkpoint written on the GPU verifies, loads, evaluates and resumes to the end of
@@ -108,6 +128,7 @@ void check_cuda_fixture(const char* name, const std::string& precision, int64_t 
   const engine::Checkpoint ck = engine::load_checkpoint(path);
   CHECK(ck.meta.format_version == 2);
   CHECK(ck.meta.saved_on == "cuda:0");
+  check_upgraded_step_digest(path, ck);
   const nlohmann::json cfg = nlohmann::json::parse(ck.config_json);
   CHECK(cfg["precision"]["mode"] == precision);
   const int64_t images = cfg["data"]["train_limit"].get<int64_t>();

@@ -26,6 +26,7 @@ const char* step_name(Step step) {
     case Step::OpenLockFile: return "open lock file";
     case Step::Lock: return "lock";
     case Step::Truncate: return "truncate";
+    case Step::OpenForAppending: return "open for appending";
   }
   return "unknown";
 }
@@ -113,6 +114,9 @@ int FaultyEnv::fsync_dir(const std::string& dir) {
 }
 int FaultyEnv::open_for_reading(const std::string& path) {
   return fails(Step::OpenForReading, path) ? -1 : opened(EnvWrapper::open_for_reading(path), path);
+}
+int FaultyEnv::open_for_appending(const std::string& path) {
+  return fails(Step::OpenForAppending, path) ? -1 : opened(EnvWrapper::open_for_appending(path), path);
 }
 int FaultyEnv::fstat(int fd, FileInfo& info) { return fails_on(Step::Fstat, fd) ? -1 : EnvWrapper::fstat(fd, info); }
 ssize_t FaultyEnv::pread(int fd, void* data, std::size_t n, off_t offset) {

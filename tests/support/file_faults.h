@@ -19,6 +19,7 @@ enum class Step {
   OpenForReading, Fstat, Read,
   Stat, Link, Remove, ListDir, MakeDirs,
   OpenLockFile, Lock, Truncate,
+  OpenForAppending,
 };
 const char* step_name(Step step);  // "create", "write", ...
 
@@ -50,6 +51,7 @@ class FaultyEnv final : public EnvWrapper {
   int open_for_reading(const std::string& path) override;
   int fstat(int fd, FileInfo& info) override;
   ssize_t pread(int fd, void* data, std::size_t n, off_t offset) override;
+  int open_for_appending(const std::string& path) override;
   int stat(const std::string& path, FileInfo& info) override;
   int link(const std::string& from, const std::string& to) override;
   int remove(const std::string& path) override;

@@ -18,7 +18,7 @@
 
 namespace engine {
 
-inline constexpr int64_t kCheckpointFormatVersion = 3;
+inline constexpr int64_t kCheckpointFormatVersion = 4;
 
 // One line, always starting with the file's path.
 struct CheckpointError : std::runtime_error {

@@ -54,6 +54,11 @@ class Env {
   virtual int fstat(int fd, FileInfo& info) = 0;
   virtual ssize_t pread(int fd, void* data, std::size_t n, off_t offset) = 0;
 
+  // ---- appending to a log (step_digests.jsonl) ----
+  // open(O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644); EINTR retried. Unlike
+  // create() it keeps what the file holds; the caller writes with pwrite at its end.
+  virtual int open_for_appending(const std::string& path) = 0;
+
   // ---- files and directories ----
   virtual int stat(const std::string& path, FileInfo& info) = 0;  // follows symbolic links
   virtual int link(const std::string& from, const std::string& to) = 0;
@@ -96,6 +101,7 @@ class EnvWrapper : public Env {
   int open_for_reading(const std::string& path) override { return target_.open_for_reading(path); }
   int fstat(int fd, FileInfo& info) override { return target_.fstat(fd, info); }
   ssize_t pread(int fd, void* data, std::size_t n, off_t offset) override { return target_.pread(fd, data, n, offset); }
+  int open_for_appending(const std::string& path) override { return target_.open_for_appending(path); }
   int stat(const std::string& path, FileInfo& info) override { return target_.stat(path, info); }
   int link(const std::string& from, const std::string& to) override { return target_.link(from, to); }
   int remove(const std::string& path) override { return target_.remove(path); }
