@@ -1,4 +1,5 @@
 // The checkpoint tools behind `engine verify`, `engine inspect` and `engine diff`.
+#include "engine/io/step_digest.h"
 #include "io/checkpoint_format.h"
 #include "io/checkpoint_hdf5.h"
 #include "io/checkpoint_reader.h"
@@ -174,7 +175,20 @@ std::string config_difference(const std::string& a, const std::string& b) {
 
 using namespace checkpoint_internal;
 
-void verify_checkpoint_file(const std::string& path, Env* env) { (void)load_checkpoint(path, env); }
+void verify_checkpoint_file(const std::string& path, Env* env) {
+  const Checkpoint ck = load_checkpoint(path, env);
+  // The digest the training recorded for this step against what the stored tensors give:
+  // a file changed after the training computed it (and sealed again) fails here. A file
+  // that is no trainer's (a host's own groups) carries none.
+  auto trainer = ck.groups.find("trainer");
+  if (trainer == ck.groups.end() || !trainer->second.scalars.count("step_digest")) return;
+  const uint64_t stored = stored_step_digest(ck, path), computed = step_digest_of(ck, path).combined();
+  if (stored != computed)
+    throw CheckpointError(path + ": its tensors give step digest " + digest_hex(computed) + ", but it carries " +
+                          digest_hex(stored) + ", the digest training recorded for global step " +
+                          std::to_string(ck.group("trainer").get_int("global_step")) +
+                          ": changed after it was computed (docs/replay.md)");
+}
 
 std::string inspect_checkpoint(const std::string& path, Env* env) {
   const Checkpoint ck = load_checkpoint(path, env);

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <memory>
 
+#include "engine/io/step_digest.h"
+
 namespace engine {
 
 namespace {
@@ -67,6 +69,12 @@ void verify_saved_checkpoint(const std::string& path, const Checkpoint& written,
   }
   if (reloaded.groups.size() != written.groups.size()) fail(path, "the file holds groups that were not saved");
   if (reloaded.config_json != written.config_json) fail(path, "the stored config differs from the saved one");
+  // The file's tensors against the digest the step recorded as it computed them: catches a
+  // state changed between the update and the snapshot, which a round trip cannot see.
+  const uint64_t stored = stored_step_digest(reloaded, path), computed = step_digest_of(reloaded, path).combined();
+  if (stored != computed)
+    fail(path, "its tensors give step digest " + digest_hex(computed) + ", not the " + digest_hex(stored) +
+                   " the step recorded");
 
   // The model group as a model: it must load into a fresh instance and read back as saved.
   const std::unique_ptr<Model> fresh = prototype.new_instance();

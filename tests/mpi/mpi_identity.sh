@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `engine train` under mpirun on 1, 2, 3 and 4 CPU ranks (and 2 over TCP only) writes the
-# checkpoint of the run without mpirun, bit for bit (`engine diff`); more ranks than
+# checkpoint of the run without mpirun, bit for bit (`engine diff`), and the same step
+# digests at every step (`engine bisect`); more ranks than
 # dist.chunks are refused with a message naming the key. CTest label `mpi` (docs/distributed.md).
 #   mpi_identity.sh ENGINE MPIRUN CONFIG DATA_DIR TMP
 set -euo pipefail
@@ -26,7 +27,12 @@ compare() {  # NAME: the run in $tmp/NAME against the plain run
     || { cat "$tmp/$name.diff"; fail "$name: last.h5 differs from the run without mpirun"; }
   grep -q '^verdict: identical' "$tmp/$name.diff" || { cat "$tmp/$name.diff"; fail "$name: no identical verdict"; }
   diff <(grep '^test:' "$tmp/plain.log") <(grep '^test:' "$tmp/$name.log") || fail "$name: test metrics differ"
-  echo "$name: last.h5 and test metrics identical to the run without mpirun"
+  # Every step's digests too (docs/replay.md): the same at every world size.
+  "$engine" bisect "$tmp/plain" "$tmp/$name" >"$tmp/$name.bisect" 2>&1 \
+    || { cat "$tmp/$name.bisect"; fail "$name: bisect finds the runs part"; }
+  grep -q '^identical through step 18 (from the recorded step digests)' "$tmp/$name.bisect" \
+    || { cat "$tmp/$name.bisect"; fail "$name: not identical through step 18 by the step digests"; }
+  echo "$name: last.h5, every step's digests and test metrics identical to the run without mpirun"
 }
 
 for np in 1 2 3 4; do

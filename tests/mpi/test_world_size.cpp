@@ -566,3 +566,88 @@ TEST_CASE("a save that fails on rank 0 stops every rank with a CheckpointWriteEr
     MESSAGE("save " << fail_on << " failed: every rank stopped after global step " << steps[0] << ": " << errors[1]);
   }
 }
+
+// ---- step digests compared between the ranks (docs/replay.md) -------------------------
+
+namespace {
+
+// Flips one bit of this rank's bn1.running_mean once global step `at` has ended: a
+// replicated state that no exchange rewrites, as a memory fault would leave it.
+class FlipBitAt : public TrainerObserver {
+ public:
+  explicit FlipBitAt(int64_t at) : at_(at) {}
+  void attach(Trainer& t) { t_ = &t; }
+  void on_step_end(int64_t step) override {
+    if (step != at_ || !t_) return;
+    Tensor mean = t_->model().state().tensors.at("bn1.running_mean");  // the live buffer
+    uint32_t bits;
+    std::memcpy(&bits, mean.f32() + 3, sizeof bits);
+    bits ^= 1u << 9;
+    std::memcpy(mean.f32() + 3, &bits, sizeof bits);
+  }
+
+ private:
+  int64_t at_;
+  Trainer* t_ = nullptr;
+};
+
+// Rank 0's step records and saves: what a run directory would keep.
+class RecordingSink : public MemorySink {
+ public:
+  void record_step_digests(Trainer&, const std::vector<StepDigest>& steps) override {
+    records.insert(records.end(), steps.begin(), steps.end());
+  }
+  std::vector<StepDigest> records;
+};
+
+}  // namespace
+
+TEST_CASE("the ranks compare their replicas' step digests: one flipped bit stops every rank at the next step, "
+          "naming the rank, with nothing of it saved; the resumed run ends with the straight run's bits") {
+  // The CNN: 5 steps an epoch, 3 epochs; last.h5 at each epoch's end.
+  auto straight = make_trainer(Arch::Cnn, nullptr);
+  RecordingSink straight_sink;
+  REQUIRE(straight->fit({}, &straight_sink).ending == FitResult::Ending::Completed);
+  const Checkpoint end = straight->snapshot();
+  REQUIRE(straight_sink.records.size() == 15);
+
+  for (const int world : {3, 2}) {
+    CAPTURE(world);
+    const int odd = 1;  // the rank whose memory flips a bit after step 6
+    RecordingSink sink;
+    std::vector<std::string> errors(static_cast<std::size_t>(world));
+    std::vector<int64_t> steps(static_cast<std::size_t>(world));
+    run_ranks(world, [&](int rank, Collective& comm) {
+      FlipBitAt flip(rank == odd ? 6 : -1);
+      auto t = make_trainer(Arch::Cnn, &comm, &flip);
+      flip.attach(*t);
+      try {
+        t->fit({}, rank == 0 ? &sink : nullptr);
+      } catch (const ReplicaDivergence& e) {
+        errors[rank] = e.what();
+      }
+      steps[rank] = t->global_step();
+    });
+    for (int rank = 0; rank < world; ++rank) {
+      CAPTURE(rank);
+      CHECK(steps[rank] == 7);
+      const std::string want = world == 3 ? "differs on rank 1 (step digests)" : "differs on ranks 0, 1 (step digests)";
+      CHECK(errors[rank].find(want) != std::string::npos);
+      CHECK(errors[rank].find("at global step 7 (epoch 2 step 2)") != std::string::npos);
+    }
+    // The records rank 0 kept are the straight run's, to step 6; no save after step 6.
+    REQUIRE(sink.records.size() == 6);
+    for (std::size_t i = 0; i < 6; ++i) CHECK(sink.records[i].combined() == straight_sink.records[i].combined());
+    REQUIRE(!sink.saves.empty());
+    CHECK(sink.saves.back().global_step <= 6);
+    // Relaunched from the last save: the straight run's end, bit for bit.
+    std::vector<Checkpoint> got(static_cast<std::size_t>(world));
+    run_ranks(world, [&](int rank, Collective& comm) {
+      auto t = make_trainer(Arch::Cnn, &comm);
+      REQUIRE(t->restore(sink.saves.back().state, LoadMode::Strict).clean());
+      REQUIRE(t->fit().ending == FitResult::Ending::Completed);
+      got[rank] = t->snapshot();
+    });
+    for (const Checkpoint& c : got) expect_same_state(end, c);
+  }
+}

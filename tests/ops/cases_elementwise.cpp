@@ -1,10 +1,10 @@
 // Cases of the per-element and per-row ops: relu, maxpool, dropout, cross_entropy,
-// softmax, reduce_sum, gather_batch, adam_update, unscale_check.
-#include "kernels/step_digest.h"
+// softmax, reduce_sum, gather_batch, adam_update, digest_words, unscale_check.
 #include <iterator>
 
 #include "engine/kernels/philox.h"
 #include "gpu/reduction_bounds.h"
+#include "kernels/step_digest.h"
 #include "ops/harness.h"
 
 using namespace ops_test;
@@ -530,7 +530,7 @@ OP_CASE("the reference's digest, added to what the sum holds, at any length and 
       // The definition, summed from the last word down (the order must not matter).
       uint64_t want = 1234;
       for (int64_t i = n - 1; i >= 0; --i)
-        want += digest_term(static_cast<uint64_t>(first + i), words[static_cast<std::size_t>(i)]);
+        want += engine::kernels::digest_term(static_cast<uint64_t>(first + i), words[static_cast<std::size_t>(i)]);
       Mem m(b);
       uint64_t* sum = m.in(std::vector<uint64_t>{1234});
       b.ops->digest_words(n, m.in(words), first, sum);

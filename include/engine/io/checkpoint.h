@@ -94,7 +94,9 @@ struct CheckpointParserConfinement {
 };
 CheckpointParserConfinement checkpoint_parser_confinement();
 
-// Everything load_checkpoint checks, without keeping the result.
+// Everything load_checkpoint checks, without keeping the result, and, in a trainer's
+// checkpoint, that the stored tensors give the step digest it carries
+// (trainer/step_digest, engine/io/step_digest.h).
 void verify_checkpoint_file(const std::string& path, Env* env = nullptr);
 
 // Human-readable summary: metadata, then per group its scalars and its tensors with
