@@ -7,6 +7,7 @@
 
 #include "engine/kernels/philox.h"
 #include "kernels/elementwise.h"
+#include "kernels/step_digest.h"
 
 namespace engine::kernels {
 

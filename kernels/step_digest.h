@@ -56,6 +56,12 @@ inline uint64_t digest_floats(const float* x, int64_t n, uint64_t first) {
   return digest_words(reinterpret_cast<const uint32_t*>(x), n, first);
 }
 
+// A tensor that step_digest_finish hashes whole (a batch norm's running statistics).
+struct DigestRange {
+  const float* data;
+  int64_t n;
+};
+
 // SplitMix64's finaliser (Steele, Lea and Flood 2014): a bijection of 64-bit values.
 ENGINE_HD uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

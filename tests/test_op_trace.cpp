@@ -114,8 +114,9 @@ const std::vector<std::string> kStepOps = {
     "round_to_float",
     "adam_update", "adam_update", "adam_update", "adam_update", "adam_update", "adam_update",
     "adam_update", "adam_update", "adam_update", "adam_update", "adam_update", "adam_update",
-    // the step digests of what the updates do not pass: the batch norms' running statistics
-    "digest_words", "digest_words", "digest_words", "digest_words",
+    // the step digests: the updates' sums, the batch norms' statistics' and the losses'
+    // digests into the ring (train.step_digests)
+    "step_digest_finish",
     "reduce_sum"};  // the step's mean loss, which train_step() returns
 
 }  // namespace

@@ -463,6 +463,25 @@ void digest(const Tensor& x, int64_t first, int64_t n, Tensor& sums, int64_t slo
                                  static_cast<uint64_t*>(sums.raw()) + slot);
 }
 
+void step_digest_finish(Tensor& sums, int n_ranges, const Tensor& ranges, const Tensor& loss,
+                        DeviceValue<int64_t> loss_first, int loss_count, Tensor& ring, Tensor& next, int capacity) {
+  const int64_t n_sums = sums.numel() / static_cast<int64_t>(sizeof(uint64_t));
+  const int64_t row = n_sums + n_ranges + 1;
+  const Device d = OpChecks("step_digest_finish")
+                       .that(n_ranges >= 0 && loss_count >= 0 && capacity >= 1, "non-negative counts, a ring")
+                       .exact("sums", sums, DType::U8, n_sums * static_cast<int64_t>(sizeof(uint64_t)))
+                       .exact("ranges", ranges, DType::U8, n_ranges * static_cast<int64_t>(sizeof(kernels::DigestRange)))
+                       .at_least("loss", loss, DType::F32, loss_count)
+                       .value("loss_first", loss_first.ptr, loss_first.device)
+                       .exact("ring", ring, DType::U8, capacity * row * static_cast<int64_t>(sizeof(uint64_t)))
+                       .exact("next", next, DType::U8, static_cast<int64_t>(sizeof(int64_t)))
+                       .device();
+  detail::ops_on(d).step_digest_finish(static_cast<int>(n_sums), static_cast<uint64_t*>(sums.raw()), n_ranges,
+                                       static_cast<const kernels::DigestRange*>(ranges.raw()), loss.f32(),
+                                       loss_first.ptr, loss_count, static_cast<uint64_t*>(ring.raw()),
+                                       static_cast<int64_t*>(next.raw()), capacity);
+}
+
 void adam_prepare_step(int count, DeviceValue<double> lr, const kernels::AdamFactorInputs& in,
                        DeviceValue<int32_t> skip, Tensor& steps, Tensor& factors) {
   const Device d = OpChecks("adam_prepare_step")

@@ -100,6 +100,13 @@ void adam_update(Tensor& param, const Tensor& grad, int64_t first, int64_t n, Te
 // of x's float32 elements [first, first + n), each at its index in x.
 void digest(const Tensor& x, int64_t first, int64_t n, Tensor& sums, int64_t slot);
 
+// The end of a step's digests (train.step_digests), one launch: ring row *next %
+// capacity (bytes: uint64 rows of sums.numel()/8 + ranges + 1 words) receives the sums
+// (then zeroed), the digest of each range (bytes: kernels::DigestRange[n_ranges]) and of
+// loss[*loss_first, *loss_first + loss_count); *next (bytes: one int64) += 1.
+void step_digest_finish(Tensor& sums, int n_ranges, const Tensor& ranges, const Tensor& loss,
+                        DeviceValue<int64_t> loss_first, int loss_count, Tensor& ring, Tensor& next, int capacity);
+
 // Adam's step counts and factors on the device: unless *skip, each of the `count` step
 // counts in `steps` (bytes: int64[count]) counts up and factors (bytes:
 // AdamStepFactors[count]) receives that step's factors with learning rate *lr.

@@ -195,11 +195,8 @@ void Trainer::train_epoch(bool& interrupted) {
         [&] { return !epoch_done && time_budget_ && out_of_time(step_in_epoch_ + 1 == steps); },
         [&] { return !epoch_done && save_by_time_due(); }, digest_awaits_ranks_ ? &digests : nullptr);
     if (digest_awaits_ranks_) complete_step_digest(digests.parts, digests.replicas);
-    if (!pending_digests_.empty()) {
-      const std::vector<StepDigest> records = std::move(pending_digests_);
-      pending_digests_.clear();
-      call_sink([&] { sink_->record_step_digests(*this, records); });
-    }
+    // The CPU's records, every step (a GPU's wait in its ring for a save or the epoch's end).
+    if (device_.is_cpu()) hand_step_digests();
     const bool halt = agreed.stop;
     // A checkpoint request (SIGUSR1) saves now and training goes on; at the end of an
     // epoch, end_epoch's last.h5 answers it.
@@ -317,6 +314,7 @@ void Trainer::end_epoch(double seconds, bool& stop_early, bool& interrupted) {
   if ((every && epoch_ % *every == 0) ||
       std::count(cfg_.checkpoint.keep_epochs.begin(), cfg_.checkpoint.keep_epochs.end(), epoch_))
     save(CheckpointKind::Milestone);
+  hand_step_digests();
   record_metrics(std::nullopt);
   observer_->on_epoch_end(m);
   if (stop_early)
@@ -336,8 +334,17 @@ void Trainer::save(CheckpointKind kind) {
   // Every rank saves at the same point (agreed): the moments are gathered here, and cut
   // again by the next step (saves in a row gather once).
   gather_optimizer_shards();
+  hand_step_digests();  // the record of every step a checkpoint holds, before it
   call_sink([&] { sink_->save(*this, kind); });
   last_save_at_ = env_.monotonic_now();
+}
+
+void Trainer::hand_step_digests() {
+  drain_step_digests();
+  if (pending_digests_.empty()) return;
+  const std::vector<StepDigest> records = std::move(pending_digests_);
+  pending_digests_.clear();
+  call_sink([&] { sink_->record_step_digests(*this, records); });
 }
 
 bool Trainer::save_by_time_due() {

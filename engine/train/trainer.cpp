@@ -116,6 +116,10 @@ class Trainer::CounterState : public Stateful {
     if (!digest) throw std::runtime_error("trainer/step_digest is not 16 hexadecimal digits");
     t_.restored_digest_ = std::make_pair(t_.global_step_, *digest);
     t_.last_digest_.reset();
+    // Steps of the state replaced: their rows are passed over, their records dropped.
+    t_.digest_rows_read_ += static_cast<int64_t>(t_.digest_host_.size());
+    t_.digest_host_.clear();
+    t_.pending_digests_.clear();
   }
 
  private:

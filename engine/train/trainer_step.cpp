@@ -90,14 +90,12 @@ void Trainer::run_step() {
   reuse_buffer(batch_labels_, {local}, DType::I32, device_);
   reuse_buffer(dlogits_, {local, classes}, DType::F32, device_);
   reuse_buffer(sample_correct_, {n}, DType::F32, device_);
-  // Step digests: the optimizer adds its tensors' digests to zeroed sums as it updates.
+  // Step digests: the optimizer adds its tensors' digests to the sums as it updates; the
+  // step's last launch moves them to the ring (finish_step_digests).
   const bool digests = step_digests_on();
-  if (digests) {
-    reuse_buffer(digest_sums_, {3 * static_cast<int64_t>(sizeof(uint64_t)) * static_cast<int64_t>(optimizer_->parameter_names().size())},
-                 DType::U8, device_);
-    digest_sums_.zero();
-  }
+  if (digests) prepare_step_digests();
   optimizer_->set_digest_sums(digests ? &digest_sums_ : nullptr);
+  digest_loss_first_ = start;
   // Every value of this step that its kernels read and that differs from the last
   // step's, in one upload: the launches below are then the same every step.
   if (!step_values_) step_values_ = std::make_unique<StepValues>();
@@ -192,10 +190,12 @@ void Trainer::step_device_work(const BatchChunks& plan, int batch_total, int loc
     scaler_->unscale_on_device(model_->parameters());
     optimizer_->step_on_device(values, scaler_->device_found_inf());
     scaler_->update_on_device();
+    finish_step_digests(batch_total);
     return;
   }
   optimizer_->step(values);
   if (shards_) shards_->allgather(param_values_);
+  finish_step_digests(batch_total);
 }
 
 double Trainer::epoch_elapsed_seconds() const {

@@ -505,6 +505,35 @@ __global__ void digest_words_kernel(int64_t n, const uint32_t* words, int64_t in
   add_digest(d, sum);
 }
 
+// One block: every thread adds its share of each range, the block adds the threads'.
+__global__ void step_digest_finish_kernel(int n_sums, uint64_t* sums, int n_ranges, const DigestRange* ranges,
+                                          const float* loss, const int64_t* loss_first, int loss_count,
+                                          uint64_t* ring, int64_t* next, int capacity) {
+  __shared__ unsigned long long part[kThreads];
+  uint64_t* row = ring + (*next % capacity) * (n_sums + n_ranges + 1);
+  for (int i = threadIdx.x; i < n_sums; i += blockDim.x) {
+    row[i] = sums[i];
+    sums[i] = 0;
+  }
+  for (int r = 0; r <= n_ranges; ++r) {
+    const bool is_loss = r == n_ranges;
+    const float* data = is_loss ? loss + *loss_first : ranges[r].data;
+    const int64_t n = is_loss ? loss_count : ranges[r].n, first = is_loss ? *loss_first : 0;
+    uint64_t d = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+      d += digest_term(static_cast<uint64_t>(first + i), digest_word(data[i]));
+    part[threadIdx.x] = d;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint64_t total = 0;
+      for (int t = 0; t < blockDim.x; ++t) total += part[t];
+      row[n_sums + r] = total;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) ++*next;  // after every thread has read it (the barriers above)
+}
+
 __global__ void unscale_check_kernel(int64_t n, float* grad, const float* inv_scale_at,
                                      int32_t* found_inf) {
   const float inv_scale = *inv_scale_at;
@@ -718,6 +747,13 @@ void adam_update(int64_t n, float* param, const float* grad, float* exp_avg, flo
   adam_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(n, param, grad, exp_avg,
                                                                  exp_avg_sq, h, f, skip, index_first, digests);
   ENGINE_CUDA_CHECK_LAUNCH("adam_kernel");
+}
+
+void step_digest_finish(int n_sums, uint64_t* sums, int n_ranges, const DigestRange* ranges, const float* loss,
+                        const int64_t* loss_first, int loss_count, uint64_t* ring, int64_t* next, int capacity) {
+  step_digest_finish_kernel<<<1, kThreads, 0, stream()>>>(n_sums, sums, n_ranges, ranges, loss, loss_first,
+                                                          loss_count, ring, next, capacity);
+  ENGINE_CUDA_CHECK_LAUNCH("step_digest_finish_kernel");
 }
 
 void digest_words(int64_t n, const uint32_t* words, int64_t index_first, uint64_t* sum) {

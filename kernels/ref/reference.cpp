@@ -318,6 +318,18 @@ void digest_words(int64_t n, const uint32_t* words, int64_t index_first, uint64_
   *sum += kernels::digest_words(words, n, static_cast<uint64_t>(index_first));
 }
 
+void step_digest_finish(int n_sums, uint64_t* sums, int n_ranges, const DigestRange* ranges, const float* loss,
+                        const int64_t* loss_first, int loss_count, uint64_t* ring, int64_t* next, int capacity) {
+  uint64_t* row = ring + (*next % capacity) * (n_sums + n_ranges + 1);
+  for (int i = 0; i < n_sums; ++i) {
+    row[i] = sums[i];
+    sums[i] = 0;
+  }
+  for (int r = 0; r < n_ranges; ++r) row[n_sums + r] = digest_floats(ranges[r].data, ranges[r].n, 0);
+  row[n_sums + n_ranges] = digest_floats(loss + *loss_first, loss_count, static_cast<uint64_t>(*loss_first));
+  ++*next;
+}
+
 void adam_prepare_step(int count, const double* lr, AdamFactorInputs in, const int32_t* skip, int64_t* steps,
                        AdamStepFactors* out) {
   if (*skip) return;

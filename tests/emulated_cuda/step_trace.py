@@ -51,13 +51,17 @@ FWD_WHOLE = ["gather_batch",
 BWD_WHOLE = ["linear_backward", "dropout_backward", "relu_backward", "linear_backward",
              "relu_backward", "maxpool2x2_backward", "batchnorm_backward", "conv2d_backward",
              "relu_backward", "maxpool2x2_backward", "batchnorm_backward", "conv2d_backward"]
+# Each update adds its tensors' step digests as it writes them; one launch at the step's
+# end moves them, with the batch norms' statistics' and the losses', into the ring that
+# saves and epoch ends read (train.step_digests: no wait in the step, one launch more).
+DIGESTS = ["step_digest_finish"]
 ADAM = ["adam_update"] * 12
 
 UNSCALE = ["unscale_check"] * 12
 # fp16: the loss scaler stays on the device. After the unscale, one thread counts Adam's
 # steps and makes its factors unless the step overflowed (adam_prepare_step), the updates
 # skip on the flag, and one thread updates the scale and clears the flag.
-SCALED_ADAM = ["adam_prepare_step"] + ADAM + ["loss_scale_update"]
+SCALED_ADAM = ["adam_prepare_step"] + ADAM + ["loss_scale_update"] + DIGESTS
 
 
 def rename(ops, chunks, suffix):
@@ -88,15 +92,15 @@ PER_STEP = []
 # the device: nothing allocated, nothing read back.
 # precision bf16 has no loss scaler: fp32's costs, with the bf16 conv/linear ops.
 EXPECTED = {
-    "fp32 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, "") + ADAM,
+    "fp32 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, "") + ADAM + DIGESTS,
                          "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "changed": PER_STEP},
     # cuda.graphs=true: steps 1 and 2 run eagerly (the first sizes the buffers), step 3 is
     # captured and launched, later ones replay the graph: one `graph_launch` a step (at the
     # end of the step before, in this trace's cut, as the upload), the same ops inside.
-    "fp32 whole batch, graphs": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, "") + ADAM,
+    "fp32 whole batch, graphs": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, "") + ADAM + DIGESTS,
                                  "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "launches": 1,
                                  "changed": PER_STEP},
-    "fp32 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, "") + ADAM,
+    "fp32 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, "") + ADAM + DIGESTS,
                           "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "changed": PER_STEP},
     "fp16 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, "_f16") + UNSCALE + SCALED_ADAM,
                          "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "changed": PER_STEP},
@@ -105,9 +109,9 @@ EXPECTED = {
                                  "changed": PER_STEP},
     "fp16 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, "_f16") + UNSCALE + SCALED_ADAM,
                           "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "changed": PER_STEP},
-    "bf16 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, "_bf16") + ADAM,
+    "bf16 whole batch": {"ops": rename(FWD_WHOLE + BWD_WHOLE, False, "_bf16") + ADAM + DIGESTS,
                          "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "changed": PER_STEP},
-    "bf16 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, "_bf16") + ADAM,
+    "bf16 batch chunks": {"ops": rename(FWD_WHOLE + BWD_WHOLE, True, "_bf16") + ADAM + DIGESTS,
                           "allocs": 0, "d2h": 0, "syncs": 0, "uploads": 1, "changed": PER_STEP},
 }
 
@@ -322,6 +326,19 @@ for prec, prec_args in PRECISIONS.items():
     if p.returncode != 0:
         failures.append(f"{prec}: graphs on (saves among replays) and off give different checkpoints:\n"
                         + p.stdout[-2000:])
+    # Every step's digests, recorded from the device's ring at saves and epoch ends: the
+    # same with graphs on and off (bisect reads both records), and each checkpoint's the
+    # digest of its own tensors (engine verify).
+    p, _ = run(["bisect", on_dir, off_dir], check=False)
+    steps = 3 * GRAPH_STEPS
+    print(f"{prec}: engine bisect graphs on / off: exit {p.returncode}: {p.stdout.strip().splitlines()[-1]}")
+    if p.returncode != 0 or f"identical through step {steps} (from the recorded step digests)" not in p.stdout:
+        failures.append(f"{prec}: the step digests of graphs on and off are not identical through step {steps}:\n"
+                        + p.stdout[-2000:])
+    for d in (on_dir, off_dir):
+        p, _ = run(["verify", os.path.join(d, "last.h5")], check=False)
+        if p.returncode != 0:
+            failures.append(f"{prec}: engine verify {d}/last.h5 failed:\n" + p.stdout[-1000:])
     # The first two steps of each size run eagerly, the next is captured; the last step of
     # epoch 1 (60 samples) is its size's first, epoch 2's last is captured, and every
     # step of epoch 3 is replayed.

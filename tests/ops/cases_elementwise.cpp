@@ -1,5 +1,5 @@
 // Cases of the per-element and per-row ops: relu, maxpool, dropout, cross_entropy,
-// softmax, reduce_sum, gather_batch, adam_update, digest_words, unscale_check.
+// softmax, reduce_sum, gather_batch, adam_update, digest_words, step_digest_finish, unscale_check.
 #include <iterator>
 
 #include "engine/kernels/philox.h"
@@ -540,6 +540,38 @@ OP_CASE("the reference's digest, added to what the sum holds, at any length and 
       uint64_t* flipped = m.in(std::vector<uint64_t>{1234});
       b.ops->digest_words(n, m.in(words), first, flipped);
       CHECK(m.get(flipped)[0] != want);
+    }
+}
+
+OP_CASE("the step's row of the ring: the sums moved (then zero), each range's and the loss slice's digest; "
+        "the row wraps and the counter counts",
+        step_digest_finish) {
+  std::mt19937 g(1061);
+  const std::vector<uint64_t> sums_host = {0x1111, 0x2222, 0x3333, 0xdeadbeefcafef00dull, 5, 6};
+  const std::vector<float> mean = uniform(32, g, -1.0f, 1.0f), var = uniform(64, g, 0.0f, 2.0f);
+  const std::vector<float> loss = uniform(1000, g, 0.0f, 3.0f);
+  for (const int64_t first : {int64_t{0}, int64_t{960}, int64_t{128}})
+    for (const int count : {0, 40, 64}) {
+      if (first + count > 1000) continue;
+      CAPTURE(first);
+      CAPTURE(count);
+      Mem m(b);
+      uint64_t* sums = m.in(sums_host);
+      const std::vector<engine::kernels::DigestRange> ranges = {{m.in(mean), 32}, {m.in(var), 64}};
+      const int capacity = 3, row = 6 + 2 + 1;
+      uint64_t* ring = m.in(std::vector<uint64_t>(static_cast<std::size_t>(capacity * row), 7));
+      int64_t* next = m.in(std::vector<int64_t>{4});  // the fifth step: row 4 % 3 = 1
+      b.ops->step_digest_finish(6, sums, 2, m.in(ranges), m.in(loss), m.value(first), count, ring, next, capacity);
+      // The reference's row, from the definition.
+      std::vector<uint64_t> want(static_cast<std::size_t>(capacity * row), 7);
+      uint64_t* r = want.data() + row;
+      for (int i = 0; i < 6; ++i) r[i] = sums_host[static_cast<std::size_t>(i)];
+      r[6] = engine::kernels::digest_floats(mean.data(), 32, 0);
+      r[7] = engine::kernels::digest_floats(var.data(), 64, 0);
+      r[8] = engine::kernels::digest_floats(loss.data() + first, count, static_cast<uint64_t>(first));
+      check_bits("ring", m.get(ring), want);
+      check_bits("sums, zeroed", m.get(sums), std::vector<uint64_t>(6, 0));
+      check_bits("next", m.get(next), std::vector<int64_t>{5});
     }
 }
 

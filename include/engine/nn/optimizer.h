@@ -62,6 +62,7 @@ class AdamOptimizer : public Stateful {
   // only when sharded; index: the element's place in the whole parameter). The caller
   // zeroes them between steps. Null: none (the default).
   void set_digest_sums(Tensor* sums) { digest_sums_ = sums; }
+  bool has_digest_sums() const { return digest_sums_ != nullptr; }
   // The parameters' names, in the order of the sums.
   std::vector<std::string> parameter_names() const;
 

@@ -247,7 +247,10 @@ class Trainer {
   uint64_t step_digest() const;
   // The last step's full record, when train.step_digests recorded it (nothing before the
   // first step of this process, or when off).
-  const std::optional<StepDigest>& last_step_digest() const { return last_digest_; }
+  const std::optional<StepDigest>& last_step_digest() const {
+    drain_step_digests();
+    return last_digest_;
+  }
 
   int64_t epochs_done() const { return epoch_; }
   int64_t global_step() const { return global_step_; }
@@ -371,20 +374,37 @@ class Trainer {
   bool step_graphs_apply() const;
   // The step's device work, from the gather to the optimizer: what a graph captures.
   void step_device_work(const BatchChunks& plan, int batch_total, int local);
-  // Step digests (train.step_digests): the optimizer's sums, the last step's record, the
-  // records not yet handed to the sink, and the digest a restore brought (its step).
+  // Step digests (train.step_digests; docs/replay.md). The optimizer adds its tensors'
+  // digests to digest_sums_ as it updates; the step's one more launch
+  // (tt::step_digest_finish) moves them, with the batch norms' statistics' and the
+  // losses', into a row of digest_ring_. The host keeps each step's own part (counters,
+  // RNG, data position) until the rows are read: after every step on the CPU, at saves
+  // and epoch ends on a GPU (no wait in the step).
+  struct DigestHostPart {
+    int64_t global_step, epoch, step_in_epoch;
+    uint64_t shuffle_offset;
+    std::vector<std::pair<std::string, uint64_t>> rng;
+  };
   bool step_digests_on() const;
-  void record_step_digest();
+  void prepare_step_digests();
+  void finish_step_digests(int batch_total);  // in the step's device work (a graph records it)
+  void record_step_digest();                  // after the step: the host's part
+  void drain_step_digests() const;            // the rows read: records made
+  void hand_step_digests();                   // drained, and the records to the sink
   // Several ranks: the digest of what every rank holds alike, and the record completed
   // with the moments' parts added up over the ranks (throws ReplicaDivergence).
   uint64_t replica_digest() const;
   void complete_step_digest(const std::vector<uint64_t>& parts, const std::vector<uint64_t>& replicas);
-  void hand_step_digest();
-  Tensor digest_sums_, digest_whole_;
-  std::vector<uint64_t> digest_parts_;  // several ranks: this rank's moment sums, 2 per parameter
-  bool digest_awaits_ranks_ = false;
-  std::optional<StepDigest> last_digest_;
-  std::vector<StepDigest> pending_digests_;
+  Tensor digest_sums_, digest_ring_, digest_next_, digest_ranges_, digest_whole_;
+  std::vector<std::string> digest_buffer_names_;
+  int digest_capacity_ = 0;
+  int64_t digest_loss_first_ = 0;  // the CPU's loss_first (the batch's first sample in the epoch)
+  mutable int64_t digest_rows_read_ = 0;
+  mutable std::vector<DigestHostPart> digest_host_;
+  mutable std::vector<uint64_t> digest_parts_;  // several ranks: this rank's moment sums, 2 per parameter
+  mutable bool digest_awaits_ranks_ = false;
+  mutable std::optional<StepDigest> last_digest_;
+  mutable std::vector<StepDigest> pending_digests_;
   std::optional<std::pair<int64_t, uint64_t>> restored_digest_;
   // Workspaces. sample_correct_: the epoch's, as epoch_sample_loss_ (unread).
   Tensor batch_x_, batch_labels_, permutation_, sample_correct_, eval_loss_, eval_correct_;
