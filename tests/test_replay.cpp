@@ -193,6 +193,7 @@ TEST_CASE("audit reproduces every checkpoint of a run, and names one altered and
                                "/epoch_0001.h5)"));
   CHECK(contains(r.output, "reproduced       " + dir + "/last.h5 (step 48"));
   CHECK(contains(r.output, "0 not reproduced, 0 not compared"));
+  MESSAGE(r.output);
 
   // One weight of the epoch-2 milestone changed, the file sealed again with sound
   // checksums: first with the digest it carried, then with one made to match.
@@ -208,6 +209,7 @@ TEST_CASE("audit reproduces every checkpoint of a run, and names one altered and
   CHECK(contains(r.output, "not reproduced   " + milestone + " (step 32"));
   CHECK(contains(r.output, "tensors: 1 of 40 differ: model/fc2.weight"));
   CHECK(contains(r.output, "do not give the step digest it carries"));
+  MESSAGE(r.output);
 
   ck.groups.at("trainer").scalars["step_digest"] =
       engine::digest_hex(engine::step_digest_of(ck, milestone).combined());
@@ -218,6 +220,7 @@ TEST_CASE("audit reproduces every checkpoint of a run, and names one altered and
   CHECK(r.exit_code == 1);
   CHECK(contains(r.output, "not reproduced   " + milestone));
   CHECK(contains(r.output, "a silent corruption before it was sealed, or a forged file"));
+  MESSAGE(r.output);  // what a user reads
   // The checkpoints after it are replayed from the newest state that is reproduced.
   CHECK(contains(r.output, "reproduced       " + dir + "/last.h5 (step 48, replayed from " + dir + "/epoch_0001.h5)"));
   CHECK(contains(r.output, "1 not reproduced"));

@@ -628,6 +628,7 @@ TEST_CASE("the ranks compare their replicas' step digests: one flipped bit stops
       }
       steps[rank] = t->global_step();
     });
+    MESSAGE(errors[0]);  // what every rank says
     for (int rank = 0; rank < world; ++rank) {
       CAPTURE(rank);
       CHECK(steps[rank] == 7);
