@@ -166,7 +166,9 @@ def main():
                 fail("resumed checkpoint is not at epoch 2, step 8")
 
         # The header really guards the payload: a change made with h5py and not resealed
-        # is refused, the same change resealed with the tool's reseal() is accepted.
+        # is refused; resealed with the tool's reseal(), its tensors no longer give the
+        # step digest the file carries, and it is refused for that; with the digest
+        # written again too (as export-torch does), it is accepted.
         tampered = os.path.join(tmp, "export", "tampered.h5")
         shutil.copyfile(exported, tampered)
         with h5py.File(tampered, "r+") as f:
@@ -175,7 +177,13 @@ def main():
         if "checksum mismatch" not in out:
             fail("engine verify accepted a payload changed behind the header's back", out)
         torch_interop.reseal(tampered, torch_interop.SUPPORTED_FORMAT_VERSION)
-        run([ENGINE, "verify", tampered], "engine verify (tampered, resealed)")
+        out = run([ENGINE, "verify", tampered], "engine verify (tampered, resealed)", expect_rc=None)
+        if "its tensors give step digest" not in out:
+            fail("engine verify accepted tensors that do not give the file's step digest", out)
+        with h5py.File(tampered, "r+") as f:
+            f["trainer"].attrs.modify("step_digest", "%016x" % torch_interop.step_digest_of(f))
+        torch_interop.reseal(tampered, torch_interop.SUPPORTED_FORMAT_VERSION)
+        run([ENGINE, "verify", tampered], "engine verify (tampered, resealed with its digest)")
 
         # (c) h5py and h5dump view of both files
         print("== (c) h5py strings, integrity headers, h5dump")

@@ -80,7 +80,7 @@ CONFIG_DEFAULTS = {
 
 USERBLOCK = 512
 MAGIC = b"ENGINE-CHECKPOINT\n"
-SUPPORTED_FORMAT_VERSION = 3
+SUPPORTED_FORMAT_VERSION = 4
 
 
 # ---------------------------------------------------------------------------------------
@@ -548,6 +548,9 @@ def cmd_export(args):
                 _modify(f.attrs, "created_utc", created)
                 _modify(f.attrs, "config", json.dumps(config, sort_keys=True, separators=(",", ":")))
                 _modify(f.attrs, "saved_on", "cpu")
+                # The digest of this state (docs/checkpoint-format.md, section 6), which
+                # `engine verify` recomputes from the tensors written above.
+                _modify(t.attrs, "step_digest", "%016x" % step_digest_of(f))
             reseal(work, format_version)
             check_header(work)
             os.replace(work, out_path)
@@ -557,6 +560,13 @@ def cmd_export(args):
     print("wrote %s (epoch %d, %d steps, seed %d, %d training images; last val_acc %.2f%%)"
           % (out_path, args.epochs, steps, seed, n, 100 * history["val_acc"][-1]))
     return 0
+
+
+def step_digest_of(f):
+    """The step digest of an open checkpoint, as tools/check_step_digest.py computes it."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import check_step_digest
+    return check_step_digest.compute(f)[1]
 
 
 # ---------------------------------------------------------------------------------------
