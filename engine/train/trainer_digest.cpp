@@ -79,14 +79,21 @@ void Trainer::drain_step_digests() const {
   const std::vector<std::string> names = optimizer_->parameter_names();
   const std::size_t n_sums = 3 * names.size(), n_buffers = digest_buffer_names_.size();
   const std::size_t row = n_sums + n_buffers + 1;
-  std::vector<uint64_t> ring(static_cast<std::size_t>(digest_capacity_) * row);
-  device_copy(Device::cpu(), ring.data(), device_, digest_ring_.raw(), ring.size() * sizeof(uint64_t));
+  // The CPU's ring is read where it is; a GPU's comes back in one copy (a save or an
+  // epoch's end, not the step).
+  std::vector<uint64_t> copied;
+  const uint64_t* ring = static_cast<const uint64_t*>(digest_ring_.raw());
+  if (!device_.is_cpu()) {
+    copied.resize(static_cast<std::size_t>(digest_capacity_) * row);
+    device_copy(Device::cpu(), copied.data(), device_, digest_ring_.raw(), copied.size() * sizeof(uint64_t));
+    ring = copied.data();
+  }
   // Several ranks: each rank's update covered its shard only. The parameters are whole
   // again after the allgather, so they are hashed whole here (and compared between the
   // ranks); the moments' parts are added up in the run's agreement (complete_step_digest).
   const bool ranks = shards_ && shards_->world_size() > 1;
   for (const DigestHostPart& h : digest_host_) {
-    const uint64_t* r = ring.data() + static_cast<std::size_t>(digest_rows_read_ % digest_capacity_) * row;
+    const uint64_t* r = ring + static_cast<std::size_t>(digest_rows_read_ % digest_capacity_) * row;
     ++digest_rows_read_;
     StepDigest d;
     d.global_step = h.global_step;
