@@ -19,7 +19,8 @@
 #   train     20  the default config for GPU_CHECK_EPOCHS epochs on cuda; verify
 #   graphs    85  cuda.graphs on against off in fp32, fp16 (forced overflows) and bf16, with
 #                 saves among the replays; the replays counted (engine train's "cuda graphs:"
-#                 line); fp16 stopped by SIGUSR1 and SIGTERM among replays and resumed
+#                 line), and their step digests bisected (identical through the last step);
+#                 fp16 stopped by SIGUSR1 and SIGTERM among replays and resumed
 #   bf16      30  bf16 on the default run: test accuracy >= 92 %; bf16 with cuda.batch_chunks=true
 #   nccl      20  a few hundred images plainly and with dist.backend=nccl (a 1-rank NCCL
 #                 communicator, libnccl.so.2 from PyTorch's wheel): engine diff, identical
@@ -237,6 +238,9 @@ if stage_begin graphs; then
       fi
     fi
     run "graphs-$prec-diff" "$(left)" "$ENGINE_BIN" diff "/tmp/engine-graphs-$prec-off/last.h5" "/tmp/engine-graphs-$prec-on/last.h5"
+    # The step digests the device summed (docs/replay.md), step by step: "identical through step N".
+    run "graphs-$prec-bisect" "$(left)" "$ENGINE_BIN" bisect "/tmp/engine-graphs-$prec-off" "/tmp/engine-graphs-$prec-on" \
+      --device cuda
   done
   # fp16 stopped among replays (SIGUSR1: a save; SIGTERM: stop, exit 130) and resumed,
   # against its straight run with graphs off: 40 epochs, so that the signals (3 s and 4 s

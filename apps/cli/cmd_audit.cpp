@@ -38,18 +38,19 @@ struct Kept {
 };
 
 // One replay: from `from` (a checkpoint, or "" for the run's start from `config_source`)
-// to `to`, into `out`, as a child `engine replay` with `threads` OpenMP threads.
+// to `to`, into `out`, as a child `engine replay` whose CPU threads follow `threads_file`.
 struct Interval {
   std::string from;
-  int64_t to = 0;
-  std::string out, log;
+  int64_t from_step = 0, to = 0;
+  std::string out, log, threads_file;
   pid_t pid = -1;
   int status = -1;
 };
 
 pid_t start_replay(const Interval& iv, const std::string& config_source, const AuditOptions& o, int threads) {
   std::vector<std::string> args = {"/proc/self/exe", "replay", iv.from.empty() ? config_source : iv.from,
-                                   "--to", std::to_string(iv.to), "-o", iv.out, "--device", o.device};
+                                   "--to", std::to_string(iv.to), "-o", iv.out, "--device", o.device,
+                                   "--threads-file", iv.threads_file};
   if (iv.from.empty()) args.push_back("--from-start");
   if (!o.data_dir.empty()) args.insert(args.end(), {"--data-dir", o.data_dir});
   std::vector<char*> argv;
@@ -71,6 +72,16 @@ pid_t start_replay(const Interval& iv, const std::string& config_source, const A
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0) fail("audit: cannot start a replay: " + std::string(std::strerror(rc)));
   return pid;
+}
+
+// Written whole and renamed, so a replay never reads half a number.
+void write_threads_file(const std::string& path, int threads) {
+  const std::string part = path + ".part";
+  std::FILE* f = std::fopen(part.c_str(), "w");
+  if (!f) return;  // the replay keeps the threads it has
+  std::fprintf(f, "%d\n", threads);
+  std::fclose(f);
+  std::rename(part.c_str(), path.c_str());
 }
 
 std::string last_line(const std::string& path) {
@@ -152,31 +163,55 @@ int cmd_audit(const AuditOptions& o) {
   } cleanup{scratch};
   std::vector<Interval> intervals;
   std::string previous;
+  int64_t previous_step = 0;
   for (const int64_t s : steps) {
     Interval iv;
     iv.from = previous;
+    iv.from_step = previous.empty() ? 0 : previous_step;
     iv.to = s;
     iv.out = scratch + "/step_" + std::to_string(s) + ".h5";
     iv.log = scratch + "/step_" + std::to_string(s) + ".log";
+    iv.threads_file = scratch + "/step_" + std::to_string(s) + ".threads";
     intervals.push_back(iv);
     previous = source_of[s];
+    previous_step = s;
   }
   const int cores = std::max(1u, std::thread::hardware_concurrency());
   const int jobs = std::max(1, std::min<int>(o.jobs, static_cast<int>(intervals.size())));
-  const int threads = std::max(1, cores / jobs);
   std::cout << "auditing " << kept.size() << " checkpoints of " << o.run_dir << " (" << tiers.size()
             << (tiers.size() == 1 ? " tier" : " tiers") << "): " << intervals.size() << " replays on " << device
-            << ", " << jobs << (jobs == 1 ? " job" : " jobs") << " of " << threads
-            << (threads == 1 ? " thread\n" : " threads\n");
+            << ", " << jobs << (jobs == 1 ? " job" : " jobs") << " sharing " << cores
+            << (cores == 1 ? " core\n" : " cores\n");
+  // The longest replays start first, and the running ones share the cores: each follows
+  // its threads file between steps, so the last replay takes the cores the others freed
+  // instead of leaving them idle (the bits do not depend on the threads).
+  std::map<const Interval*, int> threads_of;
+  auto share_cores = [&](const std::map<pid_t, Interval*>& running) {
+    const int n = static_cast<int>(running.size());
+    int i = 0;
+    for (const auto& entry : running) {
+      const int threads = std::max(1, cores / n + (i++ < cores % n ? 1 : 0));
+      if (threads_of[entry.second] != threads) write_threads_file(entry.second->threads_file, threads);
+      threads_of[entry.second] = threads;
+    }
+  };
   auto run_all = [&](std::vector<Interval*> todo, int at_once) {
-    std::size_t next = 0, running = 0;
+    std::stable_sort(todo.begin(), todo.end(),
+                     [](const Interval* x, const Interval* y) { return x->to - x->from_step > y->to - y->from_step; });
+    std::size_t next = 0;
     std::map<pid_t, Interval*> by_pid;
-    while (next < todo.size() || running > 0) {
-      while (running < static_cast<std::size_t>(at_once) && next < todo.size()) {
-        todo[next]->pid = start_replay(*todo[next], src.checkpoint_path, o, threads);
-        by_pid[todo[next]->pid] = todo[next];
-        ++next;
-        ++running;
+    while (next < todo.size() || !by_pid.empty()) {
+      const std::size_t starting =
+          std::min(todo.size() - next, static_cast<std::size_t>(at_once) - std::min<std::size_t>(at_once, by_pid.size()));
+      if (starting > 0) {
+        // Shared as if the new ones ran already, so none starts with more than its part.
+        std::map<pid_t, Interval*> planned = by_pid;
+        for (std::size_t k = 0; k < starting; ++k) planned[-1 - static_cast<pid_t>(k)] = todo[next + k];
+        share_cores(planned);
+        for (std::size_t k = 0; k < starting; ++k, ++next) {
+          todo[next]->pid = start_replay(*todo[next], src.checkpoint_path, o, threads_of[todo[next]]);
+          by_pid[todo[next]->pid] = todo[next];
+        }
       }
       int status = 0;
       const pid_t done = ::waitpid(-1, &status, 0);
@@ -184,7 +219,8 @@ int cmd_audit(const AuditOptions& o) {
       auto it = by_pid.find(done);
       if (it == by_pid.end()) continue;
       it->second->status = status;
-      --running;
+      by_pid.erase(it);
+      if (!by_pid.empty() && next >= todo.size()) share_cores(by_pid);
     }
   };
   std::vector<Interval*> all;

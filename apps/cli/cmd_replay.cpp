@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/exit.h"
 #include "cli/replay_report.h"
+#include "engine/core/device.h"
 #include "engine/run/replay.h"
 
 namespace engine::cli {
@@ -23,6 +24,9 @@ void replay_options(CLI::App* replay, Commands& c) {
   replay->add_option("--check", c.replay.check_dir,
                      "compare every replayed step with RUN_DIR/step_digests.jsonl; stop at the first that differs")
       ->type_name("RUN_DIR");
+  // For `engine audit`: it rewrites this file as its replays start and end, so that the
+  // ones still running use the cores the others freed (the bits do not depend on it).
+  replay->add_option("--threads-file", c.replay.threads_file)->group("");
   replay->add_flag("--from-start", c.replay.from_start, "replay a checkpoint's run from its start (step 0)");
   add_device_option(replay, c.replay.device, "where to replay (default cpu; a GPU run's bits need a GPU)");
   replay->add_option("--data-dir", c.replay.data_dir, "dataset directory (default: the stored data.dir)")
@@ -34,6 +38,20 @@ void replay_options(CLI::App* replay, Commands& c) {
       "Exit status: 0 replayed (and, with --check, every step matched), 1 a step differed or an error,\n"
       "2 usage.");
 }
+
+namespace {
+
+// Sets the CPU threads to the count `path` holds, when it holds one that differs.
+void follow_threads_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return;
+  int threads = 0;
+  const bool read = std::fscanf(f, "%d", &threads) == 1;
+  std::fclose(f);
+  if (read && threads >= 1 && threads <= 4096 && threads != cpu_threads()) set_cpu_threads(threads);
+}
+
+}  // namespace
 
 int cmd_replay(const ReplayCliOptions& a) {
   if (a.output.empty() && a.check_dir.empty()) fail("replay: give -o OUT.h5, --check RUN_DIR, or both", kExitUsage);
@@ -62,7 +80,10 @@ int cmd_replay(const ReplayCliOptions& a) {
   bool parted = false;
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    replay_to(*trainer, a.to, [&](const StepDigest& d) {
+    replay_to(*trainer, a.to, [&](const StepDigest* step) {
+      if (!a.threads_file.empty()) follow_threads_file(a.threads_file);
+      if (!step) return true;
+      const StepDigest& d = *step;
       auto it = recorded.find(d.global_step);
       if (it == recorded.end()) return true;
       ++checked;

@@ -38,6 +38,7 @@ struct ExportOptionsCli {
 
 struct ReplayCliOptions {
   std::string source, output, check_dir, device = "cpu", data_dir;
+  std::string threads_file;  // audit's children: the CPU threads to use, read between steps
   int64_t to = -1;
   bool from_start = false;
 };

@@ -10,6 +10,7 @@
 
 #include "core/device_upload.h"
 #include "core/graph_capture.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cuda_runtime.h"
 
 namespace engine {
@@ -33,6 +34,9 @@ std::string Device::str() const {
 
 bool cuda_built() { return gpu::built(); }
 int cuda_device_count() { return gpu::built() ? gpu::device_count() : 0; }
+
+int cpu_threads() { return kernels::cpu::cpu_threads(); }
+void set_cpu_threads(int threads) { kernels::cpu::set_cpu_threads(threads); }
 
 namespace {
 

@@ -39,7 +39,7 @@ int64_t last_step_of_run(Trainer& trainer) {
   return cfg.train.epochs * ((n + batch - 1) / batch);
 }
 
-int64_t replay_to(Trainer& trainer, int64_t to, const std::function<bool(const StepDigest&)>& after_step) {
+int64_t replay_to(Trainer& trainer, int64_t to, const std::function<bool(const StepDigest*)>& after_step) {
   if (to < trainer.global_step())
     throw std::invalid_argument("step " + std::to_string(to) + " is behind the replay's start (step " +
                                 std::to_string(trainer.global_step()) + ")");
@@ -50,7 +50,7 @@ int64_t replay_to(Trainer& trainer, int64_t to, const std::function<bool(const S
                                 " epochs)");
   while (trainer.global_step() < to) {
     trainer.train_step();
-    if (after_step && trainer.last_step_digest() && !after_step(*trainer.last_step_digest())) break;
+    if (after_step && !after_step(trainer.last_step_digest() ? &*trainer.last_step_digest() : nullptr)) break;
   }
   return trainer.global_step();
 }

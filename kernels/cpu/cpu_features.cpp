@@ -138,4 +138,8 @@ std::string cpu_kernels_description() {
   return s;
 }
 
+int cpu_threads() { return omp_get_max_threads(); }
+
+void set_cpu_threads(int threads) { omp_set_num_threads(threads < 1 ? 1 : threads); }
+
 }  // namespace engine::kernels::cpu

@@ -29,4 +29,10 @@ CpuKernels cpu_kernels();
 // and a note when the portable path has no hardware FMA.
 std::string cpu_kernels_description();
 
+// The threads the CPU kernels' parallel regions use when started from the calling
+// thread (OMP_NUM_THREADS at start). Every count gives the same bits, so it may change
+// between any two ops.
+int cpu_threads();
+void set_cpu_threads(int threads);
+
 }  // namespace engine::kernels::cpu

@@ -43,6 +43,11 @@ int cuda_device_count();
 // Throws std::runtime_error when "cuda" is asked for and cannot be had.
 Device resolve_device(const std::string& name);
 
+// The CPU backend's threads for work started from the calling thread (OMP_NUM_THREADS
+// at start). Every count gives the same bits, so a caller may change it between steps.
+int cpu_threads();
+void set_cpu_threads(int threads);
+
 // Raw memory on a device; used by Tensor.
 void* device_alloc(Device d, std::size_t bytes);
 void device_free(Device d, void* p);

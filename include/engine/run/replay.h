@@ -35,10 +35,11 @@ std::unique_ptr<Trainer> replay_trainer(const Checkpoint& ckpt, const std::strin
 
 // Trains `trainer` step by step (Trainer::train_step: an epoch's last step includes its
 // end, as in fit()) until its global step is `to`. After each step, `after_step` gets
-// the step's record (train.step_digests) and may return false to stop there. Returns
+// the step's record (null when train.step_digests is off) and may return false to stop
+// there; between steps it may also change the CPU threads (set_cpu_threads). Returns
 // the global step reached. Throws std::invalid_argument when `to` is behind the trainer
 // or beyond the run's last step.
-int64_t replay_to(Trainer& trainer, int64_t to, const std::function<bool(const StepDigest&)>& after_step = {});
+int64_t replay_to(Trainer& trainer, int64_t to, const std::function<bool(const StepDigest*)>& after_step = {});
 
 // The last global step of a run with this trainer's config (train.epochs epochs).
 int64_t last_step_of_run(Trainer& trainer);
