@@ -250,10 +250,17 @@ TEST_CASE("one writer per run directory: a second train or resume is refused at 
   ::kill(holder.pid(), SIGKILL);
   CHECK(holder.finish().signal == SIGKILL);
   CHECK(read_lines(dir + "/.lock").at(0).find(pid + " ") == 0);
-  const RunResult r = run(small_run(dir) + " --stop-after-epochs 1");
+  const RunResult r = run(small_run(dir) + " --stop-after-epochs 2");  // one epoch more
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("resuming from epoch") != std::string::npos);
+  // The relaunch's time to its first trained step, and where it went (no bound: it asks no speed).
+  const std::size_t said = r.output.find("resumed in ");
+  REQUIRE(said != std::string::npos);
+  const std::string line = r.output.substr(said, r.output.find('\n', said) - said);
+  for (const char* part : {" s: exec and libraries ", ", config ", ", job, data and model ", ", survey ",
+                           " in 1 tier), restore ", ", first step "})
+    CHECK_MESSAGE(line.find(part) != std::string::npos, line);
   CHECK(fs::file_size(dir + "/.lock") == 0);  // released cleanly
 }
 

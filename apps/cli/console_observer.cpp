@@ -69,6 +69,12 @@ void ConsoleObserver::on_epoch_end(const EpochMetrics& m) {
 }
 
 void ConsoleObserver::on_step_end(int64_t global_step) {
+  if (after_next_step_) {
+    std::function<void()> f = std::move(after_next_step_);
+    after_next_step_ = nullptr;
+    clear();
+    f();
+  }
   if (g_also) g_also->on_step_end(global_step);
 }
 

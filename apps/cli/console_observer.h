@@ -1,6 +1,7 @@
 // What `engine train` and `resume` print while they train.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "engine/train/trainer.h"
@@ -21,12 +22,15 @@ class ConsoleObserver : public TrainerObserver {
   void on_epoch_end(const EpochMetrics& m) override;
   void on_step_end(int64_t global_step) override;
   void on_checkpoint(const std::string& path, CheckpointKind kind) override;
+  // Called once, after the next step ends (the relaunch time: "resumed in ...").
+  void after_next_step(std::function<void()> f) { after_next_step_ = std::move(f); }
 
  private:
   void clear();
   bool tty_;
   bool bar_shown_ = false;
   int64_t epoch_ = 0, epochs_ = 0;
+  std::function<void()> after_next_step_;
 };
 
 // "test: loss 0.3012  accuracy 89.10% (10000 images)"

@@ -4,7 +4,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iomanip>
+#include <fstream>
 #include <iostream>
+#include <iterator>
+#include <sstream>
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <unistd.h>
 
 #include "cli/exit.h"
 #include "cli/signals.h"
@@ -17,8 +24,32 @@ namespace fs = std::filesystem;
 namespace engine::cli {
 namespace {
 
-// When the process started: --time-limit counts from here, as a scheduler does.
+// Seconds from this process's exec to now: the kernel's start time (clock ticks since
+// boot, field 22 of /proc/self/stat) against CLOCK_BOOTTIME; -1 when it cannot be read.
+double seconds_since_exec() {
+  std::ifstream in("/proc/self/stat");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::size_t name_end = text.rfind(')');  // the command name may hold spaces
+  if (name_end == std::string::npos || name_end + 2 > text.size()) return -1;
+  std::istringstream fields(text.substr(name_end + 2));
+  std::string field;
+  for (int i = 3; i <= 22; ++i)
+    if (!(fields >> field)) return -1;
+  const long ticks = ::sysconf(_SC_CLK_TCK);
+  timespec now{};
+  if (ticks <= 0 || ::clock_gettime(CLOCK_BOOTTIME, &now) != 0) return -1;
+  const double started = std::strtod(field.c_str(), nullptr) / static_cast<double>(ticks);
+  return std::max(0.0, static_cast<double>(now.tv_sec) + now.tv_nsec * 1e-9 - started);
+}
+
+// When the process started: --time-limit counts from here, as a scheduler does. The
+// time from exec to here (loading the libraries) is measured once, for "resumed in".
 const auto g_process_start = std::chrono::steady_clock::now();
+const double g_exec_to_start = seconds_since_exec();
+
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 }  // namespace
 
@@ -29,6 +60,7 @@ TrainingSession::TrainingSession(Config cfg, const RunOptions& o)
 
 Trainer& TrainingSession::start() {
   Trainer& t = session_.start(make_model(session_.config()), &observer_);
+  started_ = Clock::now();
   if (session_.size() > 1)
     std::cout << "data-parallel on " << session_.size() << " ranks (" << session_.collective().name()
               << (session_.collective().one_host() ? ", one host" : ", several hosts") << ")\n";
@@ -51,11 +83,40 @@ void TrainingSession::begin(StartFrom from) {
   } catch (const StartMismatchError& e) {
     refuse_mismatch(e);
   }
+  begun_ = Clock::now();
   if (b.agreement) print_agreement(*b.agreement, b.checkpoint);
   print_header();
   for (const std::string& line : b.messages) observer_.on_message(line);
   print_load_report(b.load_report);
   already_complete_ = b.outcome == RunBegin::Outcome::AlreadyComplete;
+  if (b.outcome == RunBegin::Outcome::Resumed && session_.rank() == 0) {
+    begin_seconds_ = b.seconds;
+    copies_surveyed_ = b.survey.copies.size();
+    tiers_surveyed_ = b.survey.tiers.size();
+    observer_.after_next_step([this] { print_relaunch_time(); });
+  }
+}
+
+// "resumed in 0.31 s: ..." once the first step after a resume has ended: the time from
+// the process's exec to a trained step, and where it went (docs/recovery.md).
+void TrainingSession::print_relaunch_time() const {
+  const Clock::time_point now = Clock::now();
+  const double exec = std::max(0.0, g_exec_to_start);
+  // begin() beyond its measured parts (the lock's checks, the agreement of ranks).
+  const double rest_of_begin = std::max(
+      0.0, seconds_between(started_, begun_) - begin_seconds_.survey - begin_seconds_.restore - begin_seconds_.repair);
+  char repairs[64] = "";
+  if (begin_seconds_.repair >= 0.005) std::snprintf(repairs, sizeof repairs, ", repairs %.2f", begin_seconds_.repair);
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "resumed in %.2f s: exec and libraries %.2f%s, config %.2f, job, data and model %.2f, survey %.2f "
+                "(%zu %s in %zu %s), restore %.2f%s, first step %.2f",
+                exec + seconds_between(g_process_start, now), exec, g_exec_to_start < 0 ? " (unknown)" : "",
+                seconds_between(g_process_start, entered_), seconds_between(entered_, started_),
+                begin_seconds_.survey + rest_of_begin, copies_surveyed_, copies_surveyed_ == 1 ? "copy" : "copies",
+                tiers_surveyed_, tiers_surveyed_ == 1 ? "tier" : "tiers", begin_seconds_.restore, repairs,
+                seconds_between(begun_, now));
+  std::cout << line << "\n" << std::flush;
 }
 
 void TrainingSession::print_header() {

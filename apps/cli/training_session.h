@@ -4,6 +4,8 @@
 // rank 0 alone prints and owns the run directory (its lock, checkpoints, metrics), the
 // other ranks train silently and write nothing (docs/distributed.md).
 #pragma once
+#include <chrono>
+#include <cstddef>
 #include <string>
 
 #include "cli/console_observer.h"
@@ -44,6 +46,13 @@ class TrainingSession {
   static void print_agreement(const StartAgreement& a, const std::string& checkpoint);
   [[noreturn]] static void refuse_mismatch(const StartMismatchError& e);
 
+  void print_relaunch_time() const;
+
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point entered_ = Clock::now();  // first: before the session joins its job
+  Clock::time_point started_, begun_;
+  RunBegin::Seconds begin_seconds_;
+  std::size_t copies_surveyed_ = 0, tiers_surveyed_ = 0;
   RunOptions opts_;
   ConsoleObserver observer_;  // before session_: the trainer it holds reports to it
   RunSession session_;

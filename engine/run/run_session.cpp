@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +28,10 @@ namespace engine {
 namespace fs = std::filesystem;
 
 namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 // This process's job: the collective of the last session that joined one, kept to the
 // end of the process so that abort_job() can still end every rank after the session has
@@ -193,7 +198,9 @@ RunBegin RunSession::begin(const BeginOptions& options) {
                              moved.dir);
     }
   } else if (writes_run_dir()) {
+    const auto t0 = std::chrono::steady_clock::now();
     b.survey = survey_run(s.cfg, s.env);
+    b.seconds.survey = seconds_since(t0);
     // Another run's checkpoint in the run directory: resuming it would mix two runs, and
     // this run's saves would destroy it.
     if (const CheckpointCopy* other = b.survey.other_run_in_run_dir())
@@ -232,6 +239,7 @@ RunBegin RunSession::begin(const BeginOptions& options) {
     b.agreement = engine::agree_on_start(*s.comm, s.cfg, t.dataset(), path, s.env);
   }
   if (!path.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       // Rank 0 restores the state the survey loaded; the others load the same file.
       b.load_report = b.survey.state ? t.restore(*b.survey.state, LoadMode::Strict) : t.resume_from(path, LoadMode::Strict);
@@ -241,6 +249,7 @@ RunBegin RunSession::begin(const BeginOptions& options) {
       throw CheckpointError(path + ": " + e.what());
     }
     b.survey.state.reset();
+    b.seconds.restore = seconds_since(t0);
     b.outcome = RunBegin::Outcome::Resumed;
     b.checkpoint = path;
     if (writes_run_dir()) {
@@ -249,7 +258,9 @@ RunBegin RunSession::begin(const BeginOptions& options) {
                          " (" + path + ")";
       if (const std::string skipped = b.survey.skipped_text(); !skipped.empty()) line += "; skipped " + skipped;
       b.messages.push_back(line);
+      const auto r0 = std::chrono::steady_clock::now();
       for (const std::string& repaired : s.run_dir->repair(b.survey)) b.messages.push_back(repaired);
+      b.seconds.repair = seconds_since(r0);
     }
   }
   if (!options.reevaluate && already_complete()) b.outcome = RunBegin::Outcome::AlreadyComplete;

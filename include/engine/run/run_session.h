@@ -68,6 +68,11 @@ struct RunBegin {
   // (Scratch), "resuming from epoch E, step S of epoch E+1 (FILE)" with the copies
   // skipped and why, the repairs, "already complete: ...". Warnings start "warning: ".
   std::vector<std::string> messages;
+  // Where begin() spent its time, seconds: the survey of every tier (loading each copy),
+  // restoring the chosen state, and the repairs (docs/recovery.md, "Relaunch time").
+  struct Seconds {
+    double survey = 0, restore = 0, repair = 0;
+  } seconds;
 };
 
 struct RunSessionOptions {
