@@ -1,0 +1,546 @@
+// The memory tier's slot file (engine/io/memory_tier.h; layout: docs/recovery.md).
+#include "engine/io/memory_tier.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "kernels/cpu/bulk_copy.h"
+
+namespace engine::memory_tier {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kMagic[16] = {'E', 'N', 'G', 'I', 'N', 'E', ' ', 'M', 'E', 'M', 'T', 'I', 'E', 'R', '\n', '\0'};
+constexpr uint64_t kSealed = 0x44454C4145534C53ull;  // "SLSEALED" read as little-endian text
+constexpr uint64_t kHeaderBytes = 4096;               // the file header's page
+constexpr uint64_t kSealBytes = 4096;                 // each slot's seal page; its payload follows
+constexpr uint64_t kAlign = 64;                       // every tensor of a payload starts at a multiple
+
+struct FileHeader {
+  char magic[16];
+  uint32_t layout_version;
+  uint32_t header_bytes;
+  uint64_t slot_bytes;  // each slot, its seal page included
+  uint64_t slot_offset[2];
+  uint32_t owner_uid;
+  uint32_t run_dir_bytes;
+  char run_dir[3968];
+  uint32_t crc;  // zlib crc32 of every byte above
+};
+static_assert(sizeof(FileHeader) <= kHeaderBytes, "the header fits its page");
+
+struct SlotSeal {
+  uint64_t sealed;  // kSealed once the slot is complete; 0 while it is written
+  uint64_t sequence;
+  int64_t global_step;
+  uint64_t index_bytes;    // the JSON index at the start of the payload
+  uint64_t payload_bytes;  // the index, padding, and the tensors
+  uint64_t digest;         // kernels/step_digest.h's terms of the payload's words, from word 0
+  uint32_t crc;            // zlib crc32 of the fields from `sequence` to `digest`
+  uint32_t unused;
+};
+
+uint32_t crc_of(const void* p, std::size_t n) {
+  return static_cast<uint32_t>(::crc32(0L, static_cast<const Bytef*>(p), static_cast<uInt>(n)));
+}
+uint32_t header_crc(const FileHeader& h) { return crc_of(&h, offsetof(FileHeader, crc)); }
+uint32_t seal_crc(const SlotSeal& s) {
+  return crc_of(&s.sequence, offsetof(SlotSeal, crc) - offsetof(SlotSeal, sequence));
+}
+uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (const unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Doubles by their bits: JSON has no infinity or NaN, and a resume needs every bit.
+nlohmann::json bits_of(double d) {
+  uint64_t b;
+  std::memcpy(&b, &d, sizeof b);
+  return b;
+}
+double double_of(const nlohmann::json& j) {
+  const uint64_t b = j.get<uint64_t>();
+  double d;
+  std::memcpy(&d, &b, sizeof d);
+  return d;
+}
+
+nlohmann::json scalar_json(const Scalar& s) {
+  if (const auto* i = std::get_if<int64_t>(&s)) return {{"int64", *i}};
+  if (const auto* d = std::get_if<double>(&s)) return {{"float64", bits_of(*d)}};
+  if (const auto* t = std::get_if<std::string>(&s)) return {{"string", *t}};
+  nlohmann::json series = nlohmann::json::array();
+  for (const double d : std::get<std::vector<double>>(s)) series.push_back(bits_of(d));
+  return {{"float64[]", series}};
+}
+
+Scalar scalar_of(const nlohmann::json& j) {
+  if (!j.is_object() || j.size() != 1) throw std::runtime_error("a scalar is not {kind: value}");
+  const auto& [kind, v] = *j.items().begin();
+  if (kind == "int64") return v.get<int64_t>();
+  if (kind == "float64") return double_of(v);
+  if (kind == "string") return v.get<std::string>();
+  if (kind == "float64[]") {
+    std::vector<double> series;
+    for (const auto& e : v) series.push_back(double_of(e));
+    return series;
+  }
+  throw std::runtime_error("unknown scalar kind '" + kind + "'");
+}
+
+DType dtype_named(const std::string& name) {
+  for (DType t : {DType::F32, DType::F16, DType::I32, DType::U8, DType::F64})
+    if (name == dtype_name(t)) return t;
+  throw std::runtime_error("unknown dtype '" + name + "'");
+}
+
+// The index of a state: everything but the tensors' bytes, and where each of those lies.
+struct Layout {
+  std::string index;  // JSON text
+  uint64_t payload_bytes = 0;
+  std::vector<std::pair<const Tensor*, uint64_t>> tensors;  // and their offsets in the payload
+};
+
+Layout layout_of(const Checkpoint& c) {
+  // The index does not know its own length when the offsets are chosen: the tensors go
+  // after a region sized for it, which the index then fits (checked below).
+  nlohmann::json groups = nlohmann::json::object();
+  Layout l;
+  std::vector<std::pair<const Tensor*, uint64_t>> sizes;
+  for (const auto& [name, dict] : c.groups) {
+    nlohmann::json g = {{"scalars", nlohmann::json::object()}, {"tensors", nlohmann::json::object()}};
+    for (const auto& [key, value] : dict.scalars) g["scalars"][key] = scalar_json(value);
+    for (const auto& [key, t] : dict.tensors) {
+      if (!t.device().is_cpu()) throw std::runtime_error(name + "/" + key + " is not on the CPU");
+      g["tensors"][key] = {{"dtype", dtype_name(t.dtype())}, {"shape", t.shape()}, {"offset", 0}, {"bytes", t.nbytes()}};
+      sizes.emplace_back(&t, t.nbytes());
+    }
+    groups[name] = std::move(g);
+  }
+  nlohmann::json j = {{"meta",
+                       {{"format_version", c.meta.format_version},
+                        {"engine_version", c.meta.engine_version},
+                        {"created_utc", c.meta.created_utc},
+                        {"saved_on", c.meta.saved_on}}},
+                      {"config_json", c.config_json},
+                      {"groups", std::move(groups)}};
+  // Offsets: after the index, whose length with the offsets filled in is at most its
+  // length now plus 20 digits per tensor.
+  const uint64_t reserve = align_up(j.dump().size() + 20 * sizes.size() + 64);
+  uint64_t at = reserve;
+  for (auto& [name, dict] : c.groups)
+    for (auto& [key, t] : dict.tensors) {
+      j["groups"][name]["tensors"][key]["offset"] = at;
+      l.tensors.emplace_back(&t, at);
+      at = align_up(at + t.nbytes());
+    }
+  l.index = j.dump();
+  if (l.index.size() > reserve) throw std::logic_error("memory tier: the index outgrew its region");
+  l.payload_bytes = at;
+  return l;
+}
+
+Checkpoint state_of(const unsigned char* payload, const SlotSeal& seal) {
+  const nlohmann::json j = nlohmann::json::parse(payload, payload + seal.index_bytes);
+  Checkpoint c;
+  const nlohmann::json& m = j.at("meta");
+  c.meta.format_version = m.at("format_version").get<int64_t>();
+  c.meta.engine_version = m.at("engine_version").get<std::string>();
+  c.meta.created_utc = m.at("created_utc").get<std::string>();
+  c.meta.saved_on = m.at("saved_on").get<std::string>();
+  c.config_json = j.at("config_json").get<std::string>();
+  for (const auto& [name, g] : j.at("groups").items()) {
+    StateDict& d = c.groups[name];
+    for (const auto& [key, s] : g.at("scalars").items()) d.scalars[key] = scalar_of(s);
+    for (const auto& [key, t] : g.at("tensors").items()) {
+      const DType dtype = dtype_named(t.at("dtype").get<std::string>());
+      const Shape shape = t.at("shape").get<Shape>();
+      for (const int64_t e : shape)
+        if (e < 0) throw std::runtime_error(name + "/" + key + ": a negative dimension");
+      const uint64_t offset = t.at("offset").get<uint64_t>(), bytes = t.at("bytes").get<uint64_t>();
+      Tensor tensor = Tensor::empty(shape, dtype);
+      if (bytes != tensor.nbytes() || offset < seal.index_bytes || offset > seal.payload_bytes ||
+          bytes > seal.payload_bytes - offset)
+        throw std::runtime_error(name + "/" + key + ": its bytes do not lie in the payload as its shape says");
+      if (bytes) std::memcpy(tensor.raw(), payload + offset, bytes);
+      d.tensors[key] = std::move(tensor);
+    }
+  }
+  return c;
+}
+
+// The seal as a reader may trust it, or why not.
+std::string check_seal(const SlotSeal& s, uint64_t slot_bytes) {
+  if (s.sealed == 0 && s.sequence == 0) return "never written";
+  if (s.sealed != kSealed) return "torn: its write did not complete (a kill during it)";
+  if (s.crc != seal_crc(s)) return "seal checksum mismatch";
+  if (s.payload_bytes > slot_bytes - kSealBytes || s.index_bytes > s.payload_bytes)
+    return "its payload (" + std::to_string(s.payload_bytes) + " bytes) does not fit its slot";
+  return "";
+}
+
+std::string hex16(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// Opens an existing slot file for reading or writing, refusing what is not this user's own.
+int open_own(const std::string& path, int flags, std::string& problem, struct stat& st) {
+  const int fd = ::open(path.c_str(), flags | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    problem = err == ENOENT ? "no slot file" : err == ELOOP ? "a symbolic link, not a slot file" : errno_text(err);
+    return -1;
+  }
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) problem = "not a regular file";
+  else if (st.st_uid != ::geteuid())
+    problem = "owned by uid " + std::to_string(st.st_uid) + ", not this user (uid " + std::to_string(::geteuid()) + ")";
+  else if (st.st_mode & (S_IWGRP | S_IWOTH)) problem = "writable by other users";
+  if (!problem.empty()) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool read_exact(int fd, void* dst, std::size_t n, off_t at) {
+  auto* p = static_cast<unsigned char*>(dst);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, at);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+    at += r;
+  }
+  return true;
+}
+
+// The header of an open slot file, checked against its size; why not, or "".
+std::string read_header(int fd, uint64_t file_bytes, FileHeader& h) {
+  if (file_bytes < kHeaderBytes || !read_exact(fd, &h, sizeof h, 0))
+    return "truncated: " + std::to_string(file_bytes) + " bytes, not even a header";
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return "not a memory-tier slot file";
+  if (h.crc != header_crc(h)) return "header checksum mismatch";
+  if (h.layout_version != kLayoutVersion)
+    return "layout version " + std::to_string(h.layout_version) + " (this engine reads " +
+           std::to_string(kLayoutVersion) + ")";
+  if (h.header_bytes != kHeaderBytes || h.slot_bytes < kSealBytes || h.run_dir_bytes >= sizeof h.run_dir)
+    return "an inconsistent header";
+  for (const uint64_t off : h.slot_offset)
+    if (off < kHeaderBytes || off > file_bytes || file_bytes - off < h.slot_bytes)
+      return "truncated: " + std::to_string(file_bytes) + " bytes, the header describes slots up to " +
+             std::to_string(std::max(h.slot_offset[0], h.slot_offset[1]) + h.slot_bytes);
+  return "";
+}
+
+}  // namespace
+
+std::string canonical_run_dir(const std::string& run_dir) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(run_dir, ec), ec);
+  if (ec) p = fs::absolute(run_dir).lexically_normal();
+  std::string s = p.string();
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return s;
+}
+
+std::string file_for(const std::string& dir, const std::string& run_dir) {
+  return (fs::path(dir) / ("engine-" + std::to_string(::geteuid()) + "-" + hex16(fnv1a(canonical_run_dir(run_dir))) +
+                           ".slots"))
+      .string();
+}
+
+const Slot* Contents::newest() const {
+  const Slot* best = nullptr;
+  for (const Slot& s : slots)
+    if (s.problem.empty() && (!best || s.sequence > best->sequence)) best = &s;
+  return best;
+}
+
+Contents read(const std::string& path, const std::string& expected_run_dir, Read what) {
+  Contents c;
+  c.path = path;
+  struct stat st {};
+  const int fd = open_own(path, O_RDONLY, c.problem, st);
+  if (fd < 0) return c;
+  FileHeader h{};
+  c.problem = read_header(fd, static_cast<uint64_t>(st.st_size), h);
+  if (c.problem.empty()) {
+    c.run_dir.assign(h.run_dir, h.run_dir_bytes);
+    c.slot_bytes = h.slot_bytes;
+    if (!expected_run_dir.empty() && c.run_dir != expected_run_dir)
+      c.problem = "the slot file of another run directory (" + c.run_dir + ")";
+  }
+  if (!c.problem.empty()) {
+    ::close(fd);
+    return c;
+  }
+  std::vector<unsigned char> payload;
+  for (int i = 0; i < 2; ++i) {
+    Slot s;
+    s.index = i;
+    SlotSeal seal{};
+    if (!read_exact(fd, &seal, sizeof seal, static_cast<off_t>(h.slot_offset[i]))) {
+      s.problem = "cannot read its seal";
+      c.slots.push_back(std::move(s));
+      continue;
+    }
+    s.problem = check_seal(seal, h.slot_bytes);
+    s.sealed = seal.sealed == kSealed;
+    s.sequence = seal.sequence;
+    s.global_step = seal.global_step;
+    s.payload_bytes = seal.payload_bytes;
+    s.digest = seal.digest;
+    if (s.problem.empty() && what == Read::States) {
+      payload.resize(seal.payload_bytes);
+      if (!read_exact(fd, payload.data(), payload.size(), static_cast<off_t>(h.slot_offset[i] + kSealBytes))) {
+        s.problem = "cannot read its payload";
+      } else if (const uint64_t d = kernels::cpu::digest_bytes(payload.data(), payload.size(), 0); d != seal.digest) {
+        s.problem = "checksum mismatch: the payload's digest is " + hex16(d) + ", its seal records " + hex16(seal.digest);
+      } else {
+        try {
+          s.state = state_of(payload.data(), seal);
+        } catch (const std::exception& e) {
+          s.problem = std::string("its index does not parse: ") + e.what();
+        }
+      }
+    }
+    c.slots.push_back(std::move(s));
+  }
+  ::close(fd);
+  return c;
+}
+
+struct Writer::Impl {
+  std::string dir, path, run_dir;
+  int fd = -1;
+  unsigned char* map = nullptr;
+  uint64_t map_bytes = 0;
+  uint64_t slot_bytes = 0, slot_offset[2] = {0, 0};
+  uint64_t sequence = 0;  // of the newest sealed slot
+  int newest = -1;        // its index; -1 none
+  uint64_t last_bytes = 0;
+  double last_seconds = 0;
+
+  [[noreturn]] void fail(const std::string& what) const { throw std::runtime_error(path + ": " + what); }
+
+  void unmap() {
+    if (map) ::munmap(map, map_bytes);
+    if (fd >= 0) ::close(fd);
+    map = nullptr;
+    fd = -1;
+  }
+
+  SlotSeal* seal(int i) { return reinterpret_cast<SlotSeal*>(map + slot_offset[i]); }
+
+  // Adopts an existing file of this run directory: its slots stay as they are.
+  bool adopt() {
+    std::string problem;
+    struct stat st {};
+    const int f = open_own(path, O_RDWR, problem, st);
+    if (f < 0) return false;
+    FileHeader h{};
+    if (!read_header(f, static_cast<uint64_t>(st.st_size), h).empty() ||
+        std::string(h.run_dir, h.run_dir_bytes) != run_dir) {
+      ::close(f);
+      return false;
+    }
+    void* m = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+    if (m == MAP_FAILED) {
+      ::close(f);
+      return false;
+    }
+    fd = f;
+    map = static_cast<unsigned char*>(m);
+    map_bytes = static_cast<uint64_t>(st.st_size);
+    slot_bytes = h.slot_bytes;
+    slot_offset[0] = h.slot_offset[0];
+    slot_offset[1] = h.slot_offset[1];
+    for (int i = 0; i < 2; ++i) {
+      const SlotSeal s = *seal(i);
+      if (check_seal(s, slot_bytes).empty() && (newest < 0 || s.sequence > sequence)) {
+        newest = i;
+        sequence = s.sequence;
+      }
+    }
+    return true;
+  }
+
+  // A new file with slots of `bytes` each, written whole under a temporary name and
+  // renamed over `path`, so that a reader never sees it half made.
+  void create(uint64_t bytes) {
+    const std::string part = path + ".part." + std::to_string(::getpid());
+    const int f = ::open(part.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (f < 0) fail("cannot create " + part + ": " + errno_text(errno));
+    auto give_up = [&](const std::string& why) {
+      const int err = errno;
+      ::close(f);
+      ::unlink(part.c_str());
+      fail(why + ": " + errno_text(err));
+    };
+    const uint64_t total = kHeaderBytes + 2 * bytes;
+    // posix_fallocate reserves the pages now: a full /dev/shm fails here, not as a
+    // SIGBUS in the middle of a step.
+    if (const int err = ::posix_fallocate(f, 0, static_cast<off_t>(total)); err != 0) {
+      errno = err;
+      give_up("cannot reserve " + std::to_string(total) + " bytes");
+    }
+    FileHeader h{};
+    std::memcpy(h.magic, kMagic, sizeof kMagic);
+    h.layout_version = kLayoutVersion;
+    h.header_bytes = kHeaderBytes;
+    h.slot_bytes = bytes;
+    h.slot_offset[0] = kHeaderBytes;
+    h.slot_offset[1] = kHeaderBytes + bytes;
+    h.owner_uid = static_cast<uint32_t>(::geteuid());
+    if (run_dir.size() >= sizeof h.run_dir) give_up("the run directory's path is too long for the header");
+    h.run_dir_bytes = static_cast<uint32_t>(run_dir.size());
+    std::memcpy(h.run_dir, run_dir.data(), run_dir.size());
+    h.crc = header_crc(h);
+    if (::pwrite(f, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) give_up("cannot write the header");
+    void* m = ::mmap(nullptr, static_cast<std::size_t>(total), PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+    if (m == MAP_FAILED) give_up("cannot map it");
+    if (::rename(part.c_str(), path.c_str()) != 0) {
+      ::munmap(m, static_cast<std::size_t>(total));
+      give_up("cannot rename " + part + " to it");
+    }
+    unmap();
+    fd = f;
+    map = static_cast<unsigned char*>(m);
+    map_bytes = total;
+    slot_bytes = bytes;
+    slot_offset[0] = h.slot_offset[0];
+    slot_offset[1] = h.slot_offset[1];
+    newest = -1;  // the new file's slots are empty; `sequence` goes on
+  }
+};
+
+Writer::Writer(const std::string& dir, const std::string& run_dir) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.dir = dir;
+  m.run_dir = canonical_run_dir(run_dir);
+  m.path = file_for(dir, run_dir);
+  // Otherwise the first write() makes the file, sized for the state: what is at that
+  // name now (another run directory's file, a damaged one) is replaced then, and another
+  // user's cannot be (/dev/shm is sticky), which that write reports.
+  m.adopt();
+}
+
+Writer::~Writer() { impl_->unmap(); }
+
+void Writer::write(const Checkpoint& state, int64_t global_step) {
+  Impl& m = *impl_;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Layout l = layout_of(state);
+  if (!m.map || l.payload_bytes > m.slot_bytes - kSealBytes) {
+    // A quarter more than this state, in whole MiB: the metrics grow a little each epoch.
+    const uint64_t need = kSealBytes + l.payload_bytes + l.payload_bytes / 4;
+    m.create((need + (1u << 20) - 1) / (1u << 20) * (1u << 20));
+  }
+  const int target = m.newest < 0 ? 0 : 1 - m.newest;
+  SlotSeal* s = m.seal(target);
+  // Unsealed first: a kill from here until the seal leaves this slot torn, the other sound.
+  reinterpret_cast<std::atomic<uint64_t>*>(&s->sealed)->store(0, std::memory_order_release);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  unsigned char* payload = m.map + m.slot_offset[target] + kSealBytes;
+  // The digest is of the payload's words from word 0, as a reader hashes it whole: each
+  // piece starts at a word boundary, the bytes after a piece's last partial word are
+  // zero (so that word is the one copy_and_digest padded), and the gaps are zeros too.
+  uint64_t digest = 0, done = 0;  // `done`: bytes written and hashed, a multiple of 4
+  auto zeros_to = [&](uint64_t end) {
+    if (end <= done) return;
+    std::memset(payload + done, 0, end - done);
+    digest += kernels::cpu::digest_bytes(payload + done, end - done, done / 4);
+    done = end;
+  };
+  auto piece = [&](const void* src, uint64_t bytes, uint64_t offset) {
+    zeros_to(offset);
+    digest += kernels::cpu::copy_and_digest(payload + offset, src, bytes, offset / 4);
+    const uint64_t end = offset + bytes, whole_words = (end + 3) / 4 * 4;
+    std::memset(payload + end, 0, whole_words - end);
+    done = whole_words;
+  };
+  piece(l.index.data(), l.index.size(), 0);
+  for (const auto& [t, offset] : l.tensors) piece(t->raw(), t->nbytes(), offset);
+  zeros_to(l.payload_bytes);
+  SlotSeal seal{};
+  seal.sequence = m.sequence + 1;
+  seal.global_step = global_step;
+  seal.index_bytes = l.index.size();
+  seal.payload_bytes = l.payload_bytes;
+  seal.digest = digest;
+  seal.crc = seal_crc(seal);
+  std::memcpy(reinterpret_cast<unsigned char*>(s) + sizeof(uint64_t),
+              reinterpret_cast<const unsigned char*>(&seal) + sizeof(uint64_t), sizeof seal - sizeof(uint64_t));
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  reinterpret_cast<std::atomic<uint64_t>*>(&s->sealed)->store(kSealed, std::memory_order_release);
+  m.sequence = seal.sequence;
+  m.newest = target;
+  m.last_bytes = l.payload_bytes;
+  m.last_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void Writer::remove() {
+  Impl& m = *impl_;
+  m.unmap();
+  ::unlink(m.path.c_str());
+}
+
+const std::string& Writer::path() const { return impl_->path; }
+uint64_t Writer::last_bytes() const { return impl_->last_bytes; }
+double Writer::last_seconds() const { return impl_->last_seconds; }
+
+std::vector<std::string> remove_abandoned(const std::string& dir) {
+  std::vector<std::string> removed;
+  const std::string prefix = "engine-" + std::to_string(::geteuid()) + "-";
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return removed;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string path = (fs::path(dir) / name).string();
+    // A writer's file under construction that its process left behind.
+    const std::size_t part = name.find(".slots.part.");
+    if (part != std::string::npos) {
+      const std::string pid = name.substr(part + 12);
+      if (!pid.empty() && pid.find_first_not_of("0123456789") == std::string::npos &&
+          ::kill(static_cast<pid_t>(std::stoll(pid)), 0) != 0 && errno == ESRCH && ::unlink(path.c_str()) == 0)
+        removed.push_back(path);
+      continue;
+    }
+    if (name.size() < 6 || name.compare(name.size() - 6, 6, ".slots") != 0) continue;
+    const Contents c = read(path, "", Read::Seals);
+    if (!c.problem.empty() || c.run_dir.empty()) continue;  // not ours to judge
+    std::error_code ec;
+    if (!fs::exists(c.run_dir, ec) && !ec && ::unlink(path.c_str()) == 0) removed.push_back(path);
+  }
+  ::closedir(d);
+  return removed;
+}
+
+}  // namespace engine::memory_tier
