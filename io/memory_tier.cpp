@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cerrno>
@@ -18,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "engine/io/step_digest.h"
 #include "kernels/cpu/bulk_copy.h"
 
 namespace engine::memory_tier {
@@ -118,25 +120,41 @@ DType dtype_named(const std::string& name) {
 }
 
 // The index of a state: everything but the tensors' bytes, and where each of those lies.
+struct Placed {
+  const Tensor* tensor;
+  uint64_t offset;       // in the payload
+  bool by_step_digest;   // checked by the state's step digest, not the seal's
+};
 struct Layout {
   std::string index;  // JSON text
   uint64_t payload_bytes = 0;
-  std::vector<std::pair<const Tensor*, uint64_t>> tensors;  // and their offsets in the payload
+  std::vector<Placed> tensors;
 };
+
+// The model's and optimizer's tensors are what the step digest covers (io/step_digest.h):
+// the optimizer computed it as it wrote them, so the seal need not hash them again. A
+// state without a step digest has every byte hashed by the seal.
+bool checked_by_step_digest(const Checkpoint& c, const std::string& group) {
+  if (group != "model" && group != "optimizer") return false;
+  const auto t = c.groups.find("trainer");
+  return t != c.groups.end() && t->second.scalars.count("step_digest") != 0;
+}
 
 Layout layout_of(const Checkpoint& c) {
   // The index does not know its own length when the offsets are chosen: the tensors go
   // after a region sized for it, which the index then fits (checked below).
   nlohmann::json groups = nlohmann::json::object();
   Layout l;
-  std::vector<std::pair<const Tensor*, uint64_t>> sizes;
+  std::size_t count = 0;
   for (const auto& [name, dict] : c.groups) {
     nlohmann::json g = {{"scalars", nlohmann::json::object()}, {"tensors", nlohmann::json::object()}};
     for (const auto& [key, value] : dict.scalars) g["scalars"][key] = scalar_json(value);
+    const bool by_step_digest = checked_by_step_digest(c, name);
     for (const auto& [key, t] : dict.tensors) {
       if (!t.device().is_cpu()) throw std::runtime_error(name + "/" + key + " is not on the CPU");
-      g["tensors"][key] = {{"dtype", dtype_name(t.dtype())}, {"shape", t.shape()}, {"offset", 0}, {"bytes", t.nbytes()}};
-      sizes.emplace_back(&t, t.nbytes());
+      g["tensors"][key] = {{"dtype", dtype_name(t.dtype())}, {"shape", t.shape()}, {"offset", 0},
+                           {"bytes", t.nbytes()}, {"checked_by", by_step_digest ? "step_digest" : "seal"}};
+      ++count;
     }
     groups[name] = std::move(g);
   }
@@ -149,14 +167,16 @@ Layout layout_of(const Checkpoint& c) {
                       {"groups", std::move(groups)}};
   // Offsets: after the index, whose length with the offsets filled in is at most its
   // length now plus 20 digits per tensor.
-  const uint64_t reserve = align_up(j.dump().size() + 20 * sizes.size() + 64);
+  const uint64_t reserve = align_up(j.dump().size() + 20 * count + 64);
   uint64_t at = reserve;
-  for (auto& [name, dict] : c.groups)
+  for (auto& [name, dict] : c.groups) {
+    const bool by_step_digest = checked_by_step_digest(c, name);
     for (auto& [key, t] : dict.tensors) {
       j["groups"][name]["tensors"][key]["offset"] = at;
-      l.tensors.emplace_back(&t, at);
+      l.tensors.push_back({&t, at, by_step_digest});
       at = align_up(at + t.nbytes());
     }
+  }
   l.index = j.dump();
   if (l.index.size() > reserve) throw std::logic_error("memory tier: the index outgrew its region");
   l.payload_bytes = at;
@@ -190,6 +210,31 @@ Checkpoint state_of(const unsigned char* payload, const SlotSeal& seal) {
     }
   }
   return c;
+}
+
+// The digest the seal records, recomputed: every byte of the payload but the tensors
+// the index says the step digest checks (each up to its next word boundary). Sets
+// `by_step_digest` when there are such tensors. Throws when the index does not parse.
+uint64_t seal_digest_of(const unsigned char* payload, const SlotSeal& seal, bool& by_step_digest) {
+  const nlohmann::json j = nlohmann::json::parse(payload, payload + seal.index_bytes);
+  std::vector<std::pair<uint64_t, uint64_t>> skip;
+  for (const auto& [name, g] : j.at("groups").items())
+    for (const auto& [key, t] : g.at("tensors").items()) {
+      if (t.value("checked_by", "seal") != "step_digest") continue;
+      const uint64_t offset = t.at("offset").get<uint64_t>(), bytes = t.at("bytes").get<uint64_t>();
+      if (offset % 4 || offset < seal.index_bytes || offset > seal.payload_bytes || bytes > seal.payload_bytes - offset)
+        throw std::runtime_error(name + "/" + key + ": its bytes do not lie in the payload");
+      skip.emplace_back(offset, std::min(seal.payload_bytes, (offset + bytes + 3) / 4 * 4));
+    }
+  std::sort(skip.begin(), skip.end());
+  by_step_digest = !skip.empty();
+  uint64_t digest = 0, at = 0;
+  for (const auto& [begin, end] : skip) {
+    if (begin < at) throw std::runtime_error("tensors overlap in the payload");
+    digest += kernels::cpu::digest_bytes(payload + at, begin - at, at / 4);
+    at = end;
+  }
+  return digest + kernels::cpu::digest_bytes(payload + at, seal.payload_bytes - at, at / 4);
 }
 
 // The seal as a reader may trust it, or why not.
@@ -320,11 +365,22 @@ Contents read(const std::string& path, const std::string& expected_run_dir, Read
       payload.resize(seal.payload_bytes);
       if (!read_exact(fd, payload.data(), payload.size(), static_cast<off_t>(h.slot_offset[i] + kSealBytes))) {
         s.problem = "cannot read its payload";
-      } else if (const uint64_t d = kernels::cpu::digest_bytes(payload.data(), payload.size(), 0); d != seal.digest) {
-        s.problem = "checksum mismatch: the payload's digest is " + hex16(d) + ", its seal records " + hex16(seal.digest);
       } else {
         try {
-          s.state = state_of(payload.data(), seal);
+          bool by_step_digest = false;
+          const uint64_t d = seal_digest_of(payload.data(), seal, by_step_digest);
+          if (d != seal.digest) {
+            s.problem = "checksum mismatch: the payload's digest is " + hex16(d) + ", its seal records " + hex16(seal.digest);
+          } else {
+            Checkpoint state = state_of(payload.data(), seal);
+            const uint64_t stored = by_step_digest ? stored_step_digest(state, path) : 0;
+            const uint64_t computed = by_step_digest ? step_digest_of(state, path).combined() : 0;
+            if (stored != computed)
+              s.problem = "checksum mismatch: its tensors give the step digest " + hex16(computed) + ", it records " +
+                          hex16(stored);
+            else
+              s.state = std::move(state);
+          }
         } catch (const std::exception& e) {
           s.problem = std::string("its index does not parse: ") + e.what();
         }
@@ -478,15 +534,16 @@ void Writer::write(const Checkpoint& state, int64_t global_step) {
     digest += kernels::cpu::digest_bytes(payload + done, end - done, done / 4);
     done = end;
   };
-  auto piece = [&](const void* src, uint64_t bytes, uint64_t offset) {
+  auto piece = [&](const void* src, uint64_t bytes, uint64_t offset, bool hashed) {
     zeros_to(offset);
-    digest += kernels::cpu::copy_and_digest(payload + offset, src, bytes, offset / 4);
+    if (hashed) digest += kernels::cpu::copy_and_digest(payload + offset, src, bytes, offset / 4);
+    else kernels::cpu::copy_bypassing_cache(payload + offset, src, bytes);
     const uint64_t end = offset + bytes, whole_words = (end + 3) / 4 * 4;
     std::memset(payload + end, 0, whole_words - end);
     done = whole_words;
   };
-  piece(l.index.data(), l.index.size(), 0);
-  for (const auto& [t, offset] : l.tensors) piece(t->raw(), t->nbytes(), offset);
+  piece(l.index.data(), l.index.size(), 0, true);
+  for (const Placed& p : l.tensors) piece(p.tensor->raw(), p.tensor->nbytes(), p.offset, !p.by_step_digest);
   zeros_to(l.payload_bytes);
   SlotSeal seal{};
   seal.sequence = m.sequence + 1;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "engine/io/memory_tier.h"
 #include "engine/run/run_files.h"
 
 namespace engine {
@@ -200,6 +201,52 @@ RunSurvey survey_run(const Config& cfg, Env* env_given) {
       }
     }
   }
+  return s;
+}
+
+MemoryTierSurvey survey_memory_tier(const Config& cfg) {
+  MemoryTierSurvey s;
+  if (!cfg.checkpoint.memory_tier) return s;
+  s.file = memory_tier::file_for(*cfg.checkpoint.memory_tier, cfg.checkpoint.dir);
+  memory_tier::Contents c =
+      memory_tier::read(s.file, memory_tier::canonical_run_dir(cfg.checkpoint.dir), memory_tier::Read::States);
+  if (!c.problem.empty()) {
+    if (c.problem != "no slot file") s.skipped.push_back(s.file + ": " + c.problem);
+    return s;
+  }
+  const nlohmann::json here = identity_config(config_to_json(cfg));
+  const RunIdentity mine = run_identity(cfg);
+  memory_tier::Slot* best = nullptr;
+  for (memory_tier::Slot& slot : c.slots) {
+    const std::string name = s.file + " slot " + std::to_string(slot.index);
+    if (!slot.problem.empty()) {
+      if (slot.problem != "never written") s.skipped.push_back(name + ": " + slot.problem);
+      continue;
+    }
+    const nlohmann::json config = resolved(slot.state->config_json);
+    if (identity_of(config) != mine) {
+      s.skipped.push_back(name + ": another run's state (" + first_difference(identity_config(config), here) + ")");
+      continue;
+    }
+    if (!best || slot.sequence > best->sequence) best = &slot;
+  }
+  if (!best) return s;
+  CheckpointCopy copy;
+  copy.path = s.file + " slot " + std::to_string(best->index);
+  copy.dir = *cfg.checkpoint.memory_tier;
+  copy.file = "slot " + std::to_string(best->index);
+  try {
+    const StateDict& t = best->state->group("trainer");
+    copy.global_step = t.get_int("global_step");
+    copy.epochs_done = t.get_int("epoch");
+    copy.step_in_epoch = t.get_int("step_in_epoch");
+  } catch (const std::exception& e) {
+    s.skipped.push_back(copy.path + ": " + e.what());
+    return s;
+  }
+  copy.verdict = CopyVerdict::Sound;
+  s.copy = copy;
+  s.state = std::move(best->state);
   return s;
 }
 

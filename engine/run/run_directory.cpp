@@ -71,7 +71,15 @@ RunDirectory::RunDirectory(Trainer& trainer, std::optional<RunDirLock> lock, Run
 
 RunDirectory::~RunDirectory() = default;
 
-FitResult RunDirectory::fit(const StopPlan& stop) { return impl_->trainer.fit(stop, this); }
+FitResult RunDirectory::fit(const StopPlan& stop) {
+  FitResult r = impl_->trainer.fit(stop, this);
+  // Ended or stopped: the disk holds what a relaunch needs (a throw leaves the slots).
+  if (impl_->memory_tier) {
+    impl_->memory_tier->remove();
+    impl_->memory_tier.reset();
+  }
+  return r;
+}
 
 const std::string& RunDirectory::dir() const { return impl_->dir; }
 

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/io/memory_tier.h"
 #include "engine/io/step_digest.h"
 #include "engine/run/run_directory.h"
 #include "kernels/cuda_runtime.h"
@@ -184,6 +185,9 @@ struct RunDirectory::Impl {
   // failed is told once and ends the record (training goes on).
   step_digest_log::Writer digest_log;
   bool digest_log_failed = false;
+  // The memory tier's slot file (keep_memory_tier; training thread only). A write that
+  // failed is told once and ends the tier for this process (training goes on).
+  std::unique_ptr<memory_tier::Writer> memory_tier;
 
   mutable std::mutex mutex;  // guards what follows
   std::condition_variable wake, idle;

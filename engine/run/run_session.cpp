@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <unistd.h>
 #include <iostream>
 #include <filesystem>
 #include <mutex>
@@ -17,6 +18,7 @@
 
 #include "engine/train/dist_backend.h"
 #include "engine/train/process_settings.h"
+#include "engine/io/memory_tier.h"
 #include "engine/run/run_directory.h"
 #include "engine/run/run_files.h"
 #include "engine/run/run_lock.h"
@@ -188,6 +190,15 @@ RunBegin RunSession::begin(const BeginOptions& options) {
   RunBegin b;
   b.messages = s.notes;
   std::string path;  // to resume from, "" fresh
+  // The memory tier (docs/recovery.md): one process on the CPU keeps it.
+  const bool memory = s.cfg.checkpoint.memory_tier && s.run_dir && writes_run_dir() && size() == 1 &&
+                      t.device().is_cpu();
+  const std::string memory_file =
+      memory ? memory_tier::file_for(*s.cfg.checkpoint.memory_tier, s.cfg.checkpoint.dir) : std::string();
+  if (memory)
+    for (const std::string& gone : memory_tier::remove_abandoned(*s.cfg.checkpoint.memory_tier))
+      b.messages.push_back("removed " + gone + ": the memory tier of a run whose directory is gone");
+  MemoryTierSurvey in_memory;
   if (s.run_dir && options.from == StartFrom::Scratch) {  // the peer's copy goes aside too
     for (const std::string& tier : s.run_dir->tiers()) {
       FileInfo info;
@@ -197,9 +208,12 @@ RunBegin RunSession::begin(const BeginOptions& options) {
         b.messages.push_back("--fresh: moved the previous run's " + std::to_string(moved.files) + " file(s) to " +
                              moved.dir);
     }
+    if (memory && ::unlink(memory_file.c_str()) == 0)
+      b.messages.push_back("--fresh: removed the previous run's memory tier " + memory_file);
   } else if (writes_run_dir()) {
     const auto t0 = std::chrono::steady_clock::now();
     b.survey = survey_run(s.cfg, s.env);
+    if (memory) in_memory = survey_memory_tier(s.cfg);
     b.seconds.survey = seconds_since(t0);
     // Another run's checkpoint in the run directory: resuming it would mix two runs, and
     // this run's saves would destroy it.
@@ -209,8 +223,12 @@ RunBegin RunSession::begin(const BeginOptions& options) {
                             "(--run-dir), or start over with --fresh, which moves its files aside");
     const bool damaged = std::any_of(b.survey.copies.begin(), b.survey.copies.end(),
                                      [](const CheckpointCopy& c) { return c.verdict == CopyVerdict::Damaged; });
-    if (const CheckpointCopy* used = b.survey.chosen_copy()) {
+    const CheckpointCopy* used = b.survey.chosen_copy();
+    if (in_memory.copy && (!used || in_memory.copy->global_step > used->global_step)) {
+      path = in_memory.copy->path;  // newer than every disk copy
+    } else if (used) {
       path = used->path;
+      in_memory.state.reset();
     } else if (damaged) {
       throw CheckpointError(s.cfg.checkpoint.dir + ": no sound checkpoint of this run in any tier; tried " +
                             tried_text(b.survey) + " (--fresh moves these files aside and starts over)");
@@ -242,7 +260,9 @@ RunBegin RunSession::begin(const BeginOptions& options) {
     const auto t0 = std::chrono::steady_clock::now();
     try {
       // Rank 0 restores the state the survey loaded; the others load the same file.
-      b.load_report = b.survey.state ? t.restore(*b.survey.state, LoadMode::Strict) : t.resume_from(path, LoadMode::Strict);
+      b.load_report = in_memory.state   ? t.restore(*in_memory.state, LoadMode::Strict)
+                      : b.survey.state ? t.restore(*b.survey.state, LoadMode::Strict)
+                                       : t.resume_from(path, LoadMode::Strict);
     } catch (const CheckpointError&) {
       throw;
     } catch (const std::exception& e) {
@@ -256,7 +276,13 @@ RunBegin RunSession::begin(const BeginOptions& options) {
       std::string line = "resuming from epoch " + std::to_string(t.epochs_done()) + ", step " +
                          std::to_string(t.step_in_epoch()) + " of epoch " + std::to_string(t.epochs_done() + 1) +
                          " (" + path + ")";
-      if (const std::string skipped = b.survey.skipped_text(); !skipped.empty()) line += "; skipped " + skipped;
+      if (in_memory.state)
+        line += b.survey.chosen_copy() ? "; the disk's newest is " + b.survey.chosen_copy()->path + " (global step " +
+                                             std::to_string(b.survey.chosen_copy()->global_step) + ")"
+                                       : "; the disk holds none";
+      std::string skipped = b.survey.skipped_text();
+      for (const std::string& m : in_memory.skipped) skipped += (skipped.empty() ? "" : "; ") + m;
+      if (!skipped.empty()) line += "; skipped " + skipped;
       b.messages.push_back(line);
       const auto r0 = std::chrono::steady_clock::now();
       for (const std::string& repaired : s.run_dir->repair(b.survey)) b.messages.push_back(repaired);
@@ -264,6 +290,8 @@ RunBegin RunSession::begin(const BeginOptions& options) {
     }
   }
   if (!options.reevaluate && already_complete()) b.outcome = RunBegin::Outcome::AlreadyComplete;
+  if (memory && b.outcome == RunBegin::Outcome::AlreadyComplete) ::unlink(memory_file.c_str());
+  else if (memory) s.run_dir->keep_memory_tier(*s.cfg.checkpoint.memory_tier);
   return b;
 }
 

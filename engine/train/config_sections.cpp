@@ -100,6 +100,20 @@ const ConfigSection<CheckpointConfig>& checkpoint_config_keys() {
           R"doc(Keep the k best epochs by `train.early_stopping.monitor`, each as `best_epoch_NNNN.h5` (its epoch in the name); a better epoch replaces the worst of them. Milestone rotation never deletes them, and `best.h5` stays the best one. `0` keeps none besides `best.h5`.)doc"),
       boolean_key("peer_replica", &S::peer_replica,
           R"doc(Data-parallel jobs across hosts: the first rank on another host than rank 0 writes a copy of every checkpoint rank 0 saves into `dir` on its own host (the same path, its own disk), from its own copy of the state, which is rank 0's bit for bit. On start every rank reports the newest sound checkpoint it can see, the job resumes from the newest, sent to every rank over the job's collective, so a job relaunched after rank 0's host and its disk are lost resumes from the other host's copy. A copy that fails is reported once per kind of failure; training goes on. Ignored in one process, and when that rank shares rank 0's directory.)doc"),
+      {"memory_tier", "string, nullable", "a directory, or `null`",
+       R"doc(Keep the state after every training step in a slot file in this directory, e.g. `"/dev/shm"` (shared memory: it survives a SIGKILL of the process, not a reboot), so that a relaunch after a crash resumes at most one step behind. Two slots written in turn, each sealed with a digest. The run removes the file when it ends or is stopped by a signal. One process on the CPU for now; it costs about 2 % of a step (docs/recovery.md, "The memory tier"). `null` keeps nothing there.)doc",
+       [](const ConfigReader& r, const std::string& dotted, S& s) {
+         const nlohmann::json* v = r.find(dotted);
+         if (!v) return;
+         if (v->is_null()) {
+           s.memory_tier.reset();
+           return;
+         }
+         if (!v->is_string() || v->get<std::string>().empty())
+           r.fail(dotted, "must be a directory or null, got " + describe_json(*v));
+         s.memory_tier = v->get<std::string>();
+       },
+       [](const S& s) { return s.memory_tier ? nlohmann::json(*s.memory_tier) : nlohmann::json(nullptr); }},
   };
   return keys;
 }

@@ -104,6 +104,7 @@ FitResult Trainer::fit_loop(const StopPlan& stop) {
     if (interrupted) return stopped(stop_cause_);
     end_epoch(seconds_since(env_, t0), stop_early, interrupted);
     if (interrupted) return stopped(stop_cause_);
+    call_sink([&] { sink_->keep_step(*this); });
   }
   result.epochs_done = epoch_;
   if (result.ending != FitResult::Ending::Stopped) {
@@ -213,6 +214,7 @@ void Trainer::train_epoch(bool& interrupted) {
                                        : "checkpoint requested: last.h5 saved at epoch " +
                                              std::to_string(epoch_ + 1) + " step " +
                                              std::to_string(step_in_epoch_) + "; training goes on");
+    if (!epoch_done) call_sink([&] { sink_->keep_step(*this); });
     observer_->on_step_end(global_step_);
     if (halt && !epoch_done) {
       observer_->on_message("stopped at epoch " + std::to_string(epoch_ + 1) + " step " +

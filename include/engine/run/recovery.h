@@ -87,6 +87,21 @@ std::vector<CheckpointCopy> survey_directory(const std::string& dir, Env* env = 
 // "" when there is none.
 std::string sound_alternatives(const std::string& path, Env* env = nullptr);
 
+// The memory tier (checkpoint.memory_tier; docs/recovery.md, "The memory tier"): the
+// newest sound slot of this run's slot file, checked as a disk copy is (its seal, the
+// digest of its bytes, its state, and this run's identity). Never throws.
+struct MemoryTierSurvey {
+  std::string file;  // the slot file ("" when checkpoint.memory_tier is null)
+  // The chosen slot (path "<file> slot N", dir the tier's directory, file "slot N"),
+  // and its state.
+  std::optional<CheckpointCopy> copy;
+  std::optional<Checkpoint> state;
+  // Why the file or a slot was not used, one line each ("<file> slot 1: torn: ..."); a
+  // missing file and a slot never written are not worth a line.
+  std::vector<std::string> skipped;
+};
+MemoryTierSurvey survey_memory_tier(const Config& cfg);
+
 // Whether a file name is one of the full-state checkpoints a run directory holds.
 bool is_run_checkpoint(const std::string& file);
 

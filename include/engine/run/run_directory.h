@@ -85,6 +85,15 @@ class RunDirectory final : public RunSink {
   // mismatch ...) from runs/x/epoch_0002.h5", or a warning when it cannot be rewritten.
   // Call before fit(), on the thread that runs it.
   std::vector<std::string> repair(const RunSurvey& survey);
+  // The memory tier (checkpoint.memory_tier; docs/recovery.md, "The memory tier"): from
+  // here on keep_step() copies the state after every step into the run's slot file in
+  // `dir`, and fit() removes the file when it returns (the run ended, or a signal or a
+  // limit stopped it); a throw or a kill leaves it for the relaunch. A file that cannot
+  // be written is reported once and training goes on without it. The state's tensors
+  // must be on the CPU. Call before fit(), on the thread that runs it.
+  void keep_memory_tier(const std::string& dir);
+  // The slot file in use ("" when none).
+  std::string memory_tier_file() const;
   // The same for a state received from another rank (checkpoint.peer_replica): `bytes`,
   // a sound checkpoint at `global_step` that `source` names, rewrites last.h5 in every
   // tier (of `survey`) where it is missing, damaged or older.
@@ -95,6 +104,7 @@ class RunDirectory final : public RunSink {
   void save(Trainer& trainer, CheckpointKind kind) override;
   void record_metrics(Trainer& trainer, const std::optional<EvalResult>& test) override;
   void after_step(Trainer& trainer) override;
+  void keep_step(Trainer& trainer) override;
   // Appends to step_digests.jsonl (opened at the first call, cut after the step before
   // the first record: a resumed run's steps replace what a killed one wrote after its
   // checkpoint).

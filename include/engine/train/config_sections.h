@@ -56,6 +56,9 @@ struct CheckpointConfig {
   // Data-parallel: the first rank on another host than rank 0 keeps a copy of every
   // save in its own (local) checkpoint.dir (docs/recovery.md).
   bool peer_replica = false;
+  // The memory tier (docs/recovery.md): the directory of the slot file that keeps the
+  // state after every step (shared memory, e.g. "/dev/shm"); null: not kept.
+  std::optional<std::string> memory_tier;
 };
 
 struct LoggingConfig {

@@ -135,6 +135,9 @@ class RunSink {
   // After every optimizer step: surfaces (throws, or warns) a failure of a save written
   // in the background meanwhile.
   virtual void after_step(Trainer&) {}
+  // After every step whose state a checkpoint could hold (an epoch's last step once its
+  // end is done): the memory tier keeps it (docs/recovery.md, "The memory tier").
+  virtual void keep_step(Trainer&) {}
   // The step digests of the steps trained since the last call, in order
   // (train.step_digests; docs/replay.md): every step's before any save of it.
   virtual void record_step_digests(Trainer&, const std::vector<StepDigest>&) {}

@@ -1,0 +1,92 @@
+// The memory tier in a run (checkpoint.memory_tier; docs/recovery.md, "The memory
+// tier"), through the CLI: a run killed with SIGKILL resumes from the step it had
+// finished, ends with the bits of a run never interrupted, and removes its slot file; a
+// damaged newest slot falls back to the other; --fresh removes the file.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "cli_util.h"
+#include "engine/io/memory_tier.h"
+#include "run_compare.h"
+#include "run_dir_util.h"
+
+using namespace test_util;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The slot file goes into a directory of the test's own (the tier works in any
+// directory; /dev/shm is what a user names).
+std::string keep_in(const std::string& dir) { return " --set checkpoint.memory_tier=\"" + dir + "\""; }
+
+// Runs small_run(b) held after step `step` (tests/tools/engine_paused.cpp), then SIGKILLs it.
+void kill_after_step(const std::string& b, const std::string& extra, int step) {
+  Background run_bg = Background::command(paused_at(step, small_run(b) + extra));
+  REQUIRE(run_bg.pid() > 0);
+  REQUIRE(run_bg.wait_for("paused after step " + std::to_string(step)));
+  ::kill(run_bg.pid(), SIGKILL);
+  run_bg.finish();
+}
+
+}  // namespace
+
+TEST_CASE("SIGKILL mid-epoch: the relaunch resumes from the memory tier at the step that ended, bit-exactly") {
+  if (!dataset_available()) return;
+  const std::string b = fresh_dir("memtier_kill"), shm = fresh_dir("memtier_kill_shm");
+  // 16 steps an epoch, no mid-epoch saves: the disk holds epoch 1's end (step 16), the
+  // memory tier step 21, the last one the killed process finished.
+  kill_after_step(b, keep_in(shm), 21);
+  const std::string file = engine::memory_tier::file_for(shm, b);
+  REQUIRE(fs::exists(file));
+  const RunResult r = run(small_run(b) + keep_in(shm));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("resuming from epoch 1, step 5 of epoch 2 (" + file + " slot ") != std::string::npos);
+  CHECK(r.output.find("; the disk's newest is " + b + "/last.h5 (global step 16)") != std::string::npos);
+  CHECK_FALSE(fs::exists(file));  // the run ended: nothing left in the tier
+  expect_same_run(reference_run(), b);
+}
+
+TEST_CASE("a damaged newest slot is never trusted: the relaunch takes the other, one step further back") {
+  if (!dataset_available()) return;
+  const std::string b = fresh_dir("memtier_damaged"), shm = fresh_dir("memtier_damaged_shm");
+  kill_after_step(b, keep_in(shm), 21);
+  const std::string file = engine::memory_tier::file_for(shm, b);
+  const engine::memory_tier::Contents c = engine::memory_tier::read(file, "", engine::memory_tier::Read::Seals);
+  REQUIRE(c.newest());
+  REQUIRE(c.newest()->global_step == 21);
+  // One bit in the middle of the newest slot's payload (fc1's weights: the step digest's part).
+  const off_t at = static_cast<off_t>(4096 + c.newest()->index * c.slot_bytes + 4096 + c.newest()->payload_bytes / 2);
+  const int fd = ::open(file.c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  unsigned char byte = 0;
+  REQUIRE(::pread(fd, &byte, 1, at) == 1);
+  byte ^= 1;
+  REQUIRE(::pwrite(fd, &byte, 1, at) == 1);
+  ::close(fd);
+  const RunResult r = run(small_run(b) + keep_in(shm));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("resuming from epoch 1, step 4 of epoch 2 (" + file + " slot ") != std::string::npos);
+  CHECK(r.output.find("skipped " + file + " slot " + std::to_string(c.newest()->index) + ": checksum mismatch") !=
+        std::string::npos);
+  expect_same_run(reference_run(), b);
+}
+
+TEST_CASE("--fresh removes the memory tier with the rest of the previous run") {
+  if (!dataset_available()) return;
+  const std::string b = fresh_dir("memtier_fresh"), shm = fresh_dir("memtier_fresh_shm");
+  kill_after_step(b, keep_in(shm), 3);
+  const std::string file = engine::memory_tier::file_for(shm, b);
+  REQUIRE(fs::exists(file));
+  const RunResult r = run(small_run(b) + keep_in(shm) + " --set train.epochs=1 --fresh");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("--fresh: removed the previous run's memory tier " + file) != std::string::npos);
+  CHECK(r.output.find("resuming") == std::string::npos);
+  CHECK_FALSE(fs::exists(file));
+}
