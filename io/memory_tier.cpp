@@ -572,6 +572,45 @@ const std::string& Writer::path() const { return impl_->path; }
 uint64_t Writer::last_bytes() const { return impl_->last_bytes; }
 double Writer::last_seconds() const { return impl_->last_seconds; }
 
+bool is_slot_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return false;
+  char magic[sizeof kMagic] = {};
+  const bool yes = read_exact(fd, magic, sizeof magic, 0) && std::memcmp(magic, kMagic, sizeof kMagic) == 0;
+  ::close(fd);
+  return yes;
+}
+
+std::string describe(const Contents& c) {
+  std::string out = "memory tier slot file " + c.path + "\n";
+  if (!c.problem.empty()) return out + "  not used: " + c.problem + "\n";
+  out += "  run directory: " + c.run_dir + "\n  slot size: " + std::to_string(c.slot_bytes) + " bytes\n";
+  for (const Slot& s : c.slots) {
+    out += "  slot " + std::to_string(s.index) + ": ";
+    if (s.problem == "never written") {
+      out += "never written\n";
+      continue;
+    }
+    out += "write " + std::to_string(s.sequence) + ", global step " + std::to_string(s.global_step);
+    if (s.state) {
+      try {
+        const StateDict& t = s.state->group("trainer");
+        out += " (epoch " + std::to_string(t.get_int("epoch")) + " done, step " + std::to_string(t.get_int("step_in_epoch")) +
+               " of the next)";
+      } catch (const std::exception&) {
+      }
+    }
+    char size[64];
+    std::snprintf(size, sizeof size, ", %.2f MB", static_cast<double>(s.payload_bytes) / 1e6);
+    out += size;
+    out += s.problem.empty() ? ": sound\n" : ": " + s.problem + "\n";
+  }
+  const Slot* n = c.newest();
+  out += n ? "  newest sound: slot " + std::to_string(n->index) + " (global step " + std::to_string(n->global_step) + ")\n"
+           : std::string("  no sound slot\n");
+  return out;
+}
+
 std::vector<std::string> remove_abandoned(const std::string& dir) {
   std::vector<std::string> removed;
   const std::string prefix = "engine-" + std::to_string(::geteuid()) + "-";

@@ -42,6 +42,18 @@ TEST_CASE("SIGKILL mid-epoch: the relaunch resumes from the memory tier at the s
   kill_after_step(b, keep_in(shm), 21);
   const std::string file = engine::memory_tier::file_for(shm, b);
   REQUIRE(fs::exists(file));
+  // `engine verify` and `engine inspect` read it as a resume would.
+  const RunResult v = run("verify \"" + file + "\"");
+  INFO(v.output);
+  CHECK(v.exit_code == 0);
+  CHECK(v.output.find(file + ": OK (slot ") != std::string::npos);
+  CHECK(v.output.find(", global step 21") != std::string::npos);
+  const RunResult i = run("inspect \"" + file + "\"");
+  INFO(i.output);
+  CHECK(i.exit_code == 0);
+  CHECK(i.output.find("run directory: " + engine::memory_tier::canonical_run_dir(b)) != std::string::npos);
+  CHECK(i.output.find("global step 21 (epoch 1 done, step 5 of the next)") != std::string::npos);
+  CHECK(i.output.find("global step 20 (epoch 1 done, step 4 of the next)") != std::string::npos);
   const RunResult r = run(small_run(b) + keep_in(shm));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
@@ -68,6 +80,10 @@ TEST_CASE("a damaged newest slot is never trusted: the relaunch takes the other,
   byte ^= 1;
   REQUIRE(::pwrite(fd, &byte, 1, at) == 1);
   ::close(fd);
+  const RunResult v = run("verify \"" + file + "\"");
+  INFO(v.output);
+  CHECK(v.exit_code == 1);
+  CHECK(v.output.find("is not sound: checksum mismatch") != std::string::npos);
   const RunResult r = run(small_run(b) + keep_in(shm));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);

@@ -88,6 +88,12 @@ class Writer {
   std::unique_ptr<Impl> impl_;
 };
 
+// Whether `path` is a slot file (it starts with the layout's magic); never throws.
+bool is_slot_file(const std::string& path);
+// What `engine inspect` prints of a slot file: its run directory and each slot (sealed or
+// why not, its step, its size), read and checked as a resume would.
+std::string describe(const Contents& c);
+
 // Removes the slot files in `dir` that belong to this user and whose run directory no
 // longer exists (the run was deleted). Returns the paths removed. Never throws.
 std::vector<std::string> remove_abandoned(const std::string& dir);
