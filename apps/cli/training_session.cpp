@@ -93,6 +93,7 @@ void TrainingSession::begin(StartFrom from) {
     begin_seconds_ = b.seconds;
     copies_surveyed_ = b.survey.copies.size();
     tiers_surveyed_ = b.survey.tiers.size();
+    memory_tier_surveyed_ = !b.memory_tier_file.empty();
     observer_.after_next_step([this] { print_relaunch_time(); });
   }
 }
@@ -110,11 +111,12 @@ void TrainingSession::print_relaunch_time() const {
   char line[512];
   std::snprintf(line, sizeof line,
                 "resumed in %.2f s: exec and libraries %.2f%s, config %.2f, job, data and model %.2f, survey %.2f "
-                "(%zu %s in %zu %s), restore %.2f%s, first step %.2f",
+                "(%zu %s in %zu %s%s), restore %.2f%s, first step %.2f",
                 exec + seconds_between(g_process_start, now), exec, g_exec_to_start < 0 ? " (unknown)" : "",
                 seconds_between(g_process_start, entered_), seconds_between(entered_, started_),
                 begin_seconds_.survey + rest_of_begin, copies_surveyed_, copies_surveyed_ == 1 ? "copy" : "copies",
-                tiers_surveyed_, tiers_surveyed_ == 1 ? "tier" : "tiers", begin_seconds_.restore, repairs,
+                tiers_surveyed_, tiers_surveyed_ == 1 ? "tier" : "tiers", memory_tier_surveyed_ ? " and the memory tier" : "",
+                begin_seconds_.restore, repairs,
                 seconds_between(begun_, now));
   std::cout << line << "\n" << std::flush;
 }

@@ -53,6 +53,7 @@ class TrainingSession {
   Clock::time_point started_, begun_;
   RunBegin::Seconds begin_seconds_;
   std::size_t copies_surveyed_ = 0, tiers_surveyed_ = 0;
+  bool memory_tier_surveyed_ = false;
   RunOptions opts_;
   ConsoleObserver observer_;  // before session_: the trainer it holds reports to it
   RunSession session_;

@@ -213,7 +213,10 @@ RunBegin RunSession::begin(const BeginOptions& options) {
   } else if (writes_run_dir()) {
     const auto t0 = std::chrono::steady_clock::now();
     b.survey = survey_run(s.cfg, s.env);
-    if (memory) in_memory = survey_memory_tier(s.cfg);
+    if (memory) {
+      in_memory = survey_memory_tier(s.cfg);
+      b.memory_tier_file = in_memory.file;
+    }
     b.seconds.survey = seconds_since(t0);
     // Another run's checkpoint in the run directory: resuming it would mix two runs, and
     // this run's saves would destroy it.

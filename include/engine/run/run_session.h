@@ -68,6 +68,8 @@ struct RunBegin {
   // (Scratch), "resuming from epoch E, step S of epoch E+1 (FILE)" with the copies
   // skipped and why, the repairs, "already complete: ...". Warnings start "warning: ".
   std::vector<std::string> messages;
+  // The memory tier's slot file that was read (docs/recovery.md); "" when the tier is off.
+  std::string memory_tier_file;
   // Where begin() spent its time, seconds: the survey of every tier (loading each copy),
   // restoring the chosen state, and the repairs (docs/recovery.md, "Relaunch time").
   struct Seconds {
