@@ -20,6 +20,7 @@
 #include <stdexcept>
 
 #include "engine/io/step_digest.h"
+#include "io/fnv1a.h"
 #include "kernels/cpu/bulk_copy.h"
 
 namespace engine::memory_tier {
@@ -67,15 +68,6 @@ uint32_t seal_crc(const SlotSeal& s) {
 uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 std::string errno_text(int err) { return std::strerror(err); }
-
-uint64_t fnv1a(const std::string& text) {
-  uint64_t h = 1469598103934665603ull;
-  for (const unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 // Doubles by their bits: JSON has no infinity or NaN, and a resume needs every bit.
 nlohmann::json bits_of(double d) {

@@ -9,22 +9,13 @@
 
 #include "engine/io/memory_tier.h"
 #include "engine/run/run_files.h"
+#include "io/fnv1a.h"
 
 namespace engine {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-// FNV-1a, 64 bits: the identity hash is stored nowhere, only compared within one engine.
-uint64_t fnv1a(const std::string& text) {
-  uint64_t h = 1469598103934665603ull;
-  for (const unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 // The resolved config without the keys a run may change between its sessions.
 nlohmann::json identity_config(nlohmann::json j) {
