@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -22,6 +21,7 @@
 #include "engine/io/step_digest.h"
 #include "io/fnv1a.h"
 #include "kernels/cpu/bulk_copy.h"
+#include "kernels/ops.h"
 
 namespace engine::memory_tier {
 namespace {
@@ -57,6 +57,15 @@ struct SlotSeal {
   uint32_t crc;            // zlib crc32 of the fields from `sequence` to `digest`
   uint32_t unused;
 };
+
+// kernels/step_digest.h's digest of `bytes` (a multiple of 4) of the payload from byte
+// `at`, its first word at index at / 4: the CPU backend's digest_words op.
+uint64_t digest_at(const unsigned char* payload, uint64_t at, uint64_t bytes) {
+  uint64_t sum = 0;
+  kernels::cpu::digest_words(static_cast<int64_t>(bytes / 4), reinterpret_cast<const uint32_t*>(payload + at),
+                             static_cast<int64_t>(at / 4), &sum);
+  return sum;
+}
 
 uint32_t crc_of(const void* p, std::size_t n) {
   return static_cast<uint32_t>(::crc32(0L, static_cast<const Bytef*>(p), static_cast<uInt>(n)));
@@ -223,10 +232,10 @@ uint64_t seal_digest_of(const unsigned char* payload, const SlotSeal& seal, bool
   uint64_t digest = 0, at = 0;
   for (const auto& [begin, end] : skip) {
     if (begin < at) throw std::runtime_error("tensors overlap in the payload");
-    digest += kernels::cpu::digest_bytes(payload + at, begin - at, at / 4);
+    digest += digest_at(payload, at, begin - at);
     at = end;
   }
-  return digest + kernels::cpu::digest_bytes(payload + at, seal.payload_bytes - at, at / 4);
+  return digest + digest_at(payload, at, seal.payload_bytes - at);
 }
 
 // The seal as a reader may trust it, or why not.
@@ -393,7 +402,6 @@ struct Writer::Impl {
   uint64_t sequence = 0;  // of the newest sealed slot
   int newest = -1;        // its index; -1 none
   uint64_t last_bytes = 0;
-  double last_seconds = 0;
 
   [[noreturn]] void fail(const std::string& what) const { throw std::runtime_error(path + ": " + what); }
 
@@ -503,7 +511,6 @@ Writer::~Writer() { impl_->unmap(); }
 
 void Writer::write(const Checkpoint& state, int64_t global_step) {
   Impl& m = *impl_;
-  const auto t0 = std::chrono::steady_clock::now();
   const Layout l = layout_of(state);
   if (!m.map || l.payload_bytes > m.slot_bytes - kSealBytes) {
     // A quarter more than this state, in whole MiB: the metrics grow a little each epoch.
@@ -516,23 +523,25 @@ void Writer::write(const Checkpoint& state, int64_t global_step) {
   reinterpret_cast<std::atomic<uint64_t>*>(&s->sealed)->store(0, std::memory_order_release);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   unsigned char* payload = m.map + m.slot_offset[target] + kSealBytes;
-  // The digest is of the payload's words from word 0, as a reader hashes it whole: each
-  // piece starts at a word boundary, the bytes after a piece's last partial word are
-  // zero (so that word is the one copy_and_digest padded), and the gaps are zeros too.
-  uint64_t digest = 0, done = 0;  // `done`: bytes written and hashed, a multiple of 4
+  // The digest is of the payload's words from word 0, as a reader hashes it: each piece
+  // starts at a word boundary, the bytes after a piece's last partial word are zero, and
+  // so are the gaps. The pieces the seal covers are small (the index, the trainer's
+  // buffers): copied, then hashed where they landed, still in cache.
+  uint64_t digest = 0, done = 0;  // `done`: bytes written (and hashed), a multiple of 4
   auto zeros_to = [&](uint64_t end) {
     if (end <= done) return;
     std::memset(payload + done, 0, end - done);
-    digest += kernels::cpu::digest_bytes(payload + done, end - done, done / 4);
+    digest += digest_at(payload, done, end - done);
     done = end;
   };
   auto piece = [&](const void* src, uint64_t bytes, uint64_t offset, bool hashed) {
     zeros_to(offset);
-    if (hashed) digest += kernels::cpu::copy_and_digest(payload + offset, src, bytes, offset / 4);
+    const uint64_t whole_words = (bytes + 3) / 4 * 4;
+    if (hashed) std::memcpy(payload + offset, src, bytes);
     else kernels::cpu::copy_bypassing_cache(payload + offset, src, bytes);
-    const uint64_t end = offset + bytes, whole_words = (end + 3) / 4 * 4;
-    std::memset(payload + end, 0, whole_words - end);
-    done = whole_words;
+    std::memset(payload + offset + bytes, 0, whole_words - bytes);
+    if (hashed) digest += digest_at(payload, offset, whole_words);
+    done = offset + whole_words;
   };
   piece(l.index.data(), l.index.size(), 0, true);
   for (const Placed& p : l.tensors) piece(p.tensor->raw(), p.tensor->nbytes(), p.offset, !p.by_step_digest);
@@ -551,7 +560,6 @@ void Writer::write(const Checkpoint& state, int64_t global_step) {
   m.sequence = seal.sequence;
   m.newest = target;
   m.last_bytes = l.payload_bytes;
-  m.last_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void Writer::remove() {
@@ -562,7 +570,6 @@ void Writer::remove() {
 
 const std::string& Writer::path() const { return impl_->path; }
 uint64_t Writer::last_bytes() const { return impl_->last_bytes; }
-double Writer::last_seconds() const { return impl_->last_seconds; }
 
 bool is_slot_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);

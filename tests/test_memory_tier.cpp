@@ -13,8 +13,6 @@
 #include <limits>
 
 #include "engine/io/memory_tier.h"
-#include "kernels/cpu/bulk_copy.h"
-#include "kernels/step_digest.h"
 #include "scratch_dir.h"
 
 using namespace engine;
@@ -90,28 +88,6 @@ void flip(const std::string& path, off_t offset) {
 }
 
 }  // namespace
-
-TEST_CASE("copy_and_digest copies and gives kernels/step_digest.h's digest, at any length and start") {
-  std::vector<unsigned char> src(1 << 20), dst(src.size() + 64);
-  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
-  for (const std::size_t n : {std::size_t{0}, std::size_t{3}, std::size_t{4}, std::size_t{37}, std::size_t{4096},
-                              std::size_t{300001}, src.size()}) {
-    CAPTURE(n);
-    const std::size_t words = n / 4;
-    uint64_t expected =
-        kernels::digest_words(reinterpret_cast<const uint32_t*>(src.data()), static_cast<int64_t>(words), 9);
-    if (n % 4) {
-      uint32_t w = 0;
-      std::memcpy(&w, src.data() + 4 * words, n % 4);
-      expected += kernels::digest_term(9 + words, w);
-    }
-    std::fill(dst.begin(), dst.end(), 0xEE);
-    CHECK(kernels::cpu::copy_and_digest(dst.data() + 32, src.data(), n, 9) == expected);
-    CHECK(std::memcmp(dst.data() + 32, src.data(), n) == 0);
-    CHECK(dst[32 + n] == 0xEE);
-    CHECK(kernels::cpu::digest_bytes(src.data(), n, 9) == expected);
-  }
-}
 
 TEST_CASE("a state written to the memory tier reads back bit for bit, the slots taking turns") {
   const std::string dir = scratch("roundtrip"), run = scratch("roundtrip_run");

@@ -5,11 +5,8 @@
 
 #include <algorithm>
 
-#include "kernels/cpu/cpu_features.h"
-#include "kernels/step_digest.h"
-
 #if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>  // SSE2 (every x86-64 CPU); AVX2 where the CPU has it
+#include <emmintrin.h>  // SSE2: part of every x86-64 CPU
 #define ENGINE_STREAMING_STORES 1
 #endif
 
@@ -64,92 +61,5 @@ void copy_one_thread(void* dst, const void* src, std::size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
 }
 }  // namespace
-
-namespace {
-
-// The terms of the words of one block, copying them when dst is given; `bytes` a multiple of 4.
-uint64_t block_portable(unsigned char* dst, const unsigned char* src, std::size_t bytes, uint64_t first) {
-  uint64_t sum = 0;
-  for (std::size_t i = 0; i < bytes / 4; ++i) {
-    uint32_t w;
-    std::memcpy(&w, src + 4 * i, 4);
-    sum += digest_term(first + i, w);
-  }
-  if (dst) std::memcpy(dst, src, bytes);
-  return sum;
-}
-
-#ifdef ENGINE_STREAMING_STORES
-// Eight words a vector, as kernels/cpu's digest of the optimizer (the even and odd lanes'
-// products in two accumulators); streaming stores when dst is 32-byte aligned.
-__attribute__((target("avx2"))) uint64_t block_avx2(unsigned char* dst, const unsigned char* src, std::size_t bytes,
-                                                    uint64_t first) {
-  const std::size_t n = bytes / 4, vectors = n / 8;
-  const uint32_t k0 = digest_key(first), m = kDigestIndexMultiplier;
-  __m256i key = _mm256_setr_epi32(static_cast<int>(k0), static_cast<int>(k0 + m), static_cast<int>(k0 + 2 * m),
-                                  static_cast<int>(k0 + 3 * m), static_cast<int>(k0 + 4 * m),
-                                  static_cast<int>(k0 + 5 * m), static_cast<int>(k0 + 6 * m),
-                                  static_cast<int>(k0 + 7 * m));
-  const __m256i step = _mm256_set1_epi32(static_cast<int>(8 * m)), one = _mm256_set1_epi32(1);
-  __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
-  const bool stream = dst && reinterpret_cast<std::uintptr_t>(dst) % 32 == 0;
-  for (std::size_t v = 0; v < vectors; ++v) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32 * v));
-    if (stream) _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + 32 * v), w);
-    else if (dst) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * v), w);
-    const __m256i a = _mm256_xor_si256(w, key);
-    const __m256i b = _mm256_or_si256(a, one);
-    even = _mm256_add_epi64(even, _mm256_mul_epu32(a, b));
-    odd = _mm256_add_epi64(odd, _mm256_mul_epu32(_mm256_srli_epi64(a, 32), _mm256_srli_epi64(b, 32)));
-    key = _mm256_add_epi32(key, step);
-  }
-  if (stream) _mm_sfence();  // this thread's streaming stores complete before its block counts as done
-  alignas(32) uint64_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), even);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes + 4), odd);
-  uint64_t sum = 0;
-  for (const uint64_t l : lanes) sum += l;
-  const std::size_t done = 32 * vectors;
-  return sum + block_portable(dst ? dst + done : nullptr, src + done, bytes - done, first + 8 * vectors);
-}
-#endif
-
-uint64_t copy_digest(unsigned char* dst, const unsigned char* src, std::size_t bytes, uint64_t first_word) {
-  static const bool avx2 = cpu_supports(CpuKernels::Avx2);
-  constexpr std::size_t kBlock = 256 * 1024;  // a multiple of 32: every block's words start a vector
-  const std::size_t whole = bytes / 4 * 4;
-  const int64_t blocks = static_cast<int64_t>((whole + kBlock - 1) / kBlock);
-  uint64_t sum = 0;
-#pragma omp parallel for schedule(static) reduction(+ : sum) if (blocks > 1)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const std::size_t lo = static_cast<std::size_t>(b) * kBlock, len = std::min(kBlock, whole - lo);
-    unsigned char* d = dst ? dst + lo : nullptr;
-#ifdef ENGINE_STREAMING_STORES
-    if (avx2) {
-      sum += block_avx2(d, src + lo, len, first_word + lo / 4);
-      continue;
-    }
-#endif
-    (void)avx2;
-    sum += block_portable(d, src + lo, len, first_word + lo / 4);
-  }
-  if (whole < bytes) {  // the last partial word, padded with zero bytes
-    uint32_t w = 0;
-    std::memcpy(&w, src + whole, bytes - whole);
-    if (dst) std::memcpy(dst + whole, src + whole, bytes - whole);
-    sum += digest_term(first_word + whole / 4, w);
-  }
-  return sum;
-}
-
-}  // namespace
-
-uint64_t copy_and_digest(void* dst, const void* src, std::size_t bytes, uint64_t first_word) {
-  return copy_digest(static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), bytes, first_word);
-}
-
-uint64_t digest_bytes(const void* data, std::size_t bytes, uint64_t first_word) {
-  return copy_digest(nullptr, static_cast<const unsigned char*>(data), bytes, first_word);
-}
 
 }  // namespace engine::kernels::cpu

@@ -79,9 +79,8 @@ class Writer {
   // Unlinks the file (a run that ended, or --fresh).
   void remove();
   const std::string& path() const;
-  // The bytes of state the last write() copied, and the seconds it took.
+  // The bytes of state the last write() copied.
   uint64_t last_bytes() const;
-  double last_seconds() const;
 
  private:
   struct Impl;
