@@ -199,13 +199,22 @@ Checkpoint state_of(const unsigned char* payload, const SlotSeal& seal) {
     for (const auto& [key, t] : g.at("tensors").items()) {
       const DType dtype = dtype_named(t.at("dtype").get<std::string>());
       const Shape shape = t.at("shape").get<Shape>();
-      for (const int64_t e : shape)
-        if (e < 0) throw std::runtime_error(name + "/" + key + ": a negative dimension");
       const uint64_t offset = t.at("offset").get<uint64_t>(), bytes = t.at("bytes").get<uint64_t>();
-      Tensor tensor = Tensor::empty(shape, dtype);
-      if (bytes != tensor.nbytes() || offset < seal.index_bytes || offset > seal.payload_bytes ||
+      // The shape's size, checked against the bytes in the payload before anything is
+      // allocated: a crafted index cannot ask for more memory than the slot holds.
+      uint64_t expected = dtype_size(dtype);
+      for (const int64_t e : shape) {
+        if (e < 0) throw std::runtime_error(name + "/" + key + ": a negative dimension");
+        if (e != 0 && expected > seal.payload_bytes / static_cast<uint64_t>(e)) {
+          expected = seal.payload_bytes + 1;  // larger than any payload
+          break;
+        }
+        expected *= static_cast<uint64_t>(e);
+      }
+      if (bytes != expected || offset < seal.index_bytes || offset > seal.payload_bytes ||
           bytes > seal.payload_bytes - offset)
         throw std::runtime_error(name + "/" + key + ": its bytes do not lie in the payload as its shape says");
+      Tensor tensor = Tensor::empty(shape, dtype);
       if (bytes) std::memcpy(tensor.raw(), payload + offset, bytes);
       d.tensors[key] = std::move(tensor);
     }

@@ -11,8 +11,12 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <nlohmann/json.hpp>
+#include <vector>
+#include <zlib.h>
 
 #include "engine/io/memory_tier.h"
+#include "kernels/ops.h"
 #include "scratch_dir.h"
 
 using namespace engine;
@@ -220,4 +224,41 @@ TEST_CASE("a state that outgrows its slot makes a larger file; abandoned files a
   CHECK_FALSE(fs::exists(w.path()));
   CHECK(fs::exists(other.path()));
   other.remove();
+}
+
+TEST_CASE("an index that asks for more memory than its slot holds is refused, checksums sound or not") {
+  const std::string dir = scratch("crafted"), run = scratch("crafted_run");
+  mt::Writer w(dir, run);
+  w.write(sample_state(1), 1);  // no step digest: the seal hashes every byte
+  const mt::Contents before = mt::read(w.path(), "", mt::Read::Seals);
+  const off_t slot = 4096, payload_at = slot + 4096;
+  const int fd = ::open(w.path().c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  // The seal's fields (docs/recovery.md): sealed, sequence, step, index bytes, payload bytes, digest, crc.
+  uint64_t seal[6];
+  REQUIRE(::pread(fd, seal, sizeof seal, slot) == sizeof seal);
+  std::vector<unsigned char> payload(seal[4]);
+  REQUIRE(::pread(fd, payload.data(), payload.size(), payload_at) == static_cast<ssize_t>(payload.size()));
+  nlohmann::json index = nlohmann::json::parse(payload.begin(), payload.begin() + static_cast<long>(seal[3]));
+  index["groups"]["model"]["tensors"]["w"]["shape"] = std::vector<int64_t>{int64_t{1} << 40, int64_t{1} << 20};
+  const std::string text = index.dump();
+  REQUIRE(text.size() <= index["groups"]["model"]["tensors"]["odd"]["offset"].get<std::size_t>());
+  std::fill(payload.begin(), payload.begin() + static_cast<long>(std::max<std::size_t>(text.size(), seal[3])), 0);
+  std::copy(text.begin(), text.end(), payload.begin());
+  // Sealed again as a writer would: the digest of every word, then the seal's CRC.
+  uint64_t digest = 0;
+  engine::kernels::cpu::digest_words(static_cast<int64_t>(payload.size() / 4),
+                                     reinterpret_cast<const uint32_t*>(payload.data()), 0, &digest);
+  seal[3] = text.size();
+  seal[5] = digest;
+  const uint32_t crc = static_cast<uint32_t>(::crc32(0L, reinterpret_cast<const Bytef*>(&seal[1]), 5 * sizeof(uint64_t)));
+  REQUIRE(::pwrite(fd, payload.data(), payload.size(), payload_at) == static_cast<ssize_t>(payload.size()));
+  REQUIRE(::pwrite(fd, seal, sizeof seal, slot) == sizeof seal);
+  REQUIRE(::pwrite(fd, &crc, sizeof crc, slot + static_cast<off_t>(sizeof seal)) == sizeof crc);
+  ::close(fd);
+  const mt::Contents c = mt::read(w.path(), "", mt::Read::States);
+  CHECK(c.slots[0].problem == "its index does not parse: model/w: its bytes do not lie in the payload as its shape says");
+  CHECK_FALSE(c.newest());
+  CHECK(before.slot_bytes == c.slot_bytes);
+  w.remove();
 }
