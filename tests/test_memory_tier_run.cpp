@@ -1,7 +1,8 @@
 // The memory tier in a run (checkpoint.memory_tier; docs/recovery.md, "The memory
 // tier"), through the CLI: a run killed with SIGKILL resumes from the step it had
 // finished, ends with the bits of a run never interrupted, and removes its slot file; a
-// damaged newest slot falls back to the other; --fresh removes the file.
+// damaged newest slot falls back to the other; --fresh removes the file; `engine resume
+// FILE.h5` starts the tier over from the file.
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -105,4 +106,30 @@ TEST_CASE("--fresh removes the memory tier with the rest of the previous run") {
   CHECK(r.output.find("--fresh: removed the previous run's memory tier " + file) != std::string::npos);
   CHECK(r.output.find("resuming") == std::string::npos);
   CHECK_FALSE(fs::exists(file));
+}
+
+TEST_CASE("engine resume FILE.h5 starts the memory tier over from the file it restores") {
+  if (!dataset_available()) return;
+  const std::string b = fresh_dir("memtier_resume"), shm = fresh_dir("memtier_resume_shm");
+  // The tier holds steps 20 and 21; the disk, epoch 1's end (step 16).
+  kill_after_step(b, keep_in(shm), 21);
+  const std::string file = engine::memory_tier::file_for(shm, b);
+  REQUIRE(fs::exists(file));
+  // Resumed from step 16 (the stored config keeps the tier) and killed after step 18: the
+  // tier must hold step 18 of this resume, not step 21 of the history it replaced.
+  Background resumed = Background::command(paused_at(18, "resume \"" + b + "/last.h5\""));
+  REQUIRE(resumed.pid() > 0);
+  REQUIRE(resumed.wait_for("paused after step 18"));
+  ::kill(resumed.pid(), SIGKILL);
+  const std::string out = resumed.finish().output;
+  INFO(out);
+  CHECK(out.find("removed " + file + ": the memory tier of the run directory's previous steps") != std::string::npos);
+  const engine::memory_tier::Contents c = engine::memory_tier::read(file, "", engine::memory_tier::Read::Seals);
+  REQUIRE(c.newest());
+  CHECK(c.newest()->global_step == 18);
+  const RunResult r = run(small_run(b) + keep_in(shm));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("resuming from epoch 1, step 2 of epoch 2 (" + file + " slot ") != std::string::npos);
+  expect_same_run(reference_run(), b);
 }

@@ -87,7 +87,7 @@ int cmd_resume(const ResumeOptions& a) {
   TrainingSession::print_load_report(r);
   std::cout << "resuming from epoch " << trainer.epochs_done() << " (saved on " << ckpt.meta.saved_on
             << ", now on " << session.device().str() << "), run dir " << session.config().checkpoint.dir << "\n";
-  session.check_complete();
+  session.continue_from_restored();
   return session.run();
 }
 

@@ -98,6 +98,12 @@ void TrainingSession::begin(StartFrom from) {
   }
 }
 
+void TrainingSession::continue_from_restored() {
+  already_complete_ = !opts_.reevaluate && session_.already_complete();
+  if (already_complete_) return;
+  for (const std::string& line : session_.continue_from_restored()) observer_.on_message(line);
+}
+
 // "resumed in 0.31 s: ..." once the first step after a resume has ended: the time from
 // the process's exec to a trained step, and where it went (docs/recovery.md).
 void TrainingSession::print_relaunch_time() const {

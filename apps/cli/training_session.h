@@ -35,8 +35,9 @@ class TrainingSession {
 
   static void print_load_report(const StateReport& r);
 
-  // After an explicit restore (engine resume FILE): the library's "already complete".
-  void check_complete() { already_complete_ = !opts_.reevaluate && session_.already_complete(); }
+  // After an explicit restore (engine resume FILE): the library's "already complete", and
+  // otherwise the memory tier started from the restored state (RunSession::continue_from_restored).
+  void continue_from_restored();
 
   // Trains to the end or to a stop, and returns the command's exit status.
   int run();

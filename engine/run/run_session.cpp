@@ -183,6 +183,30 @@ std::string tried_text(const RunSurvey& survey) {
 
 }  // namespace
 
+// The memory tier (docs/recovery.md): one process on the CPU keeps it.
+bool RunSession::keeps_memory_tier() const {
+  const Impl& s = *impl_;
+  return s.cfg.checkpoint.memory_tier && s.run_dir && writes_run_dir() && size() == 1 && s.trainer &&
+         s.trainer->device().is_cpu();
+}
+
+std::vector<std::string> RunSession::continue_from_restored() {
+  Impl& s = *impl_;
+  trainer();  // std::logic_error before start()
+  std::vector<std::string> lines;
+  if (!keeps_memory_tier()) return lines;
+  const std::string& dir = *s.cfg.checkpoint.memory_tier;
+  for (const std::string& gone : memory_tier::remove_abandoned(dir))
+    lines.push_back("removed " + gone + ": the memory tier of a run whose directory is gone");
+  // Its steps follow whatever the run directory trained last, not the state restored:
+  // a relaunch must not resume from them.
+  const std::string file = memory_tier::file_for(dir, s.cfg.checkpoint.dir);
+  if (::unlink(file.c_str()) == 0)
+    lines.push_back("removed " + file + ": the memory tier of the run directory's previous steps");
+  s.run_dir->keep_memory_tier(dir);
+  return lines;
+}
+
 RunBegin RunSession::begin(const BeginOptions& options) {
   Impl& s = *impl_;
   Trainer& t = trainer();
@@ -190,9 +214,7 @@ RunBegin RunSession::begin(const BeginOptions& options) {
   RunBegin b;
   b.messages = s.notes;
   std::string path;  // to resume from, "" fresh
-  // The memory tier (docs/recovery.md): one process on the CPU keeps it.
-  const bool memory = s.cfg.checkpoint.memory_tier && s.run_dir && writes_run_dir() && size() == 1 &&
-                      t.device().is_cpu();
+  const bool memory = keeps_memory_tier();
   const std::string memory_file =
       memory ? memory_tier::file_for(*s.cfg.checkpoint.memory_tier, s.cfg.checkpoint.dir) : std::string();
   if (memory)

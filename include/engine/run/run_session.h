@@ -27,6 +27,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/core/collective.h"
 #include "engine/train/config.h"
@@ -152,6 +153,12 @@ class RunSession {
   // std::logic_error before start(). With Scratch, rank 0 first moves the run files of
   // every tier aside (move_previous_run_aside).
   RunBegin begin(const BeginOptions& options = {});
+  // After start(), instead of begin(), when the caller restored the state itself (`engine
+  // resume FILE.h5`): rank 0 starts the run directory's memory tier (checkpoint.memory_tier,
+  // docs/recovery.md) from the restored state. The slot file of the run directory's
+  // earlier steps is removed first (a relaunch must not resume from those), and so are
+  // the abandoned files of the tier's directory. Returns a line for each file removed.
+  std::vector<std::string> continue_from_restored();
   // Whether the trainer's run is complete: every epoch trained (or stopped early) and
   // the test result recorded in <run-dir>/metrics.jsonl.
   bool already_complete();
@@ -172,6 +179,8 @@ class RunSession {
   [[noreturn]] static void abort_job(int exit_code);
 
  private:
+  // Whether this rank keeps checkpoint.memory_tier: one process on the CPU, after start().
+  bool keeps_memory_tier() const;
   // checkpoint.peer_replica: which rank keeps the copy on another host (every rank agrees).
   void choose_peer();
   RunBegin begin_with_peer(const BeginOptions& options);
