@@ -12,8 +12,10 @@
 #
 # Defaults: 200 kills, 4096 training images, 40 epochs (1280 steps of 128 images), early stopping off, no
 # mid-epoch saves (the disk holds only epoch ends: every mid-epoch resume comes from the
-# memory tier). Each kill lands 0.2 to 0.9 s after a relaunch starts (before its first
-# step, in a step, or during a slot's write). Exit 0 when every check held.
+# memory tier). Each kill lands 0 to 0.4 s after a launch has recorded its first new step
+# (in a step, or during a slot's write), and each such kill is followed by a relaunch
+# killed as soon as it says where it resumes (before its first step). Exit 0 when every
+# check held.
 set -euo pipefail
 
 die() { echo "sigkill_campaign.sh: $*" >&2; exit 1; }
@@ -42,8 +44,13 @@ done
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/sigkill_campaign.XXXXXX")"
 pid=""
 cleanup() {
+  local rc=$?
   [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null
-  [[ $keep == 1 ]] || rm -rf "$tmp"
+  if [[ $keep == 1 || $rc != 0 && -n ${SIGKILL_CAMPAIGN_KEEP_FAILED:-} ]]; then
+    echo "sigkill_campaign.sh: kept $tmp" >&2
+  else
+    rm -rf "$tmp"
+  fi
 }
 trap cleanup EXIT
 mkdir -p "$tmp/shm"
@@ -79,11 +86,21 @@ PY
 }
 
 run=(env OMP_NUM_THREADS=2 "$engine" "${common[@]}" --run-dir "$tmp/run" --set "checkpoint.memory_tier=$tmp/shm")
-from_memory=0; from_disk=0; fresh=0; worst=0; done_early=0
+from_memory=0; from_disk=0; over=0; fresh=0; worst=0; done_early=0
+lines_in() { if [[ -f $1 ]]; then wc -l <"$1"; else echo 0; fi; }
 for ((k = 1; k <= kills; ++k)); do
+  before=$(lines_in "$tmp/run/step_digests.jsonl")
   "${run[@]}" >"$tmp/out" 2>&1 &
   pid=$!
-  sleep "$(/usr/bin/python3 -c 'import random; print(f"{random.uniform(0.2, 0.9):.3f}")')"
+  # Killed in training, whatever the machine's speed: once the run has recorded a step
+  # past the steps the log held at its launch, then 0 to 0.4 s on (in a step, or in a
+  # slot's write). Kills before the first step are the relaunches' own (below).
+  deadline=$((SECONDS + 120))
+  while (( SECONDS < deadline )) && kill -0 "$pid" 2>/dev/null &&
+        (( $(lines_in "$tmp/run/step_digests.jsonl") <= before )); do
+    sleep 0.01
+  done
+  sleep "$(printf '0.%03d' $((RANDOM % 400)))"
   if ! kill -KILL "$pid" 2>/dev/null; then  # it ended first: the run is complete
     wait "$pid" || { cat "$tmp/out" >&2; die "kill $k: the run failed"; }
     pid=""; done_early=1; break
@@ -95,20 +112,34 @@ for ((k = 1; k <= kills; ++k)); do
     fresh=$((fresh + 1)); continue
   fi
   # The relaunch must say where it resumes ("resuming from ...", printed right after the
-  # "training ..." line); it is killed as soon as it has, which is one more kill.
-  "${run[@]}" >"$tmp/relaunch" 2>&1 &
+  # "training ..." line); it is killed as soon as it has, which is one more kill. A
+  # relaunch that finds no sealed slot and no checkpoint (killed in the first slot's
+  # write) starts over and prints its first epoch without that line.
+  # Emptied here, not by the background job's redirection, which happens after the fork:
+  # until then the loop below would read the previous relaunch's "resuming" line.
+  : >"$tmp/relaunch"
+  "${run[@]}" >>"$tmp/relaunch" 2>&1 &
   pid=$!
-  for ((i = 0; i < 6000; ++i)); do
-    grep -q "^resuming from epoch" "$tmp/relaunch" && break
+  deadline=$((SECONDS + 60))
+  while (( SECONDS < deadline )); do
+    grep -qE "^(resuming from epoch|epoch [0-9]+/)" "$tmp/relaunch" && break
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.01
   done
+  ended=0; kill -0 "$pid" 2>/dev/null || ended=1
   kill -KILL "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
+  status=0; wait "$pid" 2>/dev/null || status=$?
   pid=""
   line=$(grep -m1 "^resuming from epoch" "$tmp/relaunch" || true)
+  if [[ -z "$line" ]] && grep -qE "^epoch [0-9]+/" "$tmp/relaunch"; then
+    line="resuming from epoch 0, step 0 of epoch 1 (started over)"
+  fi
   if [[ -z "$line" ]]; then
     echo "--- the relaunch's output:" >&2; cat "$tmp/relaunch" >&2; echo "--- the killed run's:" >&2; cat "$tmp/out" >&2
+    if [[ $ended == 1 ]]; then
+      how="exit status $status"; (( status > 128 )) && how="signal $((status - 128))"
+      die "kill $k: step $recorded recorded, and the relaunch ended ($how) without saying where it resumes"
+    fi
     die "kill $k: step $recorded recorded, and the relaunch did not resume within 60 s"
   fi
   e=$(echo "$line" | sed -n 's/^resuming from epoch \([0-9]*\), step \([0-9]*\) of.*/\1/p')
@@ -117,7 +148,9 @@ for ((k = 1; k <= kills; ++k)); do
   behind=$((recorded - resumed))
   (( behind > worst )) && worst=$behind
   (( behind <= 1 )) || die "kill $k: step $recorded recorded, the relaunch resumes at step $resumed: $line"
-  if [[ $line == *" slot "* ]]; then from_memory=$((from_memory + 1)); else from_disk=$((from_disk + 1)); fi
+  if [[ $line == *"(started over)" ]]; then over=$((over + 1))
+  elif [[ $line == *" slot "* ]]; then from_memory=$((from_memory + 1))
+  else from_disk=$((from_disk + 1)); fi
 done
 # To the end, then against the straight run.
 "${run[@]}" >"$tmp/last.log" 2>&1 || { cat "$tmp/last.log" >&2; die "the final relaunch failed"; }
@@ -125,6 +158,7 @@ done
   { cat "$tmp/diff.log" >&2; die "the final last.h5 differs from the straight run's"; }
 left=$(find "$tmp/shm" -name 'engine-*' | wc -l)
 [[ $left == 0 ]] || die "the finished run left $left file(s) in the memory tier's directory"
-echo "$((from_memory + from_disk + fresh)) kills$( [[ $done_early == 1 ]] && echo " (the run ended before the last)"):" \
-     "$from_memory resumed from the memory tier, $from_disk from the disk, $fresh before any step was recorded;" \
+echo "$((from_memory + from_disk + over + fresh)) kills$( [[ $done_early == 1 ]] && echo " (the run ended before the last)"):" \
+     "$from_memory resumed from the memory tier, $from_disk from the disk, $over started over (killed in the first slot's write)," \
+     "$fresh before any step was recorded;" \
      "at most $worst step(s) behind the last recorded; final last.h5 identical to the straight run's; tier removed"
