@@ -31,12 +31,6 @@ namespace fs = std::filesystem;
 
 std::string errno_text(int err) { return std::strerror(err); }
 
-std::string hex16(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 // Opens an existing slot file for reading or writing, refusing what is not this user's own.
 int open_own(const std::string& path, int flags, std::string& problem, struct stat& st) {
   const int fd = ::open(path.c_str(), flags | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
@@ -99,7 +93,7 @@ std::string canonical_run_dir(const std::string& run_dir) {
 }
 
 std::string file_for(const std::string& dir, const std::string& run_dir) {
-  return (fs::path(dir) / ("engine-" + std::to_string(::geteuid()) + "-" + hex16(fnv1a(canonical_run_dir(run_dir))) +
+  return (fs::path(dir) / ("engine-" + std::to_string(::geteuid()) + "-" + digest_hex(fnv1a(canonical_run_dir(run_dir))) +
                            ".slots"))
       .string();
 }
@@ -154,14 +148,14 @@ Contents read(const std::string& path, const std::string& expected_run_dir, Read
           bool by_step_digest = false;
           const uint64_t d = seal_digest_of(payload.data(), seal, by_step_digest);
           if (d != seal.digest) {
-            s.problem = "checksum mismatch: the payload's digest is " + hex16(d) + ", its seal records " + hex16(seal.digest);
+            s.problem = "checksum mismatch: the payload's digest is " + digest_hex(d) + ", its seal records " + digest_hex(seal.digest);
           } else {
             Checkpoint state = state_of(payload.data(), seal);
             const uint64_t stored = by_step_digest ? stored_step_digest(state, path) : 0;
             const uint64_t computed = by_step_digest ? step_digest_of(state, path).combined() : 0;
             if (stored != computed)
-              s.problem = "checksum mismatch: its tensors give the step digest " + hex16(computed) + ", it records " +
-                          hex16(stored);
+              s.problem = "checksum mismatch: its tensors give the step digest " + digest_hex(computed) + ", it records " +
+                          digest_hex(stored);
             else
               s.state = std::move(state);
           }
