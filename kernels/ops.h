@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "engine/kernels/philox.h"
+#include "engine/kernels/precision.h"
 #include "kernels/elementwise.h"
 #include "kernels/step_digest.h"
 
@@ -38,22 +39,15 @@ struct PoolShape {
   int n = 0, c = 0, h = 0, w = 0;  // input; output is h/2 x w/2
 };
 
-// Each backend's declarations of the op list (kernels/op_list.inc): ref has the ops
-// marked Every and RefCuda, cpu those marked Every, cuda every op.
+// Each backend's declarations of the op list (kernels/op_list.inc): ref and cpu have the
+// ops marked Every, cuda every op.
 #define ENGINE_OP_DECLARE_Every(name, ret, params) ret name params;
 #define ENGINE_OP_DECLARE_CudaOnly(name, ret, params)
-#define ENGINE_OP_REF_DECLARE_RefCuda(name, ret, params) ret name params;
-#define ENGINE_OP_DECLARE_RefCuda(name, ret, params)
-#define ENGINE_OP_REF_DECLARE_Every ENGINE_OP_DECLARE_Every
-#define ENGINE_OP_REF_DECLARE_CudaOnly ENGINE_OP_DECLARE_CudaOnly
 #define ENGINE_OP(name, batch, precision, backends, ret, params, args) \
-  ENGINE_OP_REF_DECLARE_##backends(name, ret, params)
+  ENGINE_OP_DECLARE_##backends(name, ret, params)
 namespace ref {
 #include "kernels/op_list.inc"
 }
-#undef ENGINE_OP
-#define ENGINE_OP(name, batch, precision, backends, ret, params, args) \
-  ENGINE_OP_DECLARE_##backends(name, ret, params)
 namespace cpu {
 #include "kernels/op_list.inc"
 // Channels per group of the batch-norm steps: a group's part of `tensors` inputs (x, or
@@ -70,9 +64,5 @@ namespace cuda {
 #undef ENGINE_OP
 #undef ENGINE_OP_DECLARE_Every
 #undef ENGINE_OP_DECLARE_CudaOnly
-#undef ENGINE_OP_DECLARE_RefCuda
-#undef ENGINE_OP_REF_DECLARE_Every
-#undef ENGINE_OP_REF_DECLARE_CudaOnly
-#undef ENGINE_OP_REF_DECLARE_RefCuda
 
 }  // namespace engine::kernels

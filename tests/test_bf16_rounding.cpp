@@ -77,25 +77,25 @@ TEST_CASE("bf16 linear: operands rounded, the product summed exactly, no result 
   const float one = 1.0f;
   // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: ties to even gives 1.
   const float halfway = 1.0f + std::ldexp(1.0f, -8);
-  ref::linear_forward_bf16(s, &halfway, &one, nullptr, &y);
+  ref::linear_forward(s, engine::Precision::Bf16, &halfway, &one, nullptr, &y);
   CHECK(y == 1.0f);
   // 1 + 3 * 2^-8 lies halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even).
   const float halfway_up = 1.0f + 3.0f * std::ldexp(1.0f, -8);
-  ref::linear_forward_bf16(s, &halfway_up, &one, nullptr, &y);
+  ref::linear_forward(s, engine::Precision::Bf16, &halfway_up, &one, nullptr, &y);
   CHECK(y == 1.0f + std::ldexp(1.0f, -6));
   // fp16 would keep 1 + 2^-8 (10 mantissa bits); the fp32 op keeps it too.
-  ref::linear_forward(s, &halfway, &one, nullptr, &y);
+  ref::linear_forward(s, engine::Precision::Fp32, &halfway, &one, nullptr, &y);
   CHECK(y == halfway);
 
   // 257 ones: 257 is not a bf16 value (spacing 2 above 256), and linear's result is not
   // rounded to bf16.
   const LinearShape wide{1, 257, 1};
   const std::vector<float> ones(257, 1.0f);
-  ref::linear_forward_bf16(wide, ones.data(), ones.data(), nullptr, &y);
+  ref::linear_forward(wide, engine::Precision::Bf16, ones.data(), ones.data(), nullptr, &y);
   CHECK(y == 257.0f);
   // The bias is added in fp32, after the product.
   const float bias = 0.25f;
-  ref::linear_forward_bf16(wide, ones.data(), ones.data(), &bias, &y);
+  ref::linear_forward(wide, engine::Precision::Bf16, ones.data(), ones.data(), &bias, &y);
   CHECK(y == 257.25f);
 }
 
@@ -105,19 +105,19 @@ TEST_CASE("bf16 conv: the result rounded to bf16 before the fp32 bias") {
   const ConvShape s{1, 257, 1, 1, 1, 1, 1, 0};
   const std::vector<float> ones(257, 1.0f);
   float y = 0.0f;
-  ref::conv2d_forward_bf16(s, ones.data(), ones.data(), nullptr, &y);
+  ref::conv2d_forward(s, engine::Precision::Bf16, ones.data(), ones.data(), nullptr, &y);
   CHECK(y == 256.0f);
   const float bias = 0.5f;
-  ref::conv2d_forward_bf16(s, ones.data(), ones.data(), &bias, &y);
+  ref::conv2d_forward(s, engine::Precision::Bf16, ones.data(), ones.data(), &bias, &y);
   CHECK(y == 256.5f);
-  ref::conv2d_forward(s, ones.data(), ones.data(), &bias, &y);
+  ref::conv2d_forward(s, engine::Precision::Fp32, ones.data(), ones.data(), &bias, &y);
   CHECK(y == 257.5f);
 
   // Backward: dx and dw rounded to bf16 too; db from the fp32 dy.
   const float dy = 1.0f + std::ldexp(1.0f, -8);  // rounds to 1 as an operand
   std::vector<float> dx(257), dw(257);
   float db = 0.0f;
-  ref::conv2d_backward_bf16(s, ones.data(), ones.data(), &dy, dx.data(), dw.data(), &db);
+  ref::conv2d_backward(s, engine::Precision::Bf16, ones.data(), ones.data(), &dy, dx.data(), dw.data(), &db);
   CHECK(dx[0] == 1.0f);
   CHECK(dw[256] == 1.0f);
   CHECK(db == dy);
@@ -127,7 +127,7 @@ TEST_CASE("bf16 has fp32's range: a large gradient stays finite (no loss scaling
   const LinearShape s{1, 1, 1};
   const float x = 1.0f, w = 1.0f, dy = 70000.0f;  // beyond fp16's 65504, far inside bf16's range
   float dx = 0.0f, dw = 0.0f, db = 0.0f;
-  ref::linear_backward_bf16(s, &x, &w, &dy, &dx, &dw, &db);
+  ref::linear_backward(s, engine::Precision::Bf16, &x, &w, &dy, &dx, &dw, &db);
   CHECK(dx == 70144.0f);  // 70000 rounded to bf16 (spacing 512 there)
   CHECK(dw == 70144.0f);
   CHECK(db == 70000.0f);  // the bias gradient stays fp32
@@ -136,10 +136,13 @@ TEST_CASE("bf16 has fp32's range: a large gradient stays finite (no loss scaling
   CHECK(std::fabs(big - 3.0e38f) <= std::ldexp(3.0e38f, -8));  // within the unit roundoff
 }
 
-TEST_CASE("the CPU's table has no bf16 op: the facade runs fp32 there") {
+TEST_CASE("the CPU does not run bf16: refused in one line before any kernel runs; the facade runs fp32 there") {
   const LinearShape s{1, 1, 1};
   const float x = 1.0f;
   float y = 0.0f;
-  CHECK(test_support::error_of([&] { cpu_ops().linear_forward_bf16(s, &x, &x, nullptr, &y); }) ==
-        "kernels: linear_forward_bf16 has no CPU backend (the CPU runs fp16 and bf16 as fp32)");
+  CHECK_FALSE(engine::kernels::supports_op(cpu_ops(), engine::kernels::OpId::linear_forward, engine::Precision::Bf16));
+  CHECK(engine::kernels::supports_op(cpu_ops(), engine::kernels::OpId::linear_forward, engine::Precision::Fp32));
+  CHECK(test_support::error_of([&] { cpu_ops().linear_forward(s, engine::Precision::Bf16, &x, &x, nullptr, &y); }) ==
+        "kernels: linear_forward in bf16 is not supported by the cpu backend");
+  CHECK(y == 0.0f);
 }

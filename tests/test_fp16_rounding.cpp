@@ -68,24 +68,24 @@ TEST_CASE("fp16 linear: operands rounded, the product summed exactly, no result 
   const float one = 1.0f;
   // 1 + 2^-11 lies halfway between 1 and 1 + 2^-10: ties to even gives 1.
   const float halfway = 1.0f + std::ldexp(1.0f, -11);
-  ref::linear_forward_f16(s, &halfway, &one, nullptr, &y);
+  ref::linear_forward(s, engine::Precision::Fp16, &halfway, &one, nullptr, &y);
   CHECK(y == 1.0f);
   // 1 + 3 * 2^-11 lies halfway between 1 + 2^-10 (odd) and 1 + 2^-9 (even).
   const float halfway_up = 1.0f + 3.0f * std::ldexp(1.0f, -11);
-  ref::linear_forward_f16(s, &halfway_up, &one, nullptr, &y);
+  ref::linear_forward(s, engine::Precision::Fp16, &halfway_up, &one, nullptr, &y);
   CHECK(y == 1.0f + std::ldexp(1.0f, -9));
   // The fp32 op keeps the operand.
-  ref::linear_forward(s, &halfway, &one, nullptr, &y);
+  ref::linear_forward(s, engine::Precision::Fp32, &halfway, &one, nullptr, &y);
   CHECK(y == halfway);
 
   // 2049 ones: 2049 is exact in fp32, and linear's result is not rounded to fp16.
   const LinearShape wide{1, 2049, 1};
   const std::vector<float> ones(2049, 1.0f);
-  ref::linear_forward_f16(wide, ones.data(), ones.data(), nullptr, &y);
+  ref::linear_forward(wide, engine::Precision::Fp16, ones.data(), ones.data(), nullptr, &y);
   CHECK(y == 2049.0f);
   // The bias is added in fp32, after the product.
   const float bias = 0.25f;
-  ref::linear_forward_f16(wide, ones.data(), ones.data(), &bias, &y);
+  ref::linear_forward(wide, engine::Precision::Fp16, ones.data(), ones.data(), &bias, &y);
   CHECK(y == 2049.25f);
 }
 
@@ -95,19 +95,19 @@ TEST_CASE("fp16 conv: the result rounded to fp16 before the fp32 bias") {
   const ConvShape s{1, 2049, 1, 1, 1, 1, 1, 0};
   const std::vector<float> ones(2049, 1.0f);
   float y = 0.0f;
-  ref::conv2d_forward_f16(s, ones.data(), ones.data(), nullptr, &y);
+  ref::conv2d_forward(s, engine::Precision::Fp16, ones.data(), ones.data(), nullptr, &y);
   CHECK(y == 2048.0f);
   const float bias = 0.5f;
-  ref::conv2d_forward_f16(s, ones.data(), ones.data(), &bias, &y);
+  ref::conv2d_forward(s, engine::Precision::Fp16, ones.data(), ones.data(), &bias, &y);
   CHECK(y == 2048.5f);
-  ref::conv2d_forward(s, ones.data(), ones.data(), &bias, &y);
+  ref::conv2d_forward(s, engine::Precision::Fp32, ones.data(), ones.data(), &bias, &y);
   CHECK(y == 2049.5f);
 
   // Backward: dx and dw rounded to fp16 too; db from the fp32 dy.
   const float dy = 1.0f + std::ldexp(1.0f, -11);  // rounds to 1 as an operand
   std::vector<float> dx(2049), dw(2049);
   float db = 0.0f;
-  ref::conv2d_backward_f16(s, ones.data(), ones.data(), &dy, dx.data(), dw.data(), &db);
+  ref::conv2d_backward(s, engine::Precision::Fp16, ones.data(), ones.data(), &dy, dx.data(), dw.data(), &db);
   CHECK(dx[0] == 1.0f);
   CHECK(dw[2048] == 1.0f);
   CHECK(db == dy);
@@ -117,7 +117,7 @@ TEST_CASE("fp16: an operand beyond the range is inf, which the scaler finds in t
   const LinearShape s{1, 1, 1};
   const float x = 1.0f, w = 1.0f, dy = 70000.0f;  // beyond 65504: inf as fp16
   float dx = 0.0f, dw = 0.0f, db = 0.0f;
-  ref::linear_backward_f16(s, &x, &w, &dy, &dx, &dw, &db);
+  ref::linear_backward(s, engine::Precision::Fp16, &x, &w, &dy, &dx, &dw, &db);
   CHECK(std::isinf(dx));
   CHECK(std::isinf(dw));
   CHECK(db == 70000.0f);  // the bias gradient stays fp32
@@ -125,10 +125,13 @@ TEST_CASE("fp16: an operand beyond the range is inf, which the scaler finds in t
   CHECK(std::isinf(round_to_f16(65520.0f)));
 }
 
-TEST_CASE("the CPU's table has no fp16 op: the facade runs fp32 there") {
+TEST_CASE("the CPU does not run fp16: refused in one line before any kernel runs; the facade runs fp32 there") {
   const LinearShape s{1, 1, 1};
   const float x = 1.0f;
   float y = 0.0f;
-  CHECK(test_support::error_of([&] { cpu_ops().linear_forward_f16(s, &x, &x, nullptr, &y); }) ==
-        "kernels: linear_forward_f16 has no CPU backend (the CPU runs fp16 and bf16 as fp32)");
+  CHECK_FALSE(engine::kernels::supports_op(cpu_ops(), engine::kernels::OpId::linear_forward, engine::Precision::Fp16));
+  CHECK(engine::kernels::supports_op(cpu_ops(), engine::kernels::OpId::linear_forward, engine::Precision::Fp32));
+  CHECK(test_support::error_of([&] { cpu_ops().linear_forward(s, engine::Precision::Fp16, &x, &x, nullptr, &y); }) ==
+        "kernels: linear_forward in fp16 is not supported by the cpu backend");
+  CHECK(y == 0.0f);
 }

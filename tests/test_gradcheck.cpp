@@ -84,7 +84,7 @@ struct ConvProblem {
   }
   double loss() const {
     std::vector<float> y(r.size());
-    ref::conv2d_forward(s, x.data(), w.data(), b.data(), y.data());
+    ref::conv2d_forward(s, engine::Precision::Fp32, x.data(), w.data(), b.data(), y.data());
     return gradcheck::dot(y, r);
   }
 };
@@ -102,14 +102,14 @@ struct LinearProblem {
   }
   double loss() const {
     std::vector<float> y(r.size());
-    ref::linear_forward(s, x.data(), w.data(), b.data(), y.data());
+    ref::linear_forward(s, engine::Precision::Fp32, x.data(), w.data(), b.data(), y.data());
     return gradcheck::dot(y, r);
   }
   void grads(std::vector<float>& dx, std::vector<float>& dw, std::vector<float>& db) const {
     dx.assign(x.size(), 0.0f);
     dw.assign(w.size(), 0.0f);
     db.assign(b.size(), 0.0f);
-    ref::linear_backward(s, x.data(), w.data(), r.data(), dx.data(), dw.data(), db.data());
+    ref::linear_backward(s, engine::Precision::Fp32, x.data(), w.data(), r.data(), dx.data(), dw.data(), db.data());
   }
 };
 
@@ -163,7 +163,7 @@ TEST_CASE("gradcheck accepts the right gradient and rejects slightly wrong ones"
   std::vector<float> r_shift(p.r.size());
   for (std::size_t k = 0; k < r_shift.size(); ++k) r_shift[k] = p.r[(k + 1) % r_shift.size()];
   std::vector<float> dx2(dx.size()), dw2(dw.size()), db2(db.size());
-  ref::linear_backward(p.s, p.x.data(), p.w.data(), r_shift.data(), dx2.data(), dw2.data(), db2.data());
+  ref::linear_backward(p.s, engine::Precision::Fp32, p.x.data(), p.w.data(), r_shift.data(), dx2.data(), dw2.data(), db2.data());
   CHECK_FALSE(gradcheck::check(loss, p.x.data(), static_cast<int64_t>(dx.size()), dx2.data()).ok());
 
   // A NaN in the analytic gradient fails.
@@ -174,7 +174,7 @@ TEST_CASE("gradcheck accepts the right gradient and rejects slightly wrong ones"
   // Subsets of big tensors: at most max_checks elements, the input restored exactly.
   ConvProblem c({2, 3, 9, 9, 4, 3, 3, 1}, 12);
   std::vector<float> cdx(c.x.size()), cdw(c.w.size()), cdb(c.b.size());
-  ref::conv2d_backward(c.s, c.x.data(), c.w.data(), c.r.data(), cdx.data(), cdw.data(), cdb.data());
+  ref::conv2d_backward(c.s, engine::Precision::Fp32, c.x.data(), c.w.data(), c.r.data(), cdx.data(), cdw.data(), cdb.data());
   const std::vector<float> x_before = c.x;
   Options o;
   o.max_checks = 50;
@@ -206,7 +206,7 @@ TEST_CASE("ref conv2d_backward: dx, dw, db match finite differences") {
     CAPTURE(s.pad);
     ConvProblem p(s, seed++);
     std::vector<float> dx(p.x.size()), dw(p.w.size()), db(p.b.size());
-    ref::conv2d_backward(s, p.x.data(), p.w.data(), p.r.data(), dx.data(), dw.data(), db.data());
+    ref::conv2d_backward(s, engine::Precision::Fp32, p.x.data(), p.w.data(), p.r.data(), dx.data(), dw.data(), db.data());
     auto loss = [&] { return p.loss(); };
     CHECK_GRAD("conv dx", gradcheck::check(loss, p.x.data(), static_cast<int64_t>(dx.size()), dx.data()));
     CHECK_GRAD("conv dw", gradcheck::check(loss, p.w.data(), static_cast<int64_t>(dw.size()), dw.data()));
@@ -706,19 +706,19 @@ TEST_CASE("FashionCnn: gradients equal the reference-op chain (forward and backw
   std::vector<int32_t> am1(y4.size()), am2(y8.size());
   auto rm1 = vec(32), rv1 = vec(32), sm1 = vec(32), si1 = vec(32);
   auto rm2 = vec(64), rv2 = vec(64), sm2 = vec(64), si2 = vec(64);
-  ref::conv2d_forward(c1, x.data(), value["conv1.weight"].data(), value["conv1.bias"].data(), y1.data());
+  ref::conv2d_forward(c1, engine::Precision::Fp32, x.data(), value["conv1.weight"].data(), value["conv1.bias"].data(), y1.data());
   ref::batchnorm_forward_train(b1, y1.data(), value["bn1.weight"].data(), value["bn1.bias"].data(), eps,
                                momentum, rm1.data(), rv1.data(), sm1.data(), si1.data(), y2.data());
   ref::relu_forward(static_cast<int64_t>(y2.size()), y2.data(), y3.data());
   ref::maxpool2x2_forward(p1, y3.data(), y4.data(), am1.data());
-  ref::conv2d_forward(c2, y4.data(), value["conv2.weight"].data(), value["conv2.bias"].data(), y5.data());
+  ref::conv2d_forward(c2, engine::Precision::Fp32, y4.data(), value["conv2.weight"].data(), value["conv2.bias"].data(), y5.data());
   ref::batchnorm_forward_train(b2, y5.data(), value["bn2.weight"].data(), value["bn2.bias"].data(), eps,
                                momentum, rm2.data(), rv2.data(), sm2.data(), si2.data(), y6.data());
   ref::relu_forward(static_cast<int64_t>(y6.size()), y6.data(), y7.data());
   ref::maxpool2x2_forward(p2, y7.data(), y8.data(), am2.data());
-  ref::linear_forward(f1, y8.data(), value["fc1.weight"].data(), value["fc1.bias"].data(), y9.data());
+  ref::linear_forward(f1, engine::Precision::Fp32, y8.data(), value["fc1.weight"].data(), value["fc1.bias"].data(), y9.data());
   ref::relu_forward(static_cast<int64_t>(y9.size()), y9.data(), y10.data());
-  ref::linear_forward(f2, y10.data(), value["fc2.weight"].data(), value["fc2.bias"].data(), z.data());
+  ref::linear_forward(f2, engine::Precision::Fp32, y10.data(), value["fc2.weight"].data(), value["fc2.bias"].data(), z.data());
   double zscale = 0.0;
   for (float v : z) zscale = std::max(zscale, static_cast<double>(std::fabs(v)));
   for (std::size_t k = 0; k < z.size(); ++k)
@@ -731,22 +731,22 @@ TEST_CASE("FashionCnn: gradients equal the reference-op chain (forward and backw
   for (const auto& kv : value) want[kv.first] = vec(static_cast<int64_t>(kv.second.size()));
   auto d10 = vec(n * 128), d9 = vec(n * 128), d8 = vec(n * 3136), d7 = vec(n * 64 * 196), d6 = vec(n * 64 * 196);
   auto d5 = vec(n * 64 * 196), d4 = vec(n * 32 * 196), d3 = vec(n * 32 * 784), d2 = vec(n * 32 * 784), d1 = vec(n * 32 * 784);
-  ref::linear_backward(f2, y10.data(), value["fc2.weight"].data(), dz.data(), d10.data(),
+  ref::linear_backward(f2, engine::Precision::Fp32, y10.data(), value["fc2.weight"].data(), dz.data(), d10.data(),
                        want["fc2.weight"].data(), want["fc2.bias"].data());
   ref::relu_backward(static_cast<int64_t>(d10.size()), y10.data(), d10.data(), d9.data());
-  ref::linear_backward(f1, y8.data(), value["fc1.weight"].data(), d9.data(), d8.data(),
+  ref::linear_backward(f1, engine::Precision::Fp32, y8.data(), value["fc1.weight"].data(), d9.data(), d8.data(),
                        want["fc1.weight"].data(), want["fc1.bias"].data());
   ref::maxpool2x2_backward(p2, d8.data(), am2.data(), d7.data());
   ref::relu_backward(static_cast<int64_t>(d7.size()), y7.data(), d7.data(), d6.data());
   ref::batchnorm_backward(b2, y5.data(), d6.data(), value["bn2.weight"].data(), sm2.data(), si2.data(),
                           d5.data(), want["bn2.weight"].data(), want["bn2.bias"].data());
-  ref::conv2d_backward(c2, y4.data(), value["conv2.weight"].data(), d5.data(), d4.data(),
+  ref::conv2d_backward(c2, engine::Precision::Fp32, y4.data(), value["conv2.weight"].data(), d5.data(), d4.data(),
                        want["conv2.weight"].data(), want["conv2.bias"].data());
   ref::maxpool2x2_backward(p1, d4.data(), am1.data(), d3.data());
   ref::relu_backward(static_cast<int64_t>(d3.size()), y3.data(), d3.data(), d2.data());
   ref::batchnorm_backward(b1, y1.data(), d2.data(), value["bn1.weight"].data(), sm1.data(), si1.data(),
                           d1.data(), want["bn1.weight"].data(), want["bn1.bias"].data());
-  ref::conv2d_backward(c1, x.data(), value["conv1.weight"].data(), d1.data(), nullptr,
+  ref::conv2d_backward(c1, engine::Precision::Fp32, x.data(), value["conv1.weight"].data(), d1.data(), nullptr,
                        want["conv1.weight"].data(), want["conv1.bias"].data());
 
   double gmax_model = 0.0;

@@ -160,14 +160,20 @@ TEST_CASE("the op tables hold every op of the list, once") {
   std::set<std::string> names;
   for (const OpInfo& op : kOps) names.insert(op.name);
   CHECK(names.size() == kOpCount);
-  CHECK(kOpCount == sizeof(OpTable) / sizeof(void (*)()) - 1);  // an entry per op, after the name
+  // An entry per op, after the name and the supports function.
+  CHECK(kOpCount == (sizeof(OpTable) - sizeof(const char*)) / sizeof(void (*)()) - 1);
   CHECK(std::string(cpu_ops().backend) == "cpu");
   CHECK(std::string(cuda_ops().backend) == "cuda");
   // The CPU's table says which ops it lacks rather than running something else.
   for (const OpInfo& op : kOps) {
     CAPTURE(op.name);
-    CHECK((op.backends != OpBackends::Every) == (op.precision != engine::Precision::Fp32 ||
-                                                 std::strncmp(op.name, "tree_sum_parts", 14) == 0));
+    CHECK((op.backends != OpBackends::Every) == (std::strncmp(op.name, "tree_sum_parts", 14) == 0));
+    // Every backend runs every op it has in fp32; only the AnyPrecision ops take fp16 or bf16.
+    const OpId id = static_cast<OpId>(&op - kOps);
+    CHECK(cpu_op_supports(id, engine::Precision::Fp32) == (op.backends == OpBackends::Every));
+    CHECK(cuda_op_supports(id, engine::Precision::Fp32));
+    CHECK(cuda_op_supports(id, engine::Precision::Fp16) == (op.precisions == OpPrecisions::AnyPrecision));
+    CHECK_FALSE(cpu_op_supports(id, engine::Precision::Bf16));
   }
   float out[2] = {0, 0};
   const float parts[2] = {1, 2};

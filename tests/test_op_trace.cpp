@@ -47,6 +47,7 @@ namespace recording {
 
 const OpTable kRecording{
     "recording",
+    &cpu_op_supports,
 #define ENGINE_OP(name, batch, precision, backends, ret, params, args) &recording::name,
 #include "kernels/op_list.inc"
 #undef ENGINE_OP

@@ -138,11 +138,12 @@ float* data_or_null(Tensor* t) { return t ? t->f32() : nullptr; }
 }  // namespace
 
 // ---- Convolution and linear --------------------------------------------------------------
-// Each picks one of six paths: by chunks (the CPU always, where fp16 and bf16 are fp32;
-// CUDA with cuda.batch_chunks) or whole-batch (CUDA), each in fp32, fp16 or bf16. The op
-// of each path, by layer kind, as members of the device's op table:
+// Each runs by chunks (the CPU always; CUDA with cuda.batch_chunks) or over the whole
+// batch (CUDA), in the layer's precision where the device runs it (the CPU runs fp16 and
+// bf16 as fp32). The ops of each, by layer kind:
 namespace {
 
+using kernels::OpId;
 using kernels::OpTable;
 
 template <class Shape>
@@ -152,17 +153,11 @@ struct LayerOps<ConvShape> {
   static constexpr const char* forward = "conv2d_forward";
   static constexpr const char* backward = "conv2d_backward";
   static constexpr auto forward_chunks = &OpTable::conv2d_forward_chunks;
-  static constexpr auto forward_chunks_f16 = &OpTable::conv2d_forward_chunks_f16;
-  static constexpr auto forward_chunks_bf16 = &OpTable::conv2d_forward_chunks_bf16;
   static constexpr auto backward_chunks = &OpTable::conv2d_backward_chunks;
-  static constexpr auto backward_chunks_f16 = &OpTable::conv2d_backward_chunks_f16;
-  static constexpr auto backward_chunks_bf16 = &OpTable::conv2d_backward_chunks_bf16;
   static constexpr auto whole_forward = &OpTable::conv2d_forward;
-  static constexpr auto whole_forward_f16 = &OpTable::conv2d_forward_f16;
-  static constexpr auto whole_forward_bf16 = &OpTable::conv2d_forward_bf16;
   static constexpr auto whole_backward = &OpTable::conv2d_backward;
-  static constexpr auto whole_backward_f16 = &OpTable::conv2d_backward_f16;
-  static constexpr auto whole_backward_bf16 = &OpTable::conv2d_backward_bf16;
+  static constexpr OpId forward_chunks_id = OpId::conv2d_forward_chunks, backward_chunks_id = OpId::conv2d_backward_chunks,
+                        whole_forward_id = OpId::conv2d_forward, whole_backward_id = OpId::conv2d_backward;
   static int64_t weights(const ConvShape& s) { return static_cast<int64_t>(s.k) * s.c * s.r * s.s; }
   static int64_t biases(const ConvShape& s) { return s.k; }
   static bool valid(const ConvShape& s) {
@@ -175,34 +170,23 @@ struct LayerOps<LinearShape> {
   static constexpr const char* forward = "linear_forward";
   static constexpr const char* backward = "linear_backward";
   static constexpr auto forward_chunks = &OpTable::linear_forward_chunks;
-  static constexpr auto forward_chunks_f16 = &OpTable::linear_forward_chunks_f16;
-  static constexpr auto forward_chunks_bf16 = &OpTable::linear_forward_chunks_bf16;
   static constexpr auto backward_chunks = &OpTable::linear_backward_chunks;
-  static constexpr auto backward_chunks_f16 = &OpTable::linear_backward_chunks_f16;
-  static constexpr auto backward_chunks_bf16 = &OpTable::linear_backward_chunks_bf16;
   static constexpr auto whole_forward = &OpTable::linear_forward;
-  static constexpr auto whole_forward_f16 = &OpTable::linear_forward_f16;
-  static constexpr auto whole_forward_bf16 = &OpTable::linear_forward_bf16;
   static constexpr auto whole_backward = &OpTable::linear_backward;
-  static constexpr auto whole_backward_f16 = &OpTable::linear_backward_f16;
-  static constexpr auto whole_backward_bf16 = &OpTable::linear_backward_bf16;
+  static constexpr OpId forward_chunks_id = OpId::linear_forward_chunks, backward_chunks_id = OpId::linear_backward_chunks,
+                        whole_forward_id = OpId::linear_forward, whole_backward_id = OpId::linear_backward;
   static int64_t weights(const LinearShape& s) { return static_cast<int64_t>(s.out) * s.in; }
   static int64_t biases(const LinearShape& s) { return s.out; }
   static bool valid(const LinearShape& s) { return s.n >= 0 && s.in > 0 && s.out > 0; }
   static constexpr const char* valid_text = "positive in and out features";
 };
 
-// The op of a path for the precision the layer computes in on device d: the CPU runs
-// every precision as fp32 (its table has no fp16 or bf16 op).
-template <class Op>
-Op by_precision(Precision p, const Device& d, Op fp32, Op fp16, Op bf16) {
-  if (!d.is_cuda()) return fp32;
-  switch (p) {
-    case Precision::Fp16: return fp16;
-    case Precision::Bf16: return bf16;
-    case Precision::Fp32: break;
-  }
-  return fp32;
+// The precision a layer computes in on device d (the CPU runs fp16 and bf16 as fp32),
+// refused in one line, before any kernel runs, when d's backend does not run `op` in it.
+Precision precision_on(const OpTable& ops, kernels::OpId op, Precision p, const Device& d) {
+  const Precision used = d.is_cuda() ? p : Precision::Fp32;
+  if (!kernels::supports_op(ops, op, used)) kernels::refuse_precision(ops.backend, op, used);
+  return used;
 }
 
 template <class Shape>
@@ -225,17 +209,16 @@ void layer_forward(const BatchCompute& how, const Shape& s, const Tensor& x, con
   const Device d = forward_checks(L::forward, how, s, x, w, b, y).device();
   const OpTable& ops = detail::ops_on(d);
   if (by_chunks(how, d)) {
-    const auto op =
-        ops.*by_precision(how.precision, d, L::forward_chunks, L::forward_chunks_f16, L::forward_chunks_bf16);
+    const auto op = ops.*L::forward_chunks;
+    const Precision p = precision_on(ops, L::forward_chunks_id, how.precision, d);
     std::optional<BatchChunks> whole;
     forward_blocks(plan_for(how, s.n, whole), s, x.f32(), y.f32(),
                    [&](const Shape& bs, int chunks, const int* bounds, const float* bx, float* by) {
-                     op(bs, chunks, bounds, bx, w.f32(), b.f32(), by);
+                     op(bs, p, chunks, bounds, bx, w.f32(), b.f32(), by);
                    });
   } else {
-    const auto op =
-        ops.*by_precision(how.precision, d, L::whole_forward, L::whole_forward_f16, L::whole_forward_bf16);
-    op(s, x.f32(), w.f32(), b.f32(), y.f32());
+    (ops.*L::whole_forward)(s, precision_on(ops, L::whole_forward_id, how.precision, d), x.f32(), w.f32(), b.f32(),
+                            y.f32());
   }
 }
 
@@ -254,18 +237,17 @@ void layer_backward(const BatchCompute& how, const Shape& s, const Tensor& x, co
   const Device d = checks.device();
   const OpTable& ops = detail::ops_on(d);
   if (by_chunks(how, d)) {
-    const auto op =
-        ops.*by_precision(how.precision, d, L::backward_chunks, L::backward_chunks_f16, L::backward_chunks_bf16);
+    const auto op = ops.*L::backward_chunks;
+    const Precision p = precision_on(ops, L::backward_chunks_id, how.precision, d);
     std::optional<BatchChunks> whole;
     backward_blocks(plan_for(how, s.n, whole), s, x.f32(), dy.f32(), data_or_null(dx), dw, db,
                     [&](const Shape& bs, int chunks, const int* bounds, const float* bx, const float* bdy,
                         float* bdx, float* pdw, double* pdb) {
-                      op(bs, chunks, bounds, bx, w.f32(), bdy, bdx, pdw, pdb);
+                      op(bs, p, chunks, bounds, bx, w.f32(), bdy, bdx, pdw, pdb);
                     });
   } else {
-    const auto op =
-        ops.*by_precision(how.precision, d, L::whole_backward, L::whole_backward_f16, L::whole_backward_bf16);
-    op(s, x.f32(), w.f32(), dy.f32(), data_or_null(dx), dw.f32(), db.f32());
+    (ops.*L::whole_backward)(s, precision_on(ops, L::whole_backward_id, how.precision, d), x.f32(), w.f32(),
+                             dy.f32(), data_or_null(dx), dw.f32(), db.f32());
   }
 }
 

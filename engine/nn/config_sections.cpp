@@ -6,14 +6,6 @@ namespace engine {
 
 const char* to_string(OptimizerName v) { return v == OptimizerName::AdamW ? "adamw" : "adam"; }
 const char* to_string(SchedulerName v) { return v == SchedulerName::Cosine ? "cosine" : "constant"; }
-const char* to_string(Precision v) {
-  switch (v) {
-    case Precision::Fp16: return "fp16";
-    case Precision::Bf16: return "bf16";
-    case Precision::Fp32: break;
-  }
-  return "fp32";
-}
 
 Precision compute_precision(Precision mode, const Device& device) {
   return device.is_cuda() ? mode : Precision::Fp32;

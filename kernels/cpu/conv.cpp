@@ -14,6 +14,7 @@
 #include "kernels/chunk_tree.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/op_table.h"
 #include "kernels/ops.h"
 
 namespace engine::kernels::cpu {
@@ -184,12 +185,14 @@ void backward_chunk_partials(const ConvShape& s, int chunks, const int* bounds, 
 
 }  // namespace
 
-void conv2d_forward(const ConvShape& s, const float* x, const float* w, const float* b, float* y) {
-  conv2d_forward_chunks(s, kTreeChunks, StandardBounds(s.n).b, x, w, b, y);
+void conv2d_forward(const ConvShape& s, Precision p, const float* x, const float* w, const float* b, float* y) {
+  require_supported(cpu_op_supports, "cpu", OpId::conv2d_forward, p);
+  conv2d_forward_chunks(s, p, kTreeChunks, StandardBounds(s.n).b, x, w, b, y);
 }
 
-void conv2d_forward_chunks(const ConvShape& s, int chunks, const int* bounds, const float* x,
+void conv2d_forward_chunks(const ConvShape& s, Precision p, int chunks, const int* bounds, const float* x,
                            const float* w, const float* b, float* y) {
+  require_supported(cpu_op_supports, "cpu", OpId::conv2d_forward_chunks, p);
   const int64_t ohw = static_cast<int64_t>(s.out_h()) * s.out_w();
   const int crs = s.c * s.r * s.s;
   const int64_t in_size = static_cast<int64_t>(s.c) * s.h * s.w;
@@ -228,8 +231,9 @@ void conv2d_forward_chunks(const ConvShape& s, int chunks, const int* bounds, co
   }
 }
 
-void conv2d_backward(const ConvShape& s, const float* x, const float* w, const float* dy,
+void conv2d_backward(const ConvShape& s, Precision p, const float* x, const float* w, const float* dy,
                      float* dx, float* dw, float* db) {
+  require_supported(cpu_op_supports, "cpu", OpId::conv2d_backward, p);
   const int64_t wsize = static_cast<int64_t>(s.k) * s.c * s.r * s.s;
   float* dw_chunks = thread_scratch(Scratch::ChunkGradients, static_cast<std::size_t>(kTreeChunks * wsize));
   std::vector<double> db_chunks(static_cast<std::size_t>(kTreeChunks) * s.k, 0.0);
@@ -250,9 +254,10 @@ void conv2d_backward(const ConvShape& s, const float* x, const float* w, const f
 
 // conv2d_backward over the given chunks; the chunk partials are summed over the fixed
 // tree (kernels/chunk_tree.h) instead of in sequence.
-void conv2d_backward_chunks(const ConvShape& s, int chunks, const int* bounds, const float* x,
+void conv2d_backward_chunks(const ConvShape& s, Precision p, int chunks, const int* bounds, const float* x,
                             const float* w, const float* dy, float* dx, float* dw_tree,
                             double* db_tree) {
+  require_supported(cpu_op_supports, "cpu", OpId::conv2d_backward_chunks, p);
   const int64_t wsize = static_cast<int64_t>(s.k) * s.c * s.r * s.s;
   float* dw_chunks = thread_scratch(Scratch::ChunkGradients, static_cast<std::size_t>(chunks * wsize));
   std::vector<double> db_chunks(static_cast<std::size_t>(chunks) * s.k, 0.0);

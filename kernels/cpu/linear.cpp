@@ -11,6 +11,7 @@
 #include "kernels/chunk_tree.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/op_table.h"
 #include "kernels/ops.h"
 
 namespace engine::kernels::cpu {
@@ -39,14 +40,16 @@ struct ThreadRows {
 bool split_columns(int columns) { return columns >= 32 * omp_get_num_threads(); }
 }  // namespace
 
-void linear_forward(const LinearShape& s, const float* x, const float* w, const float* b, float* y) {
+void linear_forward(const LinearShape& s, Precision p, const float* x, const float* w, const float* b, float* y) {
+  require_supported(cpu_op_supports, "cpu", OpId::linear_forward, p);
   int bounds[kTreeChunks + 1];
   for (int c = 0; c <= kTreeChunks; ++c) bounds[c] = tree_chunk_begin(s.n, c);
-  linear_forward_chunks(s, kTreeChunks, bounds, x, w, b, y);
+  linear_forward_chunks(s, p, kTreeChunks, bounds, x, w, b, y);
 }
 
-void linear_forward_chunks(const LinearShape& s, int chunks, const int* bounds, const float* x,
+void linear_forward_chunks(const LinearShape& s, Precision p, int chunks, const int* bounds, const float* x,
                            const float* w, const float* b, float* y) {
+  require_supported(cpu_op_supports, "cpu", OpId::linear_forward_chunks, p);
   // Each y element is its bias plus one chain over IN, whatever rows share a GEMM: so
   // one GEMM per thread (over its columns or rows: split_columns), not one per chunk.
   const int first = bounds[0], rows = bounds[chunks] - first;
@@ -72,8 +75,9 @@ void linear_forward_chunks(const LinearShape& s, int chunks, const int* bounds, 
   }
 }
 
-void linear_backward(const LinearShape& s, const float* x, const float* w, const float* dy,
+void linear_backward(const LinearShape& s, Precision p, const float* x, const float* w, const float* dy,
                      float* dx, float* dw, float* db) {
+  require_supported(cpu_op_supports, "cpu", OpId::linear_backward, p);
 #pragma omp parallel for schedule(static)
   for (int chunk = 0; chunk < kTreeChunks; ++chunk) {
     // dW by fixed blocks of output rows, each summed over the whole batch in one GEMM:
@@ -105,9 +109,10 @@ void linear_backward(const LinearShape& s, const float* x, const float* w, const
 // the same GEMM calls; a block's chunk GEMMs pack only its slice of x and the chunk's
 // dy (a block of output rows would pack the whole x_c for every block).
 // dx per thread over its rows, as in linear_forward_chunks; db per chunk.
-void linear_backward_chunks(const LinearShape& s, int chunks, const int* bounds, const float* x,
+void linear_backward_chunks(const LinearShape& s, Precision p, int chunks, const int* bounds, const float* x,
                             const float* w, const float* dy, float* dx, float* dw_tree,
                             double* db_tree) {
+  require_supported(cpu_op_supports, "cpu", OpId::linear_backward_chunks, p);
   // The 8 partials of a block within ~256 KB (L2).
   constexpr int64_t kBlockFloats = 65536;
   const int cols = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(s.in, kBlockFloats / (kTreeChunks * static_cast<int64_t>(s.out)))));

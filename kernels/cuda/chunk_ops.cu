@@ -1,4 +1,4 @@
-// The Chunks ops of kernels/op_list.inc (fp32, and the CUDA-only fp16 and bf16 ones) on the
+// The Chunks ops of kernels/op_list.inc (conv and linear in every precision) on the
 // GPU: a batch computed by its fixed chunks (kernels/chunk_tree.h) so that every cross-sample sum is
 // the fixed tree over per-chunk partials, and a rank holding some of the chunks computes
 // exactly its subtree (docs/distributed.md, "GPU ranks").
@@ -165,15 +165,11 @@ struct ConvOps {
   static int out_channels(const Shape& s) { return s.k; }
   static int64_t weight_size(const Shape& s) { return static_cast<int64_t>(s.k) * s.c * s.r * s.s; }
   static void forward(Precision m, const Shape& s, const float* x, const float* w, const float* b, float* y) {
-    if (m == Precision::Fp16) conv2d_forward_f16(s, x, w, b, y);
-    else if (m == Precision::Bf16) conv2d_forward_bf16(s, x, w, b, y);
-    else conv2d_forward(s, x, w, b, y);
+    conv2d_forward(s, m, x, w, b, y);
   }
   static void backward(Precision m, const Shape& s, const float* x, const float* w, const float* dy, float* dx,
                        float* dw) {
-    if (m == Precision::Fp16) conv2d_backward_f16(s, x, w, dy, dx, dw, nullptr);
-    else if (m == Precision::Bf16) conv2d_backward_bf16(s, x, w, dy, dx, dw, nullptr);
-    else conv2d_backward(s, x, w, dy, dx, dw, nullptr);
+    conv2d_backward(s, m, x, w, dy, dx, dw, nullptr);
   }
 };
 
@@ -185,15 +181,11 @@ struct LinearOps {
   static int out_channels(const Shape& s) { return s.out; }
   static int64_t weight_size(const Shape& s) { return static_cast<int64_t>(s.out) * s.in; }
   static void forward(Precision m, const Shape& s, const float* x, const float* w, const float* b, float* y) {
-    if (m == Precision::Fp16) linear_forward_f16(s, x, w, b, y);
-    else if (m == Precision::Bf16) linear_forward_bf16(s, x, w, b, y);
-    else linear_forward(s, x, w, b, y);
+    linear_forward(s, m, x, w, b, y);
   }
   static void backward(Precision m, const Shape& s, const float* x, const float* w, const float* dy, float* dx,
                        float* dw) {
-    if (m == Precision::Fp16) linear_backward_f16(s, x, w, dy, dx, dw, nullptr);
-    else if (m == Precision::Bf16) linear_backward_bf16(s, x, w, dy, dx, dw, nullptr);
-    else linear_backward(s, x, w, dy, dx, dw, nullptr);
+    linear_backward(s, m, x, w, dy, dx, dw, nullptr);
   }
 };
 
@@ -277,53 +269,21 @@ void require_all_channels(const BatchNormShape& s, const char* op) {
 
 // ---- The ops ------------------------------------------------------------------------
 
-void conv2d_forward_chunks(const ConvShape& s, int chunks, const int* bounds, const float* x, const float* w,
-                           const float* b, float* y) {
-  forward_chunks<ConvOps>(Precision::Fp32, s, chunks, bounds, x, w, b, y);
+void conv2d_forward_chunks(const ConvShape& s, Precision p, int chunks, const int* bounds, const float* x,
+                           const float* w, const float* b, float* y) {
+  forward_chunks<ConvOps>(p, s, chunks, bounds, x, w, b, y);
 }
-void linear_forward_chunks(const LinearShape& s, int chunks, const int* bounds, const float* x, const float* w,
-                           const float* b, float* y) {
-  forward_chunks<LinearOps>(Precision::Fp32, s, chunks, bounds, x, w, b, y);
+void linear_forward_chunks(const LinearShape& s, Precision p, int chunks, const int* bounds, const float* x,
+                           const float* w, const float* b, float* y) {
+  forward_chunks<LinearOps>(p, s, chunks, bounds, x, w, b, y);
 }
-void conv2d_backward_chunks(const ConvShape& s, int chunks, const int* bounds, const float* x, const float* w,
-                            const float* dy, float* dx, float* dw_tree, double* db_tree) {
-  backward_chunks<ConvOps>(Precision::Fp32, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
+void conv2d_backward_chunks(const ConvShape& s, Precision p, int chunks, const int* bounds, const float* x,
+                            const float* w, const float* dy, float* dx, float* dw_tree, double* db_tree) {
+  backward_chunks<ConvOps>(p, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
 }
-void linear_backward_chunks(const LinearShape& s, int chunks, const int* bounds, const float* x, const float* w,
-                            const float* dy, float* dx, float* dw_tree, double* db_tree) {
-  backward_chunks<LinearOps>(Precision::Fp32, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
-}
-void conv2d_forward_chunks_f16(const ConvShape& s, int chunks, const int* bounds, const float* x,
-                               const float* w, const float* b, float* y) {
-  forward_chunks<ConvOps>(Precision::Fp16, s, chunks, bounds, x, w, b, y);
-}
-void linear_forward_chunks_f16(const LinearShape& s, int chunks, const int* bounds, const float* x,
-                               const float* w, const float* b, float* y) {
-  forward_chunks<LinearOps>(Precision::Fp16, s, chunks, bounds, x, w, b, y);
-}
-void conv2d_backward_chunks_f16(const ConvShape& s, int chunks, const int* bounds, const float* x,
-                                const float* w, const float* dy, float* dx, float* dw_tree, double* db_tree) {
-  backward_chunks<ConvOps>(Precision::Fp16, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
-}
-void linear_backward_chunks_f16(const LinearShape& s, int chunks, const int* bounds, const float* x,
-                                const float* w, const float* dy, float* dx, float* dw_tree, double* db_tree) {
-  backward_chunks<LinearOps>(Precision::Fp16, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
-}
-void conv2d_forward_chunks_bf16(const ConvShape& s, int chunks, const int* bounds, const float* x,
-                                const float* w, const float* b, float* y) {
-  forward_chunks<ConvOps>(Precision::Bf16, s, chunks, bounds, x, w, b, y);
-}
-void linear_forward_chunks_bf16(const LinearShape& s, int chunks, const int* bounds, const float* x,
-                                const float* w, const float* b, float* y) {
-  forward_chunks<LinearOps>(Precision::Bf16, s, chunks, bounds, x, w, b, y);
-}
-void conv2d_backward_chunks_bf16(const ConvShape& s, int chunks, const int* bounds, const float* x,
-                                 const float* w, const float* dy, float* dx, float* dw_tree, double* db_tree) {
-  backward_chunks<ConvOps>(Precision::Bf16, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
-}
-void linear_backward_chunks_bf16(const LinearShape& s, int chunks, const int* bounds, const float* x,
-                                 const float* w, const float* dy, float* dx, float* dw_tree, double* db_tree) {
-  backward_chunks<LinearOps>(Precision::Bf16, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
+void linear_backward_chunks(const LinearShape& s, Precision p, int chunks, const int* bounds, const float* x,
+                            const float* w, const float* dy, float* dx, float* dw_tree, double* db_tree) {
+  backward_chunks<LinearOps>(p, s, chunks, bounds, x, w, dy, dx, dw_tree, db_tree);
 }
 
 void tree_sum_parts(int count, int64_t len, const float* parts, float* out) {

@@ -15,6 +15,7 @@
 // plans welcome them, and each direction's convolution descriptor takes the math type its
 // chosen result was reported with, as cuDNN asks.
 #include "kernels/cuda/conv_cudnn.h"
+#include "kernels/cuda/fp32_layer_ops.h"
 
 #include <stdexcept>
 #include "kernels/cuda/conv_algo_choice.h"
@@ -322,15 +323,15 @@ void cudnn_conv_backward_filter(const ConvShape& s, ConvData data, const void* x
 
 // ---- fp32 ops -----------------------------------------------------------------------
 
-void conv2d_forward(const ConvShape& s, const float* x, const float* w, const float* b,
-                    float* y) {
+void conv2d_forward_fp32(const ConvShape& s, const float* x, const float* w, const float* b,
+                         float* y) {
   if (conv_is_empty(s)) return;
   cudnn_conv_forward(s, ConvData::Float, x, w, y);
   if (b) add_channel_bias(s.n, s.k, static_cast<int64_t>(s.out_h()) * s.out_w(), b, y);
 }
 
-void conv2d_backward(const ConvShape& s, const float* x, const float* w, const float* dy,
-                     float* dx, float* dw, float* db) {
+void conv2d_backward_fp32(const ConvShape& s, const float* x, const float* w, const float* dy,
+                          float* dx, float* dw, float* db) {
   if (conv_is_empty(s)) return;
   // dx is null for the first layer: its input gradient is not needed.
   if (dx) cudnn_conv_backward_data(s, ConvData::Float, w, dy, dx);

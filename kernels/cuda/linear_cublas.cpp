@@ -8,12 +8,13 @@
 // (ld out), and each product below is written for those transposes.
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/cublas_library.h"
+#include "kernels/cuda/fp32_layer_ops.h"
 #include "kernels/ops.h"
 
 namespace engine::kernels::cuda {
 
-void linear_forward(const LinearShape& s, const float* x, const float* w, const float* b,
-                    float* y) {
+void linear_forward_fp32(const LinearShape& s, const float* x, const float* w, const float* b,
+                         float* y) {
   if (s.n <= 0 || s.out <= 0) return;
   const SharedStateLock lock;  // the cuBLAS handle (context.h, Threading)
   Context& ctx = Context::get();
@@ -31,8 +32,8 @@ void linear_forward(const LinearShape& s, const float* x, const float* w, const 
   if (b) add_channel_bias(s.n, s.out, 1, b, y);
 }
 
-void linear_backward(const LinearShape& s, const float* x, const float* w, const float* dy,
-                     float* dx, float* dw, float* db) {
+void linear_backward_fp32(const LinearShape& s, const float* x, const float* w, const float* dy,
+                          float* dx, float* dw, float* db) {
   if (s.n <= 0 || s.out <= 0) return;
   const SharedStateLock lock;  // the cuBLAS handle (context.h, Threading)
   Context& ctx = Context::get();

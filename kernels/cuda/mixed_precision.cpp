@@ -47,6 +47,7 @@
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/cublas_library.h"
 #include "kernels/cuda/conv_cudnn.h"
+#include "kernels/cuda/fp32_layer_ops.h"
 #include "kernels/ops.h"
 
 namespace engine::kernels::cuda {
@@ -226,36 +227,29 @@ void linear_backward_16(const Format& f, const LinearShape& s, const float* x, c
 
 }  // namespace
 
-// ---- The ops ---------------------------------------------------------------------------
+// ---- The ops: the op list's conv and linear in every precision ------------------------
 
-void conv2d_forward_f16(const ConvShape& s, const float* x, const float* w, const float* b, float* y) {
-  conv_forward_16(kFp16, s, x, w, b, y);
-}
-void conv2d_backward_f16(const ConvShape& s, const float* x, const float* w, const float* dy, float* dx,
-                         float* dw, float* db) {
-  conv_backward_16(kFp16, s, x, w, dy, dx, dw, db);
-}
-void linear_forward_f16(const LinearShape& s, const float* x, const float* w, const float* b, float* y) {
-  linear_forward_16(kFp16, s, x, w, b, y);
-}
-void linear_backward_f16(const LinearShape& s, const float* x, const float* w, const float* dy, float* dx,
-                         float* dw, float* db) {
-  linear_backward_16(kFp16, s, x, w, dy, dx, dw, db);
-}
+namespace {
+const Format& format_of(Precision p) { return p == Precision::Fp16 ? kFp16 : kBf16; }
+}  // namespace
 
-void conv2d_forward_bf16(const ConvShape& s, const float* x, const float* w, const float* b, float* y) {
-  conv_forward_16(kBf16, s, x, w, b, y);
+void conv2d_forward(const ConvShape& s, Precision p, const float* x, const float* w, const float* b, float* y) {
+  if (p == Precision::Fp32) return conv2d_forward_fp32(s, x, w, b, y);
+  conv_forward_16(format_of(p), s, x, w, b, y);
 }
-void conv2d_backward_bf16(const ConvShape& s, const float* x, const float* w, const float* dy, float* dx,
-                          float* dw, float* db) {
-  conv_backward_16(kBf16, s, x, w, dy, dx, dw, db);
+void conv2d_backward(const ConvShape& s, Precision p, const float* x, const float* w, const float* dy, float* dx,
+                     float* dw, float* db) {
+  if (p == Precision::Fp32) return conv2d_backward_fp32(s, x, w, dy, dx, dw, db);
+  conv_backward_16(format_of(p), s, x, w, dy, dx, dw, db);
 }
-void linear_forward_bf16(const LinearShape& s, const float* x, const float* w, const float* b, float* y) {
-  linear_forward_16(kBf16, s, x, w, b, y);
+void linear_forward(const LinearShape& s, Precision p, const float* x, const float* w, const float* b, float* y) {
+  if (p == Precision::Fp32) return linear_forward_fp32(s, x, w, b, y);
+  linear_forward_16(format_of(p), s, x, w, b, y);
 }
-void linear_backward_bf16(const LinearShape& s, const float* x, const float* w, const float* dy, float* dx,
-                          float* dw, float* db) {
-  linear_backward_16(kBf16, s, x, w, dy, dx, dw, db);
+void linear_backward(const LinearShape& s, Precision p, const float* x, const float* w, const float* dy, float* dx,
+                     float* dw, float* db) {
+  if (p == Precision::Fp32) return linear_backward_fp32(s, x, w, dy, dx, dw, db);
+  linear_backward_16(format_of(p), s, x, w, dy, dx, dw, db);
 }
 
 }  // namespace engine::kernels::cuda

@@ -1,4 +1,5 @@
-// The reference of the mixed-precision (fp16 and bf16) conv and linear ops: the CUDA ops'
+// The reference's conv and linear ops in every precision (op_list.inc's AnyPrecision
+// ops): fp32 is kernels/ref/reference.cpp's; fp16 and bf16 are the CUDA ops'
 // rounding (kernels/cuda/mixed_precision.cpp) spelled out over the fp32 reference, so that
 // CI checks their definition without a GPU and a GPU run checks the CUDA ops against it.
 // The two formats round at the same points, each with its own rounding:
@@ -15,7 +16,9 @@
 
 #include "kernels/bf16_math.h"
 #include "kernels/fp16_math.h"
+#include "kernels/op_table.h"
 #include "kernels/ops.h"
+#include "kernels/ref/reference_fp32.h"
 
 namespace engine::kernels::ref {
 namespace {
@@ -44,7 +47,7 @@ void add_bias(int n, int k, int64_t hw, const float* b, float* y) {
 void conv_forward_rounded(Round round, const ConvShape& s, const float* x, const float* w, const float* b,
                           float* y) {
   const std::vector<float> xr = rounded(round, x, conv_x(s)), wr = rounded(round, w, conv_w(s));
-  conv2d_forward(s, xr.data(), wr.data(), nullptr, y);
+  conv2d_forward_fp32(s, xr.data(), wr.data(), nullptr, y);
   round_in_place(round, y, conv_y(s));
   if (b) add_bias(s.n, s.k, static_cast<int64_t>(s.out_h()) * s.out_w(), b, y);
 }
@@ -56,12 +59,12 @@ void conv_backward_rounded(Round round, const ConvShape& s, const float* x, cons
   std::vector<float> dw_unused;
   if (!dw) dw_unused.resize(static_cast<std::size_t>(conv_w(s)));
   float* dw_out = dw ? dw : dw_unused.data();
-  conv2d_backward(s, xr.data(), wr.data(), dyr.data(), dx, dw_out, nullptr);
+  conv2d_backward_fp32(s, xr.data(), wr.data(), dyr.data(), dx, dw_out, nullptr);
   if (dx) round_in_place(round, dx, conv_x(s));
   round_in_place(round, dw_out, conv_w(s));
   if (db) {  // from the fp32 dy
     std::vector<float> dw_fp32(static_cast<std::size_t>(conv_w(s)));
-    conv2d_backward(s, x, w, dy, nullptr, dw_fp32.data(), db);
+    conv2d_backward_fp32(s, x, w, dy, nullptr, dw_fp32.data(), db);
   }
 }
 
@@ -69,7 +72,7 @@ void linear_forward_rounded(Round round, const LinearShape& s, const float* x, c
                             float* y) {
   const std::vector<float> xr = rounded(round, x, static_cast<int64_t>(s.n) * s.in),
                            wr = rounded(round, w, static_cast<int64_t>(s.out) * s.in);
-  linear_forward(s, xr.data(), wr.data(), nullptr, y);
+  linear_forward_fp32(s, xr.data(), wr.data(), nullptr, y);
   if (b) add_bias(s.n, s.out, 1, b, y);
 }
 
@@ -80,43 +83,35 @@ void linear_backward_rounded(Round round, const LinearShape& s, const float* x, 
                            dyr = rounded(round, dy, static_cast<int64_t>(s.n) * s.out);
   std::vector<float> dw_unused;
   if (!dw) dw_unused.resize(static_cast<std::size_t>(s.out) * s.in);
-  linear_backward(s, xr.data(), wr.data(), dyr.data(), dx, dw ? dw : dw_unused.data(), nullptr);
+  linear_backward_fp32(s, xr.data(), wr.data(), dyr.data(), dx, dw ? dw : dw_unused.data(), nullptr);
   if (db) {  // from the fp32 dy
     std::vector<float> dw_fp32(static_cast<std::size_t>(s.out) * s.in);
-    linear_backward(s, x, w, dy, nullptr, dw_fp32.data(), db);
+    linear_backward_fp32(s, x, w, dy, nullptr, dw_fp32.data(), db);
   }
 }
 
+// The rounding of a 16-bit precision.
+Round rounding_of(Precision p) { return p == Precision::Fp16 ? round_to_f16 : round_to_bf16; }
+
 }  // namespace
 
-void conv2d_forward_f16(const ConvShape& s, const float* x, const float* w, const float* b, float* y) {
-  conv_forward_rounded(round_to_f16, s, x, w, b, y);
+void conv2d_forward(const ConvShape& s, Precision p, const float* x, const float* w, const float* b, float* y) {
+  if (p == Precision::Fp32) return conv2d_forward_fp32(s, x, w, b, y);
+  conv_forward_rounded(rounding_of(p), s, x, w, b, y);
 }
-void conv2d_backward_f16(const ConvShape& s, const float* x, const float* w, const float* dy, float* dx,
-                         float* dw, float* db) {
-  conv_backward_rounded(round_to_f16, s, x, w, dy, dx, dw, db);
+void conv2d_backward(const ConvShape& s, Precision p, const float* x, const float* w, const float* dy, float* dx,
+                     float* dw, float* db) {
+  if (p == Precision::Fp32) return conv2d_backward_fp32(s, x, w, dy, dx, dw, db);
+  conv_backward_rounded(rounding_of(p), s, x, w, dy, dx, dw, db);
 }
-void linear_forward_f16(const LinearShape& s, const float* x, const float* w, const float* b, float* y) {
-  linear_forward_rounded(round_to_f16, s, x, w, b, y);
+void linear_forward(const LinearShape& s, Precision p, const float* x, const float* w, const float* b, float* y) {
+  if (p == Precision::Fp32) return linear_forward_fp32(s, x, w, b, y);
+  linear_forward_rounded(rounding_of(p), s, x, w, b, y);
 }
-void linear_backward_f16(const LinearShape& s, const float* x, const float* w, const float* dy, float* dx,
-                         float* dw, float* db) {
-  linear_backward_rounded(round_to_f16, s, x, w, dy, dx, dw, db);
-}
-
-void conv2d_forward_bf16(const ConvShape& s, const float* x, const float* w, const float* b, float* y) {
-  conv_forward_rounded(round_to_bf16, s, x, w, b, y);
-}
-void conv2d_backward_bf16(const ConvShape& s, const float* x, const float* w, const float* dy, float* dx,
-                          float* dw, float* db) {
-  conv_backward_rounded(round_to_bf16, s, x, w, dy, dx, dw, db);
-}
-void linear_forward_bf16(const LinearShape& s, const float* x, const float* w, const float* b, float* y) {
-  linear_forward_rounded(round_to_bf16, s, x, w, b, y);
-}
-void linear_backward_bf16(const LinearShape& s, const float* x, const float* w, const float* dy, float* dx,
-                          float* dw, float* db) {
-  linear_backward_rounded(round_to_bf16, s, x, w, dy, dx, dw, db);
+void linear_backward(const LinearShape& s, Precision p, const float* x, const float* w, const float* dy, float* dx,
+                     float* dw, float* db) {
+  if (p == Precision::Fp32) return linear_backward_fp32(s, x, w, dy, dx, dw, db);
+  linear_backward_rounded(rounding_of(p), s, x, w, dy, dx, dw, db);
 }
 
 }  // namespace engine::kernels::ref

@@ -7,12 +7,14 @@
 
 #include "kernels/batchnorm_math.h"
 #include "kernels/chunk_tree.h"
+#include "kernels/op_table.h"
 #include "kernels/ops.h"
+#include "kernels/ref/reference_fp32.h"
 #include "kernels/step_digest.h"
 
 namespace engine::kernels::ref {
 
-void conv2d_forward(const ConvShape& s, const float* x, const float* w, const float* b, float* y) {
+void conv2d_forward_fp32(const ConvShape& s, const float* x, const float* w, const float* b, float* y) {
   const int oh_n = s.out_h(), ow_n = s.out_w();
   for (int n = 0; n < s.n; ++n)
     for (int k = 0; k < s.k; ++k)
@@ -31,7 +33,7 @@ void conv2d_forward(const ConvShape& s, const float* x, const float* w, const fl
         }
 }
 
-void conv2d_backward(const ConvShape& s, const float* x, const float* w, const float* dy,
+void conv2d_backward_fp32(const ConvShape& s, const float* x, const float* w, const float* dy,
                      float* dx, float* dw, float* db) {
   const int oh_n = s.out_h(), ow_n = s.out_w();
   auto dy_at = [&](int n, int k, int oh, int ow) {
@@ -79,7 +81,7 @@ void conv2d_backward(const ConvShape& s, const float* x, const float* w, const f
     }
 }
 
-void linear_forward(const LinearShape& s, const float* x, const float* w, const float* b, float* y) {
+void linear_forward_fp32(const LinearShape& s, const float* x, const float* w, const float* b, float* y) {
   for (int n = 0; n < s.n; ++n)
     for (int o = 0; o < s.out; ++o) {
       double acc = b ? b[o] : 0.0;
@@ -88,7 +90,7 @@ void linear_forward(const LinearShape& s, const float* x, const float* w, const 
     }
 }
 
-void linear_backward(const LinearShape& s, const float* x, const float* w, const float* dy,
+void linear_backward_fp32(const LinearShape& s, const float* x, const float* w, const float* dy,
                      float* dx, float* dw, float* db) {
   if (dx)
     for (int n = 0; n < s.n; ++n)
@@ -360,19 +362,24 @@ void tree_of_partials(const std::vector<float>& parts, int chunks, int64_t len, 
 }
 }  // namespace
 
-void conv2d_forward_chunks(const ConvShape& s, int, const int*, const float* x, const float* w,
+// The chunked forms, in fp32 (ref_op_supports): the CUDA ops' 16-bit chunked forms are
+// tested against the whole-batch 16-bit reference chunk by chunk.
+void conv2d_forward_chunks(const ConvShape& s, Precision p, int, const int*, const float* x, const float* w,
                            const float* b, float* y) {
-  conv2d_forward(s, x, w, b, y);  // no cross-sample sum: chunks do not matter
+  require_supported(ref_op_supports, "ref", OpId::conv2d_forward_chunks, p);
+  conv2d_forward_fp32(s, x, w, b, y);  // no cross-sample sum: chunks do not matter
 }
 
-void linear_forward_chunks(const LinearShape& s, int, const int*, const float* x, const float* w,
+void linear_forward_chunks(const LinearShape& s, Precision p, int, const int*, const float* x, const float* w,
                            const float* b, float* y) {
-  linear_forward(s, x, w, b, y);
+  require_supported(ref_op_supports, "ref", OpId::linear_forward_chunks, p);
+  linear_forward_fp32(s, x, w, b, y);
 }
 
-void conv2d_backward_chunks(const ConvShape& s, int chunks, const int* bounds, const float* x,
+void conv2d_backward_chunks(const ConvShape& s, Precision p, int chunks, const int* bounds, const float* x,
                             const float* w, const float* dy, float* dx, float* dw_tree,
                             double* db_tree) {
+  require_supported(ref_op_supports, "ref", OpId::conv2d_backward_chunks, p);
   const int64_t in_size = static_cast<int64_t>(s.c) * s.h * s.w;
   const int64_t out_size = static_cast<int64_t>(s.k) * s.out_h() * s.out_w();
   const int64_t wsize = static_cast<int64_t>(s.k) * s.c * s.r * s.s;
@@ -382,7 +389,7 @@ void conv2d_backward_chunks(const ConvShape& s, int chunks, const int* bounds, c
     ConvShape sc = s;
     sc.n = bounds[c + 1] - bounds[c];
     if (sc.n == 0) continue;
-    conv2d_backward(sc, x + bounds[c] * in_size, w, dy + bounds[c] * out_size,
+    conv2d_backward_fp32(sc, x + bounds[c] * in_size, w, dy + bounds[c] * out_size,
                     dx ? dx + bounds[c] * in_size : nullptr, dw_parts.data() + c * wsize,
                     db_parts.data() + static_cast<int64_t>(c) * s.k);
   }
@@ -390,9 +397,10 @@ void conv2d_backward_chunks(const ConvShape& s, int chunks, const int* bounds, c
   if (db_tree) tree_of_partials(db_parts, chunks, s.k, nullptr, db_tree);
 }
 
-void linear_backward_chunks(const LinearShape& s, int chunks, const int* bounds, const float* x,
+void linear_backward_chunks(const LinearShape& s, Precision p, int chunks, const int* bounds, const float* x,
                             const float* w, const float* dy, float* dx, float* dw_tree,
                             double* db_tree) {
+  require_supported(ref_op_supports, "ref", OpId::linear_backward_chunks, p);
   const int64_t wsize = static_cast<int64_t>(s.out) * s.in;
   std::vector<float> dw_parts(static_cast<std::size_t>(chunks * wsize), 0.0f);
   std::vector<float> db_parts(static_cast<std::size_t>(chunks) * s.out, 0.0f);
@@ -400,7 +408,7 @@ void linear_backward_chunks(const LinearShape& s, int chunks, const int* bounds,
     LinearShape sc = s;
     sc.n = bounds[c + 1] - bounds[c];
     if (sc.n == 0) continue;
-    linear_backward(sc, x + static_cast<int64_t>(bounds[c]) * s.in, w,
+    linear_backward_fp32(sc, x + static_cast<int64_t>(bounds[c]) * s.in, w,
                     dy + static_cast<int64_t>(bounds[c]) * s.out,
                     dx ? dx + static_cast<int64_t>(bounds[c]) * s.in : nullptr,
                     dw_parts.data() + c * wsize, db_parts.data() + static_cast<int64_t>(c) * s.out);

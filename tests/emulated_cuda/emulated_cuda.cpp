@@ -13,9 +13,9 @@
 // What it emulates: the calls (which op, with which arguments, in which order) and the
 // device work around them (allocations, copies each way, synchronisations, memsets).
 // What it does not: the bits of the CUDA kernels. The Every ops run the CPU's op (cpu::);
-// the whole-batch *_f16 and *_bf16 ops their reference (ref::, which rounds operands and
-// results as the CUDA ops do); the chunked *_f16 and *_bf16 ops the fp32 CPU op of the same
-// name without the suffix (counted work, not 16-bit arithmetic); tree_sum_parts(_f64) sum
+// conv and linear in fp16 and bf16 over the whole batch their reference (ref::, which
+// rounds operands and results as the CUDA ops do), by chunks the CPU's op in fp32
+// (counted work, not 16-bit arithmetic); tree_sum_parts(_f64) sum
 // on the host in the fixed tree order of kernels/chunk_tree.h, as kernels/cuda/chunk_ops.cu
 // does. Only the casts round as a GPU would (kernels/fp16_math.h, kernels/bf16_math.h:
 // round to nearest even; widening exact).
@@ -289,21 +289,21 @@ void cast_bf16_to_f32(int64_t n, const void* in, float* out) {
 // The CPU op each op runs: cpu::name for the Every ops; for the CudaOnly ops, below.
 #define ENGINE_EMU_RUN_Every(name, args) return cpu::name args;
 #define ENGINE_EMU_RUN_CudaOnly(name, args) return emulated_##name args;
-// The whole-batch fp16 and bf16 ops run their reference (kernels/ref/mixed_precision.cpp),
-// which rounds as the CUDA ops do.
-#define ENGINE_EMU_RUN_RefCuda(name, args) return ref::name args;
+// Conv and linear (AnyPrecision): in fp32 the CPU's op; the whole-batch fp16 and bf16 ops
+// run their reference (kernels/ref/mixed_precision.cpp), which rounds as the CUDA ops do;
+// the chunked ones run the CPU's op in fp32 (counted work, not 16-bit arithmetic).
+#define ENGINE_EMU_RUN_Fp32Only_Whole(name, backends, args) ENGINE_EMU_RUN_##backends(name, args)
+#define ENGINE_EMU_RUN_Fp32Only_Chunks(name, backends, args) ENGINE_EMU_RUN_##backends(name, args)
+#define ENGINE_EMU_RUN_AnyPrecision_Whole(name, backends, args) \
+  if (p == Precision::Fp32) return cpu::name args;               \
+  return ref::name args;
+#define ENGINE_EMU_RUN_AnyPrecision_Chunks(name, backends, args) \
+  {                                                               \
+    const Precision p = Precision::Fp32;                          \
+    return cpu::name args;                                        \
+  }
 
 namespace {
-// The chunked fp16 and bf16 ops run the fp32 CPU op of the same name (counted work, not
-// 16-bit arithmetic).
-constexpr auto& emulated_conv2d_forward_chunks_f16 = cpu::conv2d_forward_chunks;
-constexpr auto& emulated_linear_forward_chunks_f16 = cpu::linear_forward_chunks;
-constexpr auto& emulated_conv2d_backward_chunks_f16 = cpu::conv2d_backward_chunks;
-constexpr auto& emulated_linear_backward_chunks_f16 = cpu::linear_backward_chunks;
-constexpr auto& emulated_conv2d_forward_chunks_bf16 = cpu::conv2d_forward_chunks;
-constexpr auto& emulated_linear_forward_chunks_bf16 = cpu::linear_forward_chunks;
-constexpr auto& emulated_conv2d_backward_chunks_bf16 = cpu::conv2d_backward_chunks;
-constexpr auto& emulated_linear_backward_chunks_bf16 = cpu::linear_backward_chunks;
 void emulated_tree_sum_parts(int count, int64_t len, const float* parts, float* out) {
   host_tree_sum_parts(count, len, parts, out);
 }
@@ -322,13 +322,13 @@ void emulated_tree_sum_parts_f64(int count, int64_t len, const double* parts, do
       if (!std::is_void_v<ret>) capture_refused(#name " returns a value to the host");      \
       g_recording.load()->push_back([=] {                                                          \
         trace_op(#name, #args, ENGINE_EMU_UNPACK args);                                     \
-        ENGINE_EMU_RUN_##backends(name, args)                                               \
+        ENGINE_EMU_RUN_##precision##_##batch(name, backends, args)                          \
       });                                                                                   \
       return ret();                                                                         \
     }                                                                                       \
     trace_op(#name, #args, ENGINE_EMU_UNPACK args);                                         \
     trace_result<ret>();                                                                    \
-    ENGINE_EMU_RUN_##backends(name, args)                                                   \
+    ENGINE_EMU_RUN_##precision##_##batch(name, backends, args)                              \
   }
 #define ENGINE_EMU_UNPACK(...) __VA_ARGS__
 #include "kernels/op_list.inc"
@@ -336,6 +336,9 @@ void emulated_tree_sum_parts_f64(int count, int64_t len, const double* parts, do
 #undef ENGINE_EMU_UNPACK
 #undef ENGINE_EMU_RUN_Every
 #undef ENGINE_EMU_RUN_CudaOnly
-#undef ENGINE_EMU_RUN_RefCuda
+#undef ENGINE_EMU_RUN_Fp32Only_Whole
+#undef ENGINE_EMU_RUN_Fp32Only_Chunks
+#undef ENGINE_EMU_RUN_AnyPrecision_Whole
+#undef ENGINE_EMU_RUN_AnyPrecision_Chunks
 
 }  // namespace engine::kernels::cuda

@@ -137,6 +137,15 @@ def run(args, env=None, check=True):
     return p, time.time() - t0
 
 
+def op_name(words):
+    """An op line's op, with the precision it was given (`p=fp16`: "conv2d_forward_f16";
+    fp32 adds nothing), so that each variant's expected list names the precision too."""
+    for w in words[2:]:
+        if w.startswith("p="):
+            return words[1] + {"fp32": "", "fp16": "_f16", "bf16": "_bf16"}[w[2:]]
+    return words[1]
+
+
 def parse(path):
     """The trace as steps: each from an `op gather_batch` up to the next one."""
     steps, cur = [], None
@@ -173,7 +182,7 @@ def strip_progress(step):
 
 
 def summary(step):
-    ops = [w[1] for w in step if w[0] == "op"]
+    ops = [op_name(w) for w in step if w[0] == "op"]
     count = lambda kind: sum(1 for w in step if w[0] == kind)
     return {"ops": ops, "allocs": count("alloc"), "h2d": count("copy_h2d"), "uploads": count("copy_h2d_async"), "launches": count("graph_launch"),
             "d2h": count("copy_d2h"), "syncs": count("sync"), "memsets": count("memset")}

@@ -287,8 +287,8 @@ void run_conv_checks(const char* mode) {
                             " s=" + std::to_string(s.s) + " pad=" + std::to_string(s.pad);
     std::vector<float> y_ref(c.dy.size()), dx_ref(c.x.size()), dw_ref(c.w.size()),
         db_ref(c.b.size());
-    ref::conv2d_forward(s, c.x.data(), c.w.data(), c.b.data(), y_ref.data());
-    ref::conv2d_backward(s, c.x.data(), c.w.data(), c.dy.data(), dx_ref.data(), dw_ref.data(),
+    ref::conv2d_forward(s, engine::Precision::Fp32, c.x.data(), c.w.data(), c.b.data(), y_ref.data());
+    ref::conv2d_backward(s, engine::Precision::Fp32, c.x.data(), c.w.data(), c.dy.data(), dx_ref.data(), dw_ref.data(),
                          db_ref.data());
 
     DeviceArray<float> x(c.x), w(c.w), b(c.b), dy(c.dy), y(c.dy.size()), dx(c.x.size()),
@@ -297,10 +297,10 @@ void run_conv_checks(const char* mode) {
     dx.poison();
     dw.poison();
     db.poison();
-    gpu::conv2d_forward(s, x.get(), w.get(), b.get(), y.get());
+    gpu::conv2d_forward(s, engine::Precision::Fp32, x.get(), w.get(), b.get(), y.get());
     check_gemm_like(y.download(), y_ref, tag + " forward");
 
-    gpu::conv2d_backward(s, x.get(), w.get(), dy.get(), dx.get(), dw.get(), db.get());
+    gpu::conv2d_backward(s, engine::Precision::Fp32, x.get(), w.get(), dy.get(), dx.get(), dw.get(), db.get());
     check_gemm_like(dx.download(), dx_ref, tag + " dx");
     check_gemm_like(dw.download(), dw_ref, tag + " dw");
     check_gemm_like(db.download(), db_ref, tag + " db");
@@ -309,7 +309,7 @@ void run_conv_checks(const char* mode) {
     dw.poison();
     db.poison();
     dx.poison();
-    gpu::conv2d_backward(s, x.get(), w.get(), dy.get(), nullptr, dw.get(), db.get());
+    gpu::conv2d_backward(s, engine::Precision::Fp32, x.get(), w.get(), dy.get(), nullptr, dw.get(), db.get());
     check_gemm_like(dw.download(), dw_ref, tag + " dw (null dx)");
     check_gemm_like(db.download(), db_ref, tag + " db (null dx)");
     std::vector<float> junk(c.x.size());
@@ -339,8 +339,8 @@ TEST_CASE("backward ops give identical bits when run twice") {
     const ConvCase c = make_conv(s, 1101);
     DeviceArray<float> x(c.x), w(c.w), dy(c.dy), dx1(c.x.size()), dw1(c.w.size()),
         db1(c.b.size()), dx2(c.x.size()), dw2(c.w.size()), db2(c.b.size());
-    gpu::conv2d_backward(s, x.get(), w.get(), dy.get(), dx1.get(), dw1.get(), db1.get());
-    gpu::conv2d_backward(s, x.get(), w.get(), dy.get(), dx2.get(), dw2.get(), db2.get());
+    gpu::conv2d_backward(s, engine::Precision::Fp32, x.get(), w.get(), dy.get(), dx1.get(), dw1.get(), db1.get());
+    gpu::conv2d_backward(s, engine::Precision::Fp32, x.get(), w.get(), dy.get(), dx2.get(), dw2.get(), db2.get());
     check_bits(dx2.download(), dx1.download(), "conv dx twice");
     check_bits(dw2.download(), dw1.download(), "conv dw twice");
     check_bits(db2.download(), db1.download(), "conv db twice");
@@ -352,8 +352,8 @@ TEST_CASE("backward ops give identical bits when run twice") {
     const auto dyh = uniform(static_cast<std::size_t>(s.n) * s.out, rng);
     DeviceArray<float> x(xh), w(wh), dy(dyh), dx1(xh.size()), dw1(wh.size()), db1(128),
         dx2(xh.size()), dw2(wh.size()), db2(128);
-    gpu::linear_backward(s, x.get(), w.get(), dy.get(), dx1.get(), dw1.get(), db1.get());
-    gpu::linear_backward(s, x.get(), w.get(), dy.get(), dx2.get(), dw2.get(), db2.get());
+    gpu::linear_backward(s, engine::Precision::Fp32, x.get(), w.get(), dy.get(), dx1.get(), dw1.get(), db1.get());
+    gpu::linear_backward(s, engine::Precision::Fp32, x.get(), w.get(), dy.get(), dx2.get(), dw2.get(), db2.get());
     check_bits(dx2.download(), dx1.download(), "linear dx twice");
     check_bits(dw2.download(), dw1.download(), "linear dw twice");
     check_bits(db2.download(), db1.download(), "linear db twice");
@@ -514,8 +514,8 @@ void run_conv_f16_checks(const char* mode) {
     const auto bh = uniform(static_cast<std::size_t>(s.k), rng);
     const auto dyh = uniform(y_size(s), rng);
     std::vector<float> y_ref(dyh.size()), dx_ref(xh.size()), dw_ref(wh.size()), db_ref(bh.size());
-    ref::conv2d_forward(s, xh.data(), wh.data(), bh.data(), y_ref.data());
-    ref::conv2d_backward(s, xh.data(), wh.data(), dyh.data(), dx_ref.data(), dw_ref.data(),
+    ref::conv2d_forward(s, engine::Precision::Fp32, xh.data(), wh.data(), bh.data(), y_ref.data());
+    ref::conv2d_backward(s, engine::Precision::Fp32, xh.data(), wh.data(), dyh.data(), dx_ref.data(), dw_ref.data(),
                          db_ref.data());
     const double mx = magnitude(xh), mw = magnitude(wh), mb = magnitude(bh), mdy = magnitude(dyh);
     const int64_t k_fwd = static_cast<int64_t>(s.c) * s.r * s.s;
@@ -528,10 +528,10 @@ void run_conv_f16_checks(const char* mode) {
     dx.poison();
     dw.poison();
     db.poison();
-    gpu::conv2d_forward_f16(s, x.get(), w.get(), b.get(), y.get());
+    gpu::conv2d_forward(s, engine::Precision::Fp16, x.get(), w.get(), b.get(), y.get());
     check_f16(y.download(), y_ref, k_fwd, mx, mw, mb, tag + " forward");
 
-    gpu::conv2d_backward_f16(s, x.get(), w.get(), dy.get(), dx.get(), dw.get(), db.get());
+    gpu::conv2d_backward(s, engine::Precision::Fp16, x.get(), w.get(), dy.get(), dx.get(), dw.get(), db.get());
     const auto dx1 = dx.download(), dw1 = dw.download(), db1 = db.download();
     check_f16(dx1, dx_ref, k_dx, mw, mdy, 0.0, tag + " dx");
     check_f16(dw1, dw_ref, k_dw, mx, mdy, 0.0, tag + " dw");
@@ -542,7 +542,7 @@ void run_conv_f16_checks(const char* mode) {
     dx.poison();
     dw.poison();
     db.poison();
-    gpu::conv2d_backward_f16(s, x.get(), w.get(), dy.get(), nullptr, dw.get(), db.get());
+    gpu::conv2d_backward(s, engine::Precision::Fp16, x.get(), w.get(), dy.get(), nullptr, dw.get(), db.get());
     if (gpu::deterministic()) {
       check_bits(dw.download(), dw1, tag + " dw repeat (null dx)");
       check_bits(db.download(), db1, tag + " db repeat (null dx)");
@@ -555,8 +555,8 @@ void run_conv_f16_checks(const char* mode) {
 
     // Without a bias: the convolution alone.
     std::vector<float> y_nobias_ref(dyh.size());
-    ref::conv2d_forward(s, xh.data(), wh.data(), nullptr, y_nobias_ref.data());
-    gpu::conv2d_forward_f16(s, x.get(), w.get(), nullptr, y.get());
+    ref::conv2d_forward(s, engine::Precision::Fp32, xh.data(), wh.data(), nullptr, y_nobias_ref.data());
+    gpu::conv2d_forward(s, engine::Precision::Fp16, x.get(), w.get(), nullptr, y.get());
     check_f16(y.download(), y_nobias_ref, k_fwd, mx, mw, 0.0, tag + " forward (no bias)");
   }
 }
@@ -585,12 +585,12 @@ TEST_CASE("fp16 conv2d: results beyond the fp16 range are +inf, not clamped") {
   const auto wh = uniform(w_size(s), rng, 0.5f, 1.0f);
   const std::vector<float> dyh(y_size(s), 60000.0f);
   DeviceArray<float> x(xh), w(wh), dy(dyh), dx(xh.size()), dw(wh.size()), db(static_cast<std::size_t>(s.k));
-  gpu::conv2d_backward_f16(s, x.get(), w.get(), dy.get(), dx.get(), dw.get(), db.get());
+  gpu::conv2d_backward(s, engine::Precision::Fp16, x.get(), w.get(), dy.get(), dx.get(), dw.get(), db.get());
   check_all_pos_inf(dx.download(), "conv fp16 dx beyond 65504");
   check_all_pos_inf(dw.download(), "conv fp16 dw beyond 65504");
   check_all_finite(db.download(), "conv fp16 db (fp32 sum)");
   // The fp32 op on the same data: finite (the infs come from fp16, not the data).
-  gpu::conv2d_backward(s, x.get(), w.get(), dy.get(), dx.get(), dw.get(), db.get());
+  gpu::conv2d_backward(s, engine::Precision::Fp32, x.get(), w.get(), dy.get(), dx.get(), dw.get(), db.get());
   check_all_finite(dx.download(), "conv fp32 dx");
   check_all_finite(dw.download(), "conv fp32 dw");
 }
@@ -605,7 +605,7 @@ TEST_CASE("fp16 conv2d and linear: a scaled dy that overflows fp16 gives inf gra
     auto dyh = uniform(y_size(s), rng, 0.5f, 1.0f);
     for (float& v : dyh) v *= 6e4f * scale;
     DeviceArray<float> x(xh), w(wh), dy(dyh), dx(xh.size()), dw(wh.size());
-    gpu::conv2d_backward_f16(s, x.get(), w.get(), dy.get(), dx.get(), dw.get(), nullptr);
+    gpu::conv2d_backward(s, engine::Precision::Fp16, x.get(), w.get(), dy.get(), dx.get(), dw.get(), nullptr);
     check_all_nonfinite(dx.download(), "conv fp16 dx from overflowing dy");
     check_all_nonfinite(dw.download(), "conv fp16 dw from overflowing dy");
   }
@@ -616,7 +616,7 @@ TEST_CASE("fp16 conv2d and linear: a scaled dy that overflows fp16 gives inf gra
     auto dyh = uniform(static_cast<std::size_t>(s.n) * s.out, rng, 0.5f, 1.0f);
     for (float& v : dyh) v *= 6e4f * scale;
     DeviceArray<float> x(xh), w(wh), dy(dyh), dx(xh.size()), dw(wh.size());
-    gpu::linear_backward_f16(s, x.get(), w.get(), dy.get(), dx.get(), dw.get(), nullptr);
+    gpu::linear_backward(s, engine::Precision::Fp16, x.get(), w.get(), dy.get(), dx.get(), dw.get(), nullptr);
     check_all_nonfinite(dx.download(), "linear fp16 dx from overflowing dy");
     check_all_nonfinite(dw.download(), "linear fp16 dw from overflowing dy");
   }
@@ -630,10 +630,10 @@ TEST_CASE("fp16 linear: results are fp32, so sums beyond 65504 stay finite and a
   const auto wh = uniform(static_cast<std::size_t>(s.out) * s.in, rng, 0.5f, 1.0f);
   const std::vector<float> dyh(static_cast<std::size_t>(s.n) * s.out, 60000.0f);
   std::vector<float> dx_ref(xh.size()), dw_ref(wh.size());
-  ref::linear_backward(s, xh.data(), wh.data(), dyh.data(), dx_ref.data(), dw_ref.data(), nullptr);
+  ref::linear_backward(s, engine::Precision::Fp32, xh.data(), wh.data(), dyh.data(), dx_ref.data(), dw_ref.data(), nullptr);
   CHECK(magnitude(dx_ref) > 65504.0);
   DeviceArray<float> x(xh), w(wh), dy(dyh), dx(xh.size()), dw(wh.size());
-  gpu::linear_backward_f16(s, x.get(), w.get(), dy.get(), dx.get(), dw.get(), nullptr);
+  gpu::linear_backward(s, engine::Precision::Fp16, x.get(), w.get(), dy.get(), dx.get(), dw.get(), nullptr);
   // Same-sign terms: the error is at most ~2u of the sum itself.
   check_close(dx.download(), dx_ref, 2e-3, 0.0, "linear fp16 dx beyond 65504");
   check_close(dw.download(), dw_ref, 2e-3, 0.0, "linear fp16 dw beyond 65504");

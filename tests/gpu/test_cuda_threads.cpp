@@ -109,10 +109,10 @@ std::vector<std::vector<float>> op_mix(int scale) {
   const std::size_t ny = static_cast<std::size_t>(cs.n) * cs.k * cs.out_h() * cs.out_w();
   DeviceArray<float> cx(make(nx)), cw(make(nw)), cb(make(64)), cy(ny), cdy(make(ny)), cdx(nx), cdw(nw), cdb(64),
       hy(ny), hdx(nx), hdw(nw), hdb(64);
-  gpu::conv2d_forward(cs, cx.get(), cw.get(), cb.get(), cy.get());
-  gpu::conv2d_backward(cs, cx.get(), cw.get(), cdy.get(), cdx.get(), cdw.get(), cdb.get());
-  gpu::conv2d_forward_f16(cs, cx.get(), cw.get(), cb.get(), hy.get());
-  gpu::conv2d_backward_f16(cs, cx.get(), cw.get(), cdy.get(), hdx.get(), hdw.get(), hdb.get());
+  gpu::conv2d_forward(cs, engine::Precision::Fp32, cx.get(), cw.get(), cb.get(), cy.get());
+  gpu::conv2d_backward(cs, engine::Precision::Fp32, cx.get(), cw.get(), cdy.get(), cdx.get(), cdw.get(), cdb.get());
+  gpu::conv2d_forward(cs, engine::Precision::Fp16, cx.get(), cw.get(), cb.get(), hy.get());
+  gpu::conv2d_backward(cs, engine::Precision::Fp16, cx.get(), cw.get(), cdy.get(), hdx.get(), hdw.get(), hdb.get());
   for (auto* a : {&cy, &cdx, &cdw, &cdb, &hy, &hdx, &hdw, &hdb}) out.push_back(a->download());
 
   const LinearShape ls{64 * scale, 3136, 128};
@@ -120,10 +120,10 @@ std::vector<std::vector<float>> op_mix(int scale) {
   const std::size_t ly = static_cast<std::size_t>(ls.n) * ls.out;
   DeviceArray<float> ix(make(lx)), iw(make(lw)), ib(make(128)), iy(ly), idy(make(ly)), idx(lx), idw(lw), idb(128),
       fy(ly), fdx(lx), fdw(lw), fdb(128);
-  gpu::linear_forward(ls, ix.get(), iw.get(), ib.get(), iy.get());
-  gpu::linear_backward(ls, ix.get(), iw.get(), idy.get(), idx.get(), idw.get(), idb.get());
-  gpu::linear_forward_f16(ls, ix.get(), iw.get(), ib.get(), fy.get());
-  gpu::linear_backward_f16(ls, ix.get(), iw.get(), idy.get(), fdx.get(), fdw.get(), fdb.get());
+  gpu::linear_forward(ls, engine::Precision::Fp32, ix.get(), iw.get(), ib.get(), iy.get());
+  gpu::linear_backward(ls, engine::Precision::Fp32, ix.get(), iw.get(), idy.get(), idx.get(), idw.get(), idb.get());
+  gpu::linear_forward(ls, engine::Precision::Fp16, ix.get(), iw.get(), ib.get(), fy.get());
+  gpu::linear_backward(ls, engine::Precision::Fp16, ix.get(), iw.get(), idy.get(), fdx.get(), fdw.get(), fdb.get());
   for (auto* a : {&iy, &idx, &idw, &idb, &fy, &fdx, &fdw, &fdb}) out.push_back(a->download());
   return out;
 }

@@ -38,14 +38,14 @@ OP_CASE("against the ref chunked ops, every chunk shape (empty chunks too); dete
     const float *xd = m.in(x), *wd = m.in(w), *dyd = m.in(dy);
     float *y = m.out<float>(yn), *dx = m.out<float>(xn), *dw = m.out<float>(wn);
     double* db = m.out<double>(s.k);
-    b.ops->conv2d_forward_chunks(s, kTreeChunks, bd.data(), xd, wd, m.in(bias), y);
-    b.ops->conv2d_backward_chunks(s, kTreeChunks, bd.data(), xd, wd, dyd, dx, dw, db);
+    b.ops->conv2d_forward_chunks(s, engine::Precision::Fp32, kTreeChunks, bd.data(), xd, wd, m.in(bias), y);
+    b.ops->conv2d_backward_chunks(s, engine::Precision::Fp32, kTreeChunks, bd.data(), xd, wd, dyd, dx, dw, db);
     check_scaled("conv y", m.get(y), y_ref, 1e-4);
     check_scaled("conv dx", m.get(dx), dx_ref, 1e-4);
     const auto dw1 = m.get(dw);
     check_scaled("conv dw", dw1, dw_ref, 1e-4);
     check_scaled("conv db", m.get(db), db_ref, kChunkDbRel, sum_abs(dy));
-    b.ops->conv2d_backward_chunks(s, kTreeChunks, bd.data(), xd, wd, dyd, dx, dw, db);
+    b.ops->conv2d_backward_chunks(s, engine::Precision::Fp32, kTreeChunks, bd.data(), xd, wd, dyd, dx, dw, db);
     check_bits("conv dw again", m.get(dw), dw1);
   }
   for (std::size_t t = 0; t < kLinearShapeCount; ++t) {
@@ -63,8 +63,8 @@ OP_CASE("against the ref chunked ops, every chunk shape (empty chunks too); dete
     const float *xd = m.in(x), *wd = m.in(w);
     float *y = m.out<float>(dy.size()), *dx = m.out<float>(x.size()), *dw = m.out<float>(w.size());
     double* db = m.out<double>(s.out);
-    b.ops->linear_forward_chunks(s, kTreeChunks, bd.data(), xd, wd, m.in(bias), y);
-    b.ops->linear_backward_chunks(s, kTreeChunks, bd.data(), xd, wd, m.in(dy), dx, dw, db);
+    b.ops->linear_forward_chunks(s, engine::Precision::Fp32, kTreeChunks, bd.data(), xd, wd, m.in(bias), y);
+    b.ops->linear_backward_chunks(s, engine::Precision::Fp32, kTreeChunks, bd.data(), xd, wd, m.in(dy), dx, dw, db);
     check_scaled("linear y", m.get(y), y_ref, 1e-4);
     check_scaled("linear dx", m.get(dx), dx_ref, 1e-4);
     check_scaled("linear dw", m.get(dw), dw_ref, 1e-4);
@@ -155,8 +155,8 @@ OP_CASE("rank shares plus the top of the tree give the whole batch, bit for bit 
   float *y_whole = m.out<float>(n * out), *dw_whole = m.out<float>(wn);
   double *db_whole = m.out<double>(3), *bn_whole = m.out<double>(2);
   const std::vector<int> bd = whole(n).bounds;
-  b.ops->conv2d_forward_chunks(s, kTreeChunks, bd.data(), xd, wd, bdv, y_whole);
-  b.ops->conv2d_backward_chunks(s, kTreeChunks, bd.data(), xd, wd, dyd, nullptr, dw_whole, db_whole);
+  b.ops->conv2d_forward_chunks(s, engine::Precision::Fp32, kTreeChunks, bd.data(), xd, wd, bdv, y_whole);
+  b.ops->conv2d_backward_chunks(s, engine::Precision::Fp32, kTreeChunks, bd.data(), xd, wd, dyd, nullptr, dw_whole, db_whole);
   const BatchNormShape bs{n, 2, 36};
   b.ops->batchnorm_chunk_sums(bs, kTreeChunks, bd.data(), xd, bn_whole);
   const auto y_all = m.get(y_whole);
@@ -169,10 +169,10 @@ OP_CASE("rank shares plus the top of the tree give the whole batch, bit for bit 
       ConvShape part = s;
       part.n = sh.count;
       float* y_part = m.out<float>(std::max<int64_t>(1, sh.count * out));
-      b.ops->conv2d_forward_chunks(part, sh.chunks, sh.bounds.data(), xd + sh.first * in, wd, bdv, y_part);
+      b.ops->conv2d_forward_chunks(part, engine::Precision::Fp32, sh.chunks, sh.bounds.data(), xd + sh.first * in, wd, bdv, y_part);
       const auto yp = m.get(y_part);
       CHECK(std::memcmp(yp.data(), y_all.data() + sh.first * out, sizeof(float) * sh.count * out) == 0);
-      b.ops->conv2d_backward_chunks(part, sh.chunks, sh.bounds.data(), xd + sh.first * in, wd, dyd + sh.first * out,
+      b.ops->conv2d_backward_chunks(part, engine::Precision::Fp32, sh.chunks, sh.bounds.data(), xd + sh.first * in, wd, dyd + sh.first * out,
                                     nullptr, dw_parts + r * wn, db_parts + r * 3);
       const BatchNormShape bpart{sh.count, 2, 36};
       b.ops->batchnorm_chunk_sums(bpart, sh.chunks, sh.bounds.data(), xd + sh.first * in, bn_parts + r * 2);

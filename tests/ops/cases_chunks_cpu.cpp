@@ -58,19 +58,19 @@ CPU_CASE("cpu matches ref; ref matches the unchunked ref; ranks' subtrees give t
     const Share all = whole(s.n);
 
     std::vector<float> y(out * s.n), y_ref(out * s.n);
-    cpu::conv2d_forward_chunks(s, all.chunks, all.bounds.data(), x.data(), w.data(), b.data(), y.data());
-    ref::conv2d_forward(s, x.data(), w.data(), b.data(), y_ref.data());
+    cpu::conv2d_forward_chunks(s, engine::Precision::Fp32, all.chunks, all.bounds.data(), x.data(), w.data(), b.data(), y.data());
+    ref::conv2d_forward(s, engine::Precision::Fp32, x.data(), w.data(), b.data(), y_ref.data());
     std::vector<float> y_plain(out * s.n);
-    cpu::conv2d_forward(s, x.data(), w.data(), b.data(), y_plain.data());
+    cpu::conv2d_forward(s, engine::Precision::Fp32, x.data(), w.data(), b.data(), y_plain.data());
     check_bits("conv forward chunks = conv2d_forward", y, y_plain);
 
     std::vector<float> dx(in * s.n), dw(nw);
     std::vector<double> db(s.k);
-    cpu::conv2d_backward_chunks(s, all.chunks, all.bounds.data(), x.data(), w.data(), dy.data(), dx.data(), dw.data(),
+    cpu::conv2d_backward_chunks(s, engine::Precision::Fp32, all.chunks, all.bounds.data(), x.data(), w.data(), dy.data(), dx.data(), dw.data(),
                                 db.data());
     std::vector<float> dx_ref(in * s.n), dw_ref(nw), db_ref(s.k), dx_sq(in * s.n), dw_sq(nw), db_sq(s.k);
-    ref::conv2d_backward(s, x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(), db_ref.data());
-    ref::conv2d_backward(s, squared(x).data(), squared(w).data(), squared(dy).data(), dx_sq.data(), dw_sq.data(),
+    ref::conv2d_backward(s, engine::Precision::Fp32, x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(), db_ref.data());
+    ref::conv2d_backward(s, engine::Precision::Fp32, squared(x).data(), squared(w).data(), squared(dy).data(), dx_sq.data(), dw_sq.data(),
                          db_sq.data());
     std::vector<double> dy_abs(s.k, 0.0);
     for (int n = 0; n < s.n; ++n)
@@ -85,7 +85,7 @@ CPU_CASE("cpu matches ref; ref matches the unchunked ref; ranks' subtrees give t
     // The reference chunked op is the reference op, summed by the tree.
     std::vector<float> rdx(in * s.n), rdw(nw);
     std::vector<double> rdb(s.k);
-    ref::conv2d_backward_chunks(s, all.chunks, all.bounds.data(), x.data(), w.data(), dy.data(), rdx.data(),
+    ref::conv2d_backward_chunks(s, engine::Precision::Fp32, all.chunks, all.bounds.data(), x.data(), w.data(), dy.data(), rdx.data(),
                                 rdw.data(), rdb.data());
     check_bits("ref chunked dx = ref dx", rdx, dx_ref);
     check_close("ref chunked dw", rdw, dw_ref, [&](std::size_t i) { return gemm_tol(dw_ref[i], dw_sq[i], terms); });
@@ -101,8 +101,8 @@ CPU_CASE("cpu matches ref; ref matches the unchunked ref; ranks' subtrees give t
         const auto xl = slice(x, in, sh.first, sh.count), dyl = slice(dy, out, sh.first, sh.count);
         std::vector<float> yl(out * sh.count), dxl(in * sh.count), dwl(nw);
         std::vector<double> dbl(s.k);
-        cpu::conv2d_forward_chunks(sl, sh.chunks, sh.bounds.data(), xl.data(), w.data(), b.data(), yl.data());
-        cpu::conv2d_backward_chunks(sl, sh.chunks, sh.bounds.data(), xl.data(), w.data(), dyl.data(), dxl.data(),
+        cpu::conv2d_forward_chunks(sl, engine::Precision::Fp32, sh.chunks, sh.bounds.data(), xl.data(), w.data(), b.data(), yl.data());
+        cpu::conv2d_backward_chunks(sl, engine::Precision::Fp32, sh.chunks, sh.bounds.data(), xl.data(), w.data(), dyl.data(), dxl.data(),
                                     dwl.data(), dbl.data());
         std::copy(yl.begin(), yl.end(), y_all.begin() + sh.first * out);
         std::copy(dxl.begin(), dxl.end(), dx_all.begin() + sh.first * in);
@@ -128,17 +128,17 @@ CPU_CASE("cpu matches ref; ranks' subtrees give the whole batch's bits", linear_
     const auto b = uniform(s.out, g, -1, 1), dy = uniform(static_cast<std::size_t>(s.n) * s.out, g, -1, 1);
     const Share all = whole(s.n);
     std::vector<float> y(static_cast<std::size_t>(s.n) * s.out), y_plain(y.size());
-    cpu::linear_forward_chunks(s, all.chunks, all.bounds.data(), x.data(), w.data(), b.data(), y.data());
-    cpu::linear_forward(s, x.data(), w.data(), b.data(), y_plain.data());
+    cpu::linear_forward_chunks(s, engine::Precision::Fp32, all.chunks, all.bounds.data(), x.data(), w.data(), b.data(), y.data());
+    cpu::linear_forward(s, engine::Precision::Fp32, x.data(), w.data(), b.data(), y_plain.data());
     check_bits("linear forward chunks = linear_forward", y, y_plain);
 
     std::vector<float> dx(x.size()), dw(nw);
     std::vector<double> db(s.out);
-    cpu::linear_backward_chunks(s, all.chunks, all.bounds.data(), x.data(), w.data(), dy.data(), dx.data(), dw.data(),
+    cpu::linear_backward_chunks(s, engine::Precision::Fp32, all.chunks, all.bounds.data(), x.data(), w.data(), dy.data(), dx.data(), dw.data(),
                                 db.data());
     std::vector<float> dx_ref(x.size()), dw_ref(nw), db_ref(s.out), dx_sq(x.size()), dw_sq(nw), db_sq(s.out);
-    ref::linear_backward(s, x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(), db_ref.data());
-    ref::linear_backward(s, squared(x).data(), squared(w).data(), squared(dy).data(), dx_sq.data(), dw_sq.data(),
+    ref::linear_backward(s, engine::Precision::Fp32, x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(), db_ref.data());
+    ref::linear_backward(s, engine::Precision::Fp32, squared(x).data(), squared(w).data(), squared(dy).data(), dx_sq.data(), dw_sq.data(),
                          db_sq.data());
     std::vector<double> dy_abs(s.out, 0.0);
     for (int n = 0; n < s.n; ++n)
@@ -160,8 +160,8 @@ CPU_CASE("cpu matches ref; ranks' subtrees give the whole batch's bits", linear_
         const auto xl = slice(x, s.in, sh.first, sh.count), dyl = slice(dy, s.out, sh.first, sh.count);
         std::vector<float> yl(static_cast<std::size_t>(sh.count) * s.out), dxl(xl.size()), dwl(nw);
         std::vector<double> dbl(s.out);
-        cpu::linear_forward_chunks(sl, sh.chunks, sh.bounds.data(), xl.data(), w.data(), b.data(), yl.data());
-        cpu::linear_backward_chunks(sl, sh.chunks, sh.bounds.data(), xl.data(), w.data(), dyl.data(), dxl.data(),
+        cpu::linear_forward_chunks(sl, engine::Precision::Fp32, sh.chunks, sh.bounds.data(), xl.data(), w.data(), b.data(), yl.data());
+        cpu::linear_backward_chunks(sl, engine::Precision::Fp32, sh.chunks, sh.bounds.data(), xl.data(), w.data(), dyl.data(), dxl.data(),
                                     dwl.data(), dbl.data());
         std::copy(yl.begin(), yl.end(), y_all.begin() + static_cast<std::size_t>(sh.first) * s.out);
         std::copy(dxl.begin(), dxl.end(), dx_all.begin() + static_cast<std::size_t>(sh.first) * s.in);
@@ -466,12 +466,12 @@ TEST_CASE("ref chunked backward ops match finite differences") {
     const auto r = uniform(out * s.n, g, -1, 1);
     auto loss = [&] {
       std::vector<float> y(out * s.n);
-      ref::conv2d_forward_chunks(s, all.chunks, all.bounds.data(), x.data(), w.data(), b.data(), y.data());
+      ref::conv2d_forward_chunks(s, engine::Precision::Fp32, all.chunks, all.bounds.data(), x.data(), w.data(), b.data(), y.data());
       return gradcheck::dot(y, r);
     };
     std::vector<float> dx(x.size()), dw(w.size()), db(s.k);
     std::vector<double> dbd(s.k);
-    ref::conv2d_backward_chunks(s, all.chunks, all.bounds.data(), x.data(), w.data(), r.data(), dx.data(), dw.data(),
+    ref::conv2d_backward_chunks(s, engine::Precision::Fp32, all.chunks, all.bounds.data(), x.data(), w.data(), r.data(), dx.data(), dw.data(),
                                 dbd.data());
     for (int k = 0; k < s.k; ++k) db[k] = static_cast<float>(dbd[k]);
     CHECK_GRAD("conv dx", gradcheck::check(loss, x.data(), static_cast<int64_t>(x.size()), dx.data()));
@@ -486,12 +486,12 @@ TEST_CASE("ref chunked backward ops match finite differences") {
     const auto r = uniform(static_cast<std::size_t>(s.n) * s.out, g, -1, 1);
     auto loss = [&] {
       std::vector<float> y(r.size());
-      ref::linear_forward_chunks(s, all.chunks, all.bounds.data(), x.data(), w.data(), b.data(), y.data());
+      ref::linear_forward_chunks(s, engine::Precision::Fp32, all.chunks, all.bounds.data(), x.data(), w.data(), b.data(), y.data());
       return gradcheck::dot(y, r);
     };
     std::vector<float> dx(x.size()), dw(w.size()), db(s.out);
     std::vector<double> dbd(s.out);
-    ref::linear_backward_chunks(s, all.chunks, all.bounds.data(), x.data(), w.data(), r.data(), dx.data(), dw.data(),
+    ref::linear_backward_chunks(s, engine::Precision::Fp32, all.chunks, all.bounds.data(), x.data(), w.data(), r.data(), dx.data(), dw.data(),
                                 dbd.data());
     for (int o = 0; o < s.out; ++o) db[o] = static_cast<float>(dbd[o]);
     CHECK_GRAD("linear dx", gradcheck::check(loss, x.data(), static_cast<int64_t>(x.size()), dx.data()));
@@ -645,14 +645,14 @@ CPU_CASE("chunked conv, linear and batch norm give the same bits with 1, 2 and 3
     Share a = whole(cs.n);
     std::vector<float> dx(cx.size()), dw(cw.size());
     std::vector<double> db(cs.k);
-    cpu::conv2d_backward_chunks(cs, a.chunks, a.bounds.data(), cx.data(), cw.data(), cdy.data(), dx.data(), dw.data(), db.data());
+    cpu::conv2d_backward_chunks(cs, engine::Precision::Fp32, a.chunks, a.bounds.data(), cx.data(), cw.data(), cdy.data(), dx.data(), dw.data(), db.data());
     add(dx);
     add(dw);
     for (double d : db) out.push_back(static_cast<float>(d));
     a = whole(ls.n);
     std::vector<float> ldx(lx.size()), ldw(lw.size());
     std::vector<double> ldb(ls.out);
-    cpu::linear_backward_chunks(ls, a.chunks, a.bounds.data(), lx.data(), lw.data(), ldy.data(), ldx.data(), ldw.data(), ldb.data());
+    cpu::linear_backward_chunks(ls, engine::Precision::Fp32, a.chunks, a.bounds.data(), lx.data(), lw.data(), ldy.data(), ldx.data(), ldw.data(), ldb.data());
     add(ldx);
     add(ldw);
     a = whole(bs.n);

@@ -13,7 +13,7 @@ TEST_CASE("ref conv2d is a zero-padded cross-correlation in NCHW/OIHW layout") {
   const std::vector<float> w = {1, 10, 100, 1000, /* second output channel */ 0, 0, 0, 1};
   const std::vector<float> b = {0.5f, -1.0f};
   std::vector<float> y(2 * 3 * 4);
-  ref::conv2d_forward(s, x.data(), w.data(), b.data(), y.data());
+  ref::conv2d_forward(s, engine::Precision::Fp32, x.data(), w.data(), b.data(), y.data());
   const std::vector<float> want = {
       1000.5f, 2100.5f, 3200.5f, 300.5f,  // oh = 0: only the kernel's bottom row reads x
       4010.5f, 5421.5f, 6532.5f, 603.5f,  // oh = 1
@@ -29,7 +29,7 @@ TEST_CASE("ref linear uses [out, in] weights") {
   const std::vector<float> w = {1, 10, 100, 0, 1, 0};
   const std::vector<float> bias = {0.5f, 2.0f};
   std::vector<float> y(4);
-  ref::linear_forward(s, x.data(), w.data(), bias.data(), y.data());
+  ref::linear_forward(s, engine::Precision::Fp32, x.data(), w.data(), bias.data(), y.data());
   check_bits("hand-computed linear", y, std::vector<float>{321.5f, 4.0f, 99.5f, 2.0f});
 }
 
@@ -49,15 +49,15 @@ OP_CASE("every conv shape, with and without bias", conv2d_forward) {
     for (const bool with_bias : {true, false}) {
       CAPTURE(with_bias);
       std::vector<float> y_ref(ny), y_sq(ny);
-      ref::conv2d_forward(s, x.data(), w.data(), with_bias ? bias.data() : nullptr, y_ref.data());
+      ref::conv2d_forward(s, engine::Precision::Fp32, x.data(), w.data(), with_bias ? bias.data() : nullptr, y_ref.data());
       float* y = m.out<float>(ny);
-      b.ops->conv2d_forward(s, dx, dw, with_bias ? db : nullptr, y);
+      b.ops->conv2d_forward(s, engine::Precision::Fp32, dx, dw, with_bias ? db : nullptr, y);
       const auto got = m.get(y);
       if (b.cuda) {
         check_gemm_like("conv y", got, y_ref);
       } else {
         const auto b2 = squared(bias);
-        ref::conv2d_forward(s, squared(x).data(), squared(w).data(), with_bias ? b2.data() : nullptr, y_sq.data());
+        ref::conv2d_forward(s, engine::Precision::Fp32, squared(x).data(), squared(w).data(), with_bias ? b2.data() : nullptr, y_sq.data());
         check_close("conv y", got, y_ref, [&](std::size_t i) { return gemm_tol(y_ref[i], y_sq[i], terms); });
       }
     }
@@ -79,11 +79,11 @@ OP_CASE("every conv shape: dx, dw, db; dx null (dx untouched) and db null", conv
     const auto dy = uniform(ny, g, -1.0f, 1.0f);
 
     std::vector<float> dx_ref(nx), dw_ref(nw), db_ref(s.k);
-    ref::conv2d_backward(s, x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(), db_ref.data());
+    ref::conv2d_backward(s, engine::Precision::Fp32, x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(), db_ref.data());
     std::vector<float> dx_sq(nx), dw_sq(nw), db_sq(s.k);
     std::vector<double> dy_abs(s.k, 0.0);
     if (b.is_cpu()) {
-      ref::conv2d_backward(s, squared(x).data(), squared(w).data(), squared(dy).data(), dx_sq.data(), dw_sq.data(),
+      ref::conv2d_backward(s, engine::Precision::Fp32, squared(x).data(), squared(w).data(), squared(dy).data(), dx_sq.data(), dw_sq.data(),
                            db_sq.data());
       for (int n = 0; n < s.n; ++n)
         for (int k = 0; k < s.k; ++k)
@@ -109,7 +109,7 @@ OP_CASE("every conv shape: dx, dw, db; dx null (dx untouched) and db null", conv
     Mem m(b);
     const float *xd = m.in(x), *wd = m.in(w), *dyd = m.in(dy);
     float *dx = m.out<float>(nx), *dw = m.out<float>(nw), *db = m.out<float>(s.k);
-    b.ops->conv2d_backward(s, xd, wd, dyd, dx, dw, db);
+    b.ops->conv2d_backward(s, engine::Precision::Fp32, xd, wd, dyd, dx, dw, db);
     const auto dx1 = m.get(dx), dw1 = m.get(dw), db1 = m.get(db);
     check_dx("conv dx", dx1);
     check_dw("conv dw", dw1);
@@ -118,11 +118,11 @@ OP_CASE("every conv shape: dx, dw, db; dx null (dx untouched) and db null", conv
     // dx null (the first layer): dw and db as before (bit for bit on the cpu), an
     // unpassed dx untouched.
     float *dx2 = m.out<float>(nx), *dw2 = m.out<float>(nw), *db2 = m.out<float>(s.k);
-    b.ops->conv2d_backward(s, xd, wd, dyd, nullptr, dw2, db2);
+    b.ops->conv2d_backward(s, engine::Precision::Fp32, xd, wd, dyd, nullptr, dw2, db2);
     check_bits("conv dx untouched when null", m.get(dx2), Mem::poison<float>(nx));
     // db null as well (the reference defines it).
     float *dx3 = m.out<float>(nx), *dw3 = m.out<float>(nw);
-    b.ops->conv2d_backward(s, xd, wd, dyd, dx3, dw3, nullptr);
+    b.ops->conv2d_backward(s, engine::Precision::Fp32, xd, wd, dyd, dx3, dw3, nullptr);
     if (b.cuda) {
       check_dw("conv dw with dx null", m.get(dw2));
       check_db("conv db with dx null", m.get(db2));
@@ -135,7 +135,7 @@ OP_CASE("every conv shape: dx, dw, db; dx null (dx untouched) and db null", conv
       check_bits("conv dx with db null", m.get(dx3), dx1);
     }
     std::vector<float> dw_ref2(nw, kNaN);
-    ref::conv2d_backward(s, x.data(), w.data(), dy.data(), nullptr, dw_ref2.data(), nullptr);
+    ref::conv2d_backward(s, engine::Precision::Fp32, x.data(), w.data(), dy.data(), nullptr, dw_ref2.data(), nullptr);
     check_bits("ref conv dw with dx, db null", dw_ref2, dw_ref);
   }
 }
@@ -151,10 +151,10 @@ CUDA_CASE("bias gradient on ragged slices (n = 128, 88) within the derived bound
     const std::vector<float> x0(static_cast<std::size_t>(n) * s.c * s.h * s.w, 0.0f);
     const std::vector<float> w0(static_cast<std::size_t>(s.k) * s.c * s.r * s.s, 0.0f);
     std::vector<float> dx_ref(x0.size()), dw_ref(w0.size()), db_ref(static_cast<std::size_t>(s.k));
-    ref::conv2d_backward(s, x0.data(), w0.data(), dyh.data(), dx_ref.data(), dw_ref.data(), db_ref.data());
+    ref::conv2d_backward(s, engine::Precision::Fp32, x0.data(), w0.data(), dyh.data(), dx_ref.data(), dw_ref.data(), db_ref.data());
     Mem m(b);
     float* db = m.out<float>(static_cast<std::size_t>(s.k));
-    b.ops->conv2d_backward(s, m.in(x0), m.in(w0), m.in(dyh), nullptr, nullptr, db);
+    b.ops->conv2d_backward(s, engine::Precision::Fp32, m.in(x0), m.in(w0), m.in(dyh), nullptr, nullptr, db);
     const auto bound = rb::channel_sum_tolerances(n, s.k, hw, dyh.data(), db_ref);
     check_close("conv db n=" + std::to_string(n), m.get(db), db_ref, [&](std::size_t i) { return bound[i]; }, true);
   }
@@ -177,14 +177,14 @@ OP_CASE("every linear shape, with and without bias", linear_forward) {
     for (const bool with_bias : {true, false}) {
       CAPTURE(with_bias);
       std::vector<float> y_ref(ny), y_sq(ny);
-      ref::linear_forward(s, x.data(), w.data(), with_bias ? bias.data() : nullptr, y_ref.data());
+      ref::linear_forward(s, engine::Precision::Fp32, x.data(), w.data(), with_bias ? bias.data() : nullptr, y_ref.data());
       float* y = m.out<float>(ny);
-      b.ops->linear_forward(s, xd, wd, with_bias ? bd : nullptr, y);
+      b.ops->linear_forward(s, engine::Precision::Fp32, xd, wd, with_bias ? bd : nullptr, y);
       if (b.cuda) {
         check_gemm_like("linear y", m.get(y), y_ref);
       } else {
         const auto b2 = squared(bias);
-        ref::linear_forward(s, squared(x).data(), squared(w).data(), with_bias ? b2.data() : nullptr, y_sq.data());
+        ref::linear_forward(s, engine::Precision::Fp32, squared(x).data(), squared(w).data(), with_bias ? b2.data() : nullptr, y_sq.data());
         check_close("linear y", m.get(y), y_ref, [&](std::size_t i) { return gemm_tol(y_ref[i], y_sq[i], s.in + 1); });
       }
     }
@@ -206,11 +206,11 @@ OP_CASE("every linear shape: dx, dw, db; dx null and db null", linear_backward) 
     const auto w = uniform(nw, g, -bound, bound);
     const auto dy = uniform(ny, g, -1.0f, 1.0f);
     std::vector<float> dx_ref(nx), dw_ref(nw), db_ref(s.out);
-    ref::linear_backward(s, x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(), db_ref.data());
+    ref::linear_backward(s, engine::Precision::Fp32, x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(), db_ref.data());
     std::vector<float> dx_sq(nx), dw_sq(nw), db_sq(s.out);
     std::vector<double> dy_abs(s.out, 0.0);
     if (b.is_cpu()) {
-      ref::linear_backward(s, squared(x).data(), squared(w).data(), squared(dy).data(), dx_sq.data(), dw_sq.data(),
+      ref::linear_backward(s, engine::Precision::Fp32, squared(x).data(), squared(w).data(), squared(dy).data(), dx_sq.data(), dw_sq.data(),
                            db_sq.data());
       for (int n = 0; n < s.n; ++n)
         for (int o = 0; o < s.out; ++o) dy_abs[o] += std::fabs(dy[static_cast<std::size_t>(n) * s.out + o]);
@@ -218,7 +218,7 @@ OP_CASE("every linear shape: dx, dw, db; dx null and db null", linear_backward) 
     Mem m(b);
     const float *xd = m.in(x), *wd = m.in(w), *dyd = m.in(dy);
     float *dx = m.out<float>(nx), *dw = m.out<float>(nw), *db = m.out<float>(s.out);
-    b.ops->linear_backward(s, xd, wd, dyd, dx, dw, db);
+    b.ops->linear_backward(s, engine::Precision::Fp32, xd, wd, dyd, dx, dw, db);
     const auto dx1 = m.get(dx), dw1 = m.get(dw), db1 = m.get(db);
     if (b.cuda) {
       check_gemm_like("linear dx", dx1, dx_ref);
@@ -231,9 +231,9 @@ OP_CASE("every linear shape: dx, dw, db; dx null and db null", linear_backward) 
       check_close("linear db", db1, db_ref, [&](std::size_t i) { return sum_tol(db_ref[i], dy_abs[i], s.n); });
     }
     float *dw2 = m.out<float>(nw), *db2 = m.out<float>(s.out);
-    b.ops->linear_backward(s, xd, wd, dyd, nullptr, dw2, db2);
+    b.ops->linear_backward(s, engine::Precision::Fp32, xd, wd, dyd, nullptr, dw2, db2);
     float *dx3 = m.out<float>(nx), *dw3 = m.out<float>(nw);
-    b.ops->linear_backward(s, xd, wd, dyd, dx3, dw3, nullptr);
+    b.ops->linear_backward(s, engine::Precision::Fp32, xd, wd, dyd, dx3, dw3, nullptr);
     if (b.cuda) {
       check_gemm_like("linear dw with dx null", m.get(dw2), dw_ref);
       check_gemm_like("linear db with dx null", m.get(db2), db_ref);
@@ -246,7 +246,7 @@ OP_CASE("every linear shape: dx, dw, db; dx null and db null", linear_backward) 
       check_bits("linear dw with db null", m.get(dw3), dw1);
     }
     std::vector<float> dw_ref2(nw, kNaN);
-    ref::linear_backward(s, x.data(), w.data(), dy.data(), nullptr, dw_ref2.data(), nullptr);
+    ref::linear_backward(s, engine::Precision::Fp32, x.data(), w.data(), dy.data(), nullptr, dw_ref2.data(), nullptr);
     check_bits("ref linear dw with dx, db null", dw_ref2, dw_ref);
   }
 }

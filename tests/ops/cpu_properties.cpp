@@ -111,8 +111,8 @@ CPU_CASE("conv2d, linear and batch norm give the same bits with 1, 2 and 3 threa
     const auto x = uniform(nx, g, -1.0f, 1.0f), w = uniform(nw, g, -0.2f, 0.2f),
                b = uniform(s.k, g, -0.2f, 0.2f), dy = uniform(ny, g, -1.0f, 1.0f);
     check_bits_across_thread_counts("conv", {ny, nx, nw, static_cast<std::size_t>(s.k)}, [&](Outputs& o) {
-      cpu::conv2d_forward(s, x.data(), w.data(), b.data(), o[0].data());
-      cpu::conv2d_backward(s, x.data(), w.data(), dy.data(), o[1].data(), o[2].data(), o[3].data());
+      cpu::conv2d_forward(s, engine::Precision::Fp32, x.data(), w.data(), b.data(), o[0].data());
+      cpu::conv2d_backward(s, engine::Precision::Fp32, x.data(), w.data(), dy.data(), o[1].data(), o[2].data(), o[3].data());
     });
   }
   const LinearShape lin_shapes[] = {{4, 3136, 128}, {13, 128, 10}, {64, 128, 10}, {3, 5, 7}};
@@ -125,8 +125,8 @@ CPU_CASE("conv2d, linear and batch norm give the same bits with 1, 2 and 3 threa
     const auto x = uniform(nx, g, -1.0f, 1.0f), w = uniform(nw, g, -0.1f, 0.1f),
                b = uniform(s.out, g, -0.1f, 0.1f), dy = uniform(ny, g, -1.0f, 1.0f);
     check_bits_across_thread_counts("linear", {ny, nx, nw, static_cast<std::size_t>(s.out)}, [&](Outputs& o) {
-      cpu::linear_forward(s, x.data(), w.data(), b.data(), o[0].data());
-      cpu::linear_backward(s, x.data(), w.data(), dy.data(), o[1].data(), o[2].data(), o[3].data());
+      cpu::linear_forward(s, engine::Precision::Fp32, x.data(), w.data(), b.data(), o[0].data());
+      cpu::linear_backward(s, engine::Precision::Fp32, x.data(), w.data(), dy.data(), o[1].data(), o[2].data(), o[3].data());
     });
   }
   // Batchnorm reduces inside one thread per channel: also thread-count independent.

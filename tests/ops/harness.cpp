@@ -74,8 +74,8 @@ std::vector<OpCase>& registry() {
   return cases;
 }
 
-bool register_case(const char* ops, const char* what, Where where, void (*fn)(const Backend&)) {
-  registry().push_back({ops, what, where, fn});
+bool register_case(const char* ops, const char* what, Where where, Precision precision, void (*fn)(const Backend&)) {
+  registry().push_back({ops, what, where, precision, fn});
   return true;
 }
 
@@ -99,20 +99,30 @@ std::vector<std::string> split_ops(const std::string& list) {
   }
   return out;
 }
-bool cpu_has(const std::string& op) {
-  for (const auto& info : engine::kernels::kOps)
-    if (op == info.name) return info.backends == engine::kernels::OpBackends::Every;
+// Whether backend b has `op` and runs it in `precision`.
+bool runs_op(const Backend& b, const std::string& op, Precision precision) {
+  for (std::size_t i = 0; i < engine::kernels::kOpCount; ++i) {
+    const auto& info = engine::kernels::kOps[i];
+    if (op != info.name) continue;
+    if (b.is_cpu() && info.backends != engine::kernels::OpBackends::Every) return false;
+    return engine::kernels::supports_op(*b.ops, static_cast<engine::kernels::OpId>(i), precision);
+  }
   return false;
 }
 }  // namespace
 
-void run_case(const char* ops, Where where, void (*fn)(const Backend&)) {
+bool runs_ops(const Backend& b, const char* ops, Precision precision) {
+  for (const std::string& n : split_ops(ops))
+    if (!runs_op(b, n, precision)) return false;
+  return true;
+}
+
+void run_case(const char* ops, Where where, Precision precision, void (*fn)(const Backend&)) {
   const std::vector<std::string> names = split_ops(ops);
-  bool cpu_can = true;
-  for (const std::string& n : names) cpu_can = cpu_can && cpu_has(n);
   bool ran_cuda = false;
   for (const Backend& b : backends()) {
-    if (b.is_cpu() && (!cpu_can || where == Where::CudaOnly)) continue;
+    if (!runs_ops(b, ops, precision)) continue;
+    if (b.is_cpu() && where == Where::CudaOnly) continue;
     if (b.cuda && where == Where::CpuOnly) continue;
     INFO("backend " << std::string(b.name));
     fn(b);

@@ -75,6 +75,8 @@ namespace ops_test {
 
 namespace ref = engine::kernels::ref;
 using engine::PhiloxStream;
+using engine::Precision;
+using engine::kernels::OpId;
 using engine::kTreeChunks;
 using engine::kernels::AdamHyper;
 using engine::kernels::AdamFactorInputs;
@@ -177,12 +179,17 @@ struct OpCase {
   std::string ops;  // the op names it checks, ", "-separated
   const char* what;
   Where where;
+  Precision precision;  // what the case runs its ops in (OP_CASE_IN)
   void (*fn)(const Backend&);
 };
 std::vector<OpCase>& registry();
-bool register_case(const char* ops, const char* what, Where where, void (*fn)(const Backend&));
-// Runs a case on every backend present that has all its ops; says which were not present.
-void run_case(const char* ops, Where where, void (*fn)(const Backend&));
+bool register_case(const char* ops, const char* what, Where where, Precision precision, void (*fn)(const Backend&));
+// Whether backend b runs every op of a ", "-separated list in `precision` (its table
+// has the op, and supports_op says it runs it in that precision).
+bool runs_ops(const Backend& b, const char* ops, Precision precision);
+// Runs a case on every backend present that runs all its ops in its precision; says
+// which were not present.
+void run_case(const char* ops, Where where, Precision precision, void (*fn)(const Backend&));
 // (op, case, backend) checks run so far, for the closing count.
 int& checks_run();
 
@@ -208,25 +215,32 @@ constexpr bool all_ops(std::string_view list) {
 
 #define OPS_TEST_CAT2(a, b) a##b
 #define OPS_TEST_CAT(a, b) OPS_TEST_CAT2(a, b)
-#define OPS_TEST_CASE_IMPL(FN, WHERE, WHAT, ...)                                               \
+#define OPS_TEST_CASE_IMPL(FN, WHERE, PREC, WHAT, ...)                                          \
   static_assert(::ops_test::all_ops(#__VA_ARGS__), "OP_CASE names an op not in op_list.inc"); \
   static void FN(const ::ops_test::Backend& b);                                               \
   static const bool OPS_TEST_CAT(FN, _registered) =                                           \
-      ::ops_test::register_case(#__VA_ARGS__, WHAT, WHERE, &FN);                              \
-  TEST_CASE(#__VA_ARGS__ ": " WHAT) { ::ops_test::run_case(#__VA_ARGS__, WHERE, &FN); }      \
+      ::ops_test::register_case(#__VA_ARGS__, WHAT, WHERE, PREC, &FN);                        \
+  TEST_CASE(#__VA_ARGS__ ": " WHAT) { ::ops_test::run_case(#__VA_ARGS__, WHERE, PREC, &FN); } \
   static void FN(const ::ops_test::Backend& b)
 
 // OP_CASE("what it checks", op, op...) { body using `b` (the backend) }: one case,
-// run on every backend present that has these ops, compared with ref::.
-#define OP_CASE(WHAT, ...) \
-  OPS_TEST_CASE_IMPL(OPS_TEST_CAT(ops_case_, __LINE__), ::ops_test::Where::Every, WHAT, __VA_ARGS__)
+// run on every backend present that has these ops, compared with ref::, in fp32.
+#define OP_CASE(WHAT, ...)                                                                         \
+  OPS_TEST_CASE_IMPL(OPS_TEST_CAT(ops_case_, __LINE__), ::ops_test::Where::Every, ::engine::Precision::Fp32, \
+                     WHAT, __VA_ARGS__)
+// OP_CASE_IN(precision, "what", op, op...): the same in another precision of the ops'
+// AnyPrecision form, on every backend that runs them in it (supports_op).
+#define OP_CASE_IN(PREC, WHAT, ...) \
+  OPS_TEST_CASE_IMPL(OPS_TEST_CAT(ops_case_, __LINE__), ::ops_test::Where::Every, PREC, WHAT, __VA_ARGS__)
 // CPU_CASE: a property of the cpu path itself (thread counts, its summation order).
-#define CPU_CASE(WHAT, ...) \
-  OPS_TEST_CASE_IMPL(OPS_TEST_CAT(ops_case_, __LINE__), ::ops_test::Where::CpuOnly, WHAT, __VA_ARGS__)
+#define CPU_CASE(WHAT, ...)                                                                          \
+  OPS_TEST_CASE_IMPL(OPS_TEST_CAT(ops_case_, __LINE__), ::ops_test::Where::CpuOnly, ::engine::Precision::Fp32, \
+                     WHAT, __VA_ARGS__)
 // CUDA_CASE: a comparison with ref:: that only the GPU's order needs (ragged slices of
 // its reductions, sizes too slow for the cpu run); reported as not run without cuda.
-#define CUDA_CASE(WHAT, ...) \
-  OPS_TEST_CASE_IMPL(OPS_TEST_CAT(ops_case_, __LINE__), ::ops_test::Where::CudaOnly, WHAT, __VA_ARGS__)
+#define CUDA_CASE(WHAT, ...)                                                                          \
+  OPS_TEST_CASE_IMPL(OPS_TEST_CAT(ops_case_, __LINE__), ::ops_test::Where::CudaOnly, ::engine::Precision::Fp32, \
+                     WHAT, __VA_ARGS__)
 
 // ---- Random inputs ----------------------------------------------------------------------
 
@@ -426,8 +440,8 @@ inline ChunkedLayerCase chunked_case(const ConvShape& s, std::mt19937& g, float 
   c.dx_ref.resize(c.x.size());
   c.dw_ref.resize(c.w.size());
   c.db_ref.resize(s.k);
-  ref::conv2d_forward_chunks(s, kTreeChunks, c.bounds.data(), c.x.data(), c.w.data(), c.bias.data(), c.y_ref.data());
-  ref::conv2d_backward_chunks(s, kTreeChunks, c.bounds.data(), c.x.data(), c.w.data(), c.dy.data(), c.dx_ref.data(),
+  ref::conv2d_forward_chunks(s, engine::Precision::Fp32, kTreeChunks, c.bounds.data(), c.x.data(), c.w.data(), c.bias.data(), c.y_ref.data());
+  ref::conv2d_backward_chunks(s, engine::Precision::Fp32, kTreeChunks, c.bounds.data(), c.x.data(), c.w.data(), c.dy.data(), c.dx_ref.data(),
                               c.dw_ref.data(), c.db_ref.data());
   return c;
 }
@@ -442,8 +456,8 @@ inline ChunkedLayerCase chunked_case(const LinearShape& s, std::mt19937& g, floa
   c.dx_ref.resize(c.x.size());
   c.dw_ref.resize(c.w.size());
   c.db_ref.resize(s.out);
-  ref::linear_forward_chunks(s, kTreeChunks, c.bounds.data(), c.x.data(), c.w.data(), c.bias.data(), c.y_ref.data());
-  ref::linear_backward_chunks(s, kTreeChunks, c.bounds.data(), c.x.data(), c.w.data(), c.dy.data(), c.dx_ref.data(),
+  ref::linear_forward_chunks(s, engine::Precision::Fp32, kTreeChunks, c.bounds.data(), c.x.data(), c.w.data(), c.bias.data(), c.y_ref.data());
+  ref::linear_backward_chunks(s, engine::Precision::Fp32, kTreeChunks, c.bounds.data(), c.x.data(), c.w.data(), c.dy.data(), c.dx_ref.data(),
                               c.dw_ref.data(), c.db_ref.data());
   return c;
 }

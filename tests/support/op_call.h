@@ -29,6 +29,7 @@ inline std::string describe(float v) {
   std::snprintf(buf, sizeof buf, "%a", static_cast<double>(v));
   return buf;
 }
+inline std::string describe(engine::Precision p) { return engine::to_string(p); }
 inline std::string describe(const engine::kernels::ConvShape& s) {
   return "conv{n=" + std::to_string(s.n) + ",c=" + std::to_string(s.c) + ",h=" + std::to_string(s.h) +
          ",w=" + std::to_string(s.w) + ",k=" + std::to_string(s.k) + ",r=" + std::to_string(s.r) +

@@ -169,36 +169,36 @@ int main(int argc, char** argv) {
 
   Bench b{iters, {}};
   // ---- forward
-  b.op("conv1 forward", conv_gflop(c1), [&] { cpu::conv2d_forward_chunks(c1, chunks, bounds, x.data(), w1.data(), b1.data(), y1.data()); });
+  b.op("conv1 forward", conv_gflop(c1), [&] { cpu::conv2d_forward_chunks(c1, engine::Precision::Fp32, chunks, bounds, x.data(), w1.data(), b1.data(), y1.data()); });
   b.op("bn1 forward (train)", 0, [&] { bn_forward(bn1, y1, g1, be1, sm1, si1, a1); });
   b.op("pool1 forward", 0, [&] { cpu::maxpool2x2_forward(p1, a1.data(), m1.data(), am1.data()); });
   b.op("relu1 forward", 0, [&] { cpu::relu_forward(n * 32 * 196, m1.data(), r1.data()); });
-  b.op("conv2 forward", conv_gflop(c2), [&] { cpu::conv2d_forward_chunks(c2, chunks, bounds, r1.data(), w2.data(), b2.data(), y2.data()); });
+  b.op("conv2 forward", conv_gflop(c2), [&] { cpu::conv2d_forward_chunks(c2, engine::Precision::Fp32, chunks, bounds, r1.data(), w2.data(), b2.data(), y2.data()); });
   b.op("bn2 forward (train)", 0, [&] { bn_forward(bn2, y2, g2, be2, sm2, si2, a2); });
   b.op("pool2 forward", 0, [&] { cpu::maxpool2x2_forward(p2, a2.data(), m2.data(), am2.data()); });
   b.op("relu2 forward", 0, [&] { cpu::relu_forward(n * 3136, m2.data(), r2.data()); });
-  b.op("fc1 forward", 2.0 * n * 3136 * 128 * 1e-9, [&] { cpu::linear_forward_chunks(f1, chunks, bounds, r2.data(), wf1.data(), bf1.data(), h1.data()); });
+  b.op("fc1 forward", 2.0 * n * 3136 * 128 * 1e-9, [&] { cpu::linear_forward_chunks(f1, engine::Precision::Fp32, chunks, bounds, r2.data(), wf1.data(), bf1.data(), h1.data()); });
   b.op("relu3 forward", 0, [&] { cpu::relu_forward(n * 128, h1.data(), hr.data()); });
   // The per-step values the ops read from (here host) memory.
   const uint64_t zero_u64 = 0;
   const int64_t zero_i64 = 0;
   const float one_f32 = 1.0f;
   b.op("dropout forward", 0, [&] { cpu::dropout_forward(n * 128, hr.data(), 0.25f, engine::PhiloxStream{0, 1}, &zero_u64, 0, hd.data(), keep.data()); });
-  b.op("fc2 forward", 2.0 * n * 128 * 10 * 1e-9, [&] { cpu::linear_forward_chunks(f2, chunks, bounds, hd.data(), wf2.data(), bf2.data(), logits.data()); });
+  b.op("fc2 forward", 2.0 * n * 128 * 10 * 1e-9, [&] { cpu::linear_forward_chunks(f2, engine::Precision::Fp32, chunks, bounds, hd.data(), wf2.data(), bf2.data(), logits.data()); });
   b.op("cross-entropy", 0, [&] { cpu::cross_entropy(n, n, classes, logits.data(), labels.data(), &one_f32, &zero_i64, dlogits.data(), loss.data(), correct.data()); });
   // ---- backward
-  b.op("fc2 backward", 4.0 * n * 128 * 10 * 1e-9, [&] { cpu::linear_backward_chunks(f2, chunks, bounds, hd.data(), wf2.data(), dlogits.data(), dh.data(), dwf2.data(), dbf2.data()); });
+  b.op("fc2 backward", 4.0 * n * 128 * 10 * 1e-9, [&] { cpu::linear_backward_chunks(f2, engine::Precision::Fp32, chunks, bounds, hd.data(), wf2.data(), dlogits.data(), dh.data(), dwf2.data(), dbf2.data()); });
   b.op("dropout backward", 0, [&] { cpu::dropout_backward(n * 128, g_h.data(), keep.data(), 0.25f, dh2.data()); });
   b.op("relu3 backward", 0, [&] { cpu::relu_backward(n * 128, hr.data(), g_h.data(), dh3.data()); });
-  b.op("fc1 backward", 4.0 * n * 3136 * 128 * 1e-9, [&] { cpu::linear_backward_chunks(f1, chunks, bounds, r2.data(), wf1.data(), g_h.data(), dq2.data(), dwf1.data(), dbf1.data()); });
+  b.op("fc1 backward", 4.0 * n * 3136 * 128 * 1e-9, [&] { cpu::linear_backward_chunks(f1, engine::Precision::Fp32, chunks, bounds, r2.data(), wf1.data(), g_h.data(), dq2.data(), dwf1.data(), dbf1.data()); });
   b.op("relu2 backward", 0, [&] { cpu::relu_backward(n * 3136, r2.data(), g_q2.data(), dq2b.data()); });
   b.op("pool2 backward", 0, [&] { cpu::maxpool2x2_backward(p2, g_q2.data(), am2.data(), dy2.data()); });
   b.op("bn2 backward", 0, [&] { bn_backward(bn2, y2, g_y2, g2, sm2, si2, dy2c, dg2, dbe2); });
-  b.op("conv2 backward (dW, db, dx)", 2 * conv_gflop(c2), [&] { cpu::conv2d_backward_chunks(c2, chunks, bounds, r1.data(), w2.data(), g_y2.data(), dq1.data(), dw2.data(), db2.data()); });
+  b.op("conv2 backward (dW, db, dx)", 2 * conv_gflop(c2), [&] { cpu::conv2d_backward_chunks(c2, engine::Precision::Fp32, chunks, bounds, r1.data(), w2.data(), g_y2.data(), dq1.data(), dw2.data(), db2.data()); });
   b.op("relu1 backward", 0, [&] { cpu::relu_backward(n * 32 * 196, r1.data(), g_q1.data(), dq1b.data()); });
   b.op("pool1 backward", 0, [&] { cpu::maxpool2x2_backward(p1, g_q1.data(), am1.data(), dy1.data()); });
   b.op("bn1 backward", 0, [&] { bn_backward(bn1, y1, g_y1, g1, sm1, si1, dy1c, dg1, dbe1); });
-  b.op("conv1 backward (dW, db)", conv_gflop(c1), [&] { cpu::conv2d_backward_chunks(c1, chunks, bounds, x.data(), w1.data(), g_y1.data(), nullptr, dw1.data(), db1.data()); });
+  b.op("conv1 backward (dW, db)", conv_gflop(c1), [&] { cpu::conv2d_backward_chunks(c1, engine::Precision::Fp32, chunks, bounds, x.data(), w1.data(), g_y1.data(), nullptr, dw1.data(), db1.data()); });
   // ---- AdamW over every parameter (10 tensors, 421,834 floats), or rank 0's 1/W of each
   const AdamHyper h;
   const AdamStepFactors sf{1e-3f, 0.5f, 0.99999f, 0.1f, 0.001f};

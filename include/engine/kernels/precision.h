@@ -8,4 +8,13 @@ namespace engine {
 
 enum class Precision { Fp32, Fp16, Bf16 };  // spelt "fp32" | "fp16" | "bf16" (precision.mode)
 
+inline const char* to_string(Precision v) {
+  switch (v) {
+    case Precision::Fp16: return "fp16";
+    case Precision::Bf16: return "bf16";
+    case Precision::Fp32: break;
+  }
+  return "fp32";
+}
+
 }  // namespace engine

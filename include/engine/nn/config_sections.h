@@ -18,7 +18,6 @@ enum class SchedulerName { Cosine, Constant };   // "cosine" | "constant"
 
 const char* to_string(OptimizerName v);
 const char* to_string(SchedulerName v);
-const char* to_string(Precision v);  // precision.mode: engine/kernels/precision.h
 
 struct ModelConfig {
   // A name the model factory knows: the CLI checks it against the registry

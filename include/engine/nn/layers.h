@@ -5,8 +5,8 @@
 
 namespace engine {
 
-// Conv2d and Linear compute in a Precision (engine/core/tensor.h: on CUDA, Fp16 runs the
-// *_f16 ops of kernels/op_list.inc and Bf16 the *_bf16 ops); the other layers are always fp32.
+// Conv2d and Linear compute in a Precision (engine/kernels/precision.h: on CUDA their ops
+// of kernels/op_list.inc run in it; on the CPU in fp32); the other layers are always fp32.
 
 class Conv2d : public Layer {
  public:
