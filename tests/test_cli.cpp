@@ -304,7 +304,8 @@ TEST_CASE("--help of each command lists its own options, the same as docs/cli.md
   for (std::string l; std::getline(in, l);) doc.push_back(l);
   const std::set<std::string> generic = {"--help"};
   for (const char* cmd :
-       {"train", "resume", "eval", "inspect", "verify", "diff", "report", "export", "verify-export", "version", "keys"}) {
+       {"train", "resume", "eval", "inspect", "verify", "diff", "bisect", "replay", "audit", "report", "export",
+        "verify-export", "version", "keys"}) {
     CAPTURE(cmd);
     const RunResult r = run(std::string(cmd) + " --help");
     CHECK(r.exit_code == 0);
