@@ -140,9 +140,10 @@ def run(args, env=None, check=True):
 def op_name(words):
     """An op line's op, with the precision it was given (`p=fp16`: "conv2d_forward_f16";
     fp32 adds nothing), so that each variant's expected list names the precision too."""
+    suffix = {"p=fp32": "", "p=fp16": "_f16", "p=bf16": "_bf16"}  # not dropout's p=0x1p-2
     for w in words[2:]:
-        if w.startswith("p="):
-            return words[1] + {"fp32": "", "fp16": "_f16", "bf16": "_bf16"}[w[2:]]
+        if w in suffix:
+            return words[1] + suffix[w]
     return words[1]
 
 
