@@ -25,12 +25,6 @@ namespace {
 constexpr uint64_t kMaxElements = uint64_t{1} << 31;  // as the checkpoint loader (docs/security.md)
 constexpr int kMaxRank = 8;
 
-std::string first_line(std::string s) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
-  return s.size() > 400 ? s.substr(0, 397) + "..." : s;
-}
-
 }  // namespace
 
 #if ENGINE_WITH_ONNX
@@ -38,6 +32,12 @@ std::string first_line(std::string s) {
 bool onnx_supported() { return true; }
 
 namespace {
+
+std::string first_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s.size() > 400 ? s.substr(0, 397) + "..." : s;
+}
 
 // The batch: dimension 0 of the input and the output, dynamic.
 constexpr const char* kBatchDim = "batch";

@@ -1,6 +1,6 @@
 // Per-channel batch-norm arithmetic between the sums and the element-wise passes, in
-// one place: the fused one-process ops (cpu::batchnorm_forward_train_chunks,
-// cpu::batchnorm_backward_chunks) and BatchNorm2d's data-parallel path (sums completed
+// one place: the fused one-process ops (cpu::batchnorm_forward_train,
+// cpu::batchnorm_backward) and BatchNorm2d's data-parallel path (sums completed
 // over the ranks in between) call these, so both give the same bits.
 #pragma once
 #include <cmath>

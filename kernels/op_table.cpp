@@ -46,7 +46,7 @@ std::atomic<const OpTable*> g_cpu{&kCpu};
 bool ref_op_supports(OpId op, Precision p) {
   const OpInfo& i = op_info(op);
   if (i.backends != OpBackends::Every) return false;  // ref:: has what the CPU has
-  return p == Precision::Fp32 || (i.precisions == OpPrecisions::AnyPrecision && i.batch == OpBatch::Whole);
+  return p == Precision::Fp32 || (i.precisions == OpPrecisions::AnyPrecision && i.batch != OpBatch::Chunks);
 }
 bool cpu_op_supports(OpId op, Precision p) {
   return p == Precision::Fp32 && op_info(op).backends == OpBackends::Every;

@@ -10,7 +10,7 @@
 
 namespace engine::kernels {
 
-enum class OpBatch { Whole, Chunks };
+enum class OpBatch { Whole, Chunks, Either };  // Either: its parameter `split` (BatchSplit)
 enum class OpPrecisions { Fp32Only, AnyPrecision };  // AnyPrecision: its parameter `p`
 enum class OpBackends { Every, CudaOnly };
 
@@ -36,15 +36,16 @@ enum class OpId {
 };
 inline const OpInfo& op_info(OpId op) { return kOps[static_cast<std::size_t>(op)]; }
 
-// Which precisions each backend runs an op in: ref, every precision of a whole-batch
-// AnyPrecision op and fp32 otherwise; cpu, fp32 (the facade runs fp16 and bf16 as fp32
+// Which precisions each backend runs an op in: ref, every precision of an AnyPrecision
+// op that is not a Chunks op (its forward ops' chunks are their whole batch, sample by
+// sample) and fp32 otherwise; cpu, fp32 (the facade runs fp16 and bf16 as fp32
 // on the CPU); cuda, every precision of an AnyPrecision op. Every backend runs its ops
 // in fp32; ref and cpu have no CudaOnly op (false in every precision).
 bool ref_op_supports(OpId op, Precision p);
 bool cpu_op_supports(OpId op, Precision p);
 bool cuda_op_supports(OpId op, Precision p);
 // The one-line refusal of an op in a precision its backend does not run:
-// "kernels: conv2d_forward_chunks in fp16 is not supported by the cpu backend".
+// "kernels: conv2d_backward_chunks in fp16 is not supported by the cpu backend".
 [[noreturn]] void refuse_precision(const char* backend, OpId op, Precision p);
 // What each backend's AnyPrecision op calls first.
 inline void require_supported(bool (*supports)(OpId, Precision), const char* backend, OpId op, Precision p) {

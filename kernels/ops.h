@@ -39,6 +39,17 @@ struct PoolShape {
   int n = 0, c = 0, h = 0, w = 0;  // input; output is h/2 x w/2
 };
 
+// How an op meets its batch (the op list's Either ops): the whole batch, each backend's
+// own whole-batch path (chunks 0, the default); or the fixed chunks of the global batch
+// (kernels/chunk_tree.h): `chunks` (1, 2, 4 or 8) local chunks whose first samples in
+// the local batch are bounds[0..chunks] (bounds[0] = 0, bounds[chunks] = the batch;
+// a chunk may be empty), every cross-sample sum taken over the chunk tree.
+struct BatchSplit {
+  int chunks = 0;
+  const int* bounds = nullptr;
+  bool whole() const { return chunks == 0; }
+};
+
 // Each backend's declarations of the op list (kernels/op_list.inc): ref and cpu have the
 // ops marked Every, cuda every op.
 #define ENGINE_OP_DECLARE_Every(name, ret, params) ret name params;

@@ -104,14 +104,14 @@ std::string op_names(const std::vector<OpCall>& calls) {
 // at most every 200 ms).
 const std::vector<std::string> kStepOps = {
     "gather_batch",
-    "conv2d_forward_chunks", "batchnorm_forward_train_chunks", "maxpool2x2_forward", "relu_forward",
-    "conv2d_forward_chunks", "batchnorm_forward_train_chunks", "maxpool2x2_forward", "relu_forward",
-    "linear_forward_chunks", "relu_forward", "dropout_forward", "linear_forward_chunks",
+    "conv2d_forward", "batchnorm_forward_train", "maxpool2x2_forward", "relu_forward",
+    "conv2d_forward", "batchnorm_forward_train", "maxpool2x2_forward", "relu_forward",
+    "linear_forward", "relu_forward", "dropout_forward", "linear_forward",
     "cross_entropy",
     // each conv/linear backward: its bias gradient's double sum rounded to float
     "linear_backward_chunks", "round_to_float", "dropout_backward", "relu_backward", "linear_backward_chunks",
-    "round_to_float", "relu_backward", "maxpool2x2_backward", "batchnorm_backward_chunks", "conv2d_backward_chunks",
-    "round_to_float", "relu_backward", "maxpool2x2_backward", "batchnorm_backward_chunks", "conv2d_backward_chunks",
+    "round_to_float", "relu_backward", "maxpool2x2_backward", "batchnorm_backward", "conv2d_backward_chunks",
+    "round_to_float", "relu_backward", "maxpool2x2_backward", "batchnorm_backward", "conv2d_backward_chunks",
     "round_to_float",
     "adam_update", "adam_update", "adam_update", "adam_update", "adam_update", "adam_update",
     "adam_update", "adam_update", "adam_update", "adam_update", "adam_update", "adam_update",

@@ -217,7 +217,7 @@ void batchnorm_forward_train(const BatchCompute& how, const BatchNormShape& s, c
                        .exact("y", y, DType::F32, elements(s))
                        .device();
   if (!by_chunks(how, d)) {
-    detail::ops_on(d).batchnorm_forward_train(s, x.f32(), gamma.f32(), beta.f32(), eps, momentum, running_mean.f32(),
+    detail::ops_on(d).batchnorm_forward_train(s, kernels::BatchSplit{}, x.f32(), gamma.f32(), beta.f32(), eps, momentum, running_mean.f32(),
                                            running_var.f32(), save_mean.f32(), save_invstd.f32(), y.f32());
     return;
   }
@@ -225,7 +225,7 @@ void batchnorm_forward_train(const BatchCompute& how, const BatchNormShape& s, c
   const BatchChunks& plan = plan_for(how, s.n, whole);
   if (!plan.needs_completion()) {
     const BatchChunks::Block& b = plan.blocks()[0];
-    detail::ops_on(d).batchnorm_forward_train_chunks(s, b.chunks, b.bounds.data(), x.f32(), gamma.f32(),
+    detail::ops_on(d).batchnorm_forward_train(s, kernels::BatchSplit{b.chunks, b.bounds.data()}, x.f32(), gamma.f32(),
                     beta.f32(), eps, momentum, running_mean.f32(), running_var.f32(), save_mean.f32(),
                     save_invstd.f32(), y.f32());
     return;
@@ -249,7 +249,7 @@ void batchnorm_backward(const BatchCompute& how, const BatchNormShape& s, const 
                        .exact("dbeta", dbeta, DType::F32, s.c)
                        .device();
   if (!by_chunks(how, d)) {
-    detail::ops_on(d).batchnorm_backward(s, x.f32(), dy.f32(), gamma.f32(), save_mean.f32(), save_invstd.f32(),
+    detail::ops_on(d).batchnorm_backward(s, kernels::BatchSplit{}, x.f32(), dy.f32(), gamma.f32(), save_mean.f32(), save_invstd.f32(),
                                       dx.f32(), dgamma.f32(), dbeta.f32());
     return;
   }
@@ -257,7 +257,7 @@ void batchnorm_backward(const BatchCompute& how, const BatchNormShape& s, const 
   const BatchChunks& plan = plan_for(how, s.n, whole);
   if (!plan.needs_completion()) {
     const BatchChunks::Block& b = plan.blocks()[0];
-    detail::ops_on(d).batchnorm_backward_chunks(s, b.chunks, b.bounds.data(), x.f32(), dy.f32(), gamma.f32(),
+    detail::ops_on(d).batchnorm_backward(s, kernels::BatchSplit{b.chunks, b.bounds.data()}, x.f32(), dy.f32(), gamma.f32(),
                     save_mean.f32(), save_invstd.f32(), dx.f32(), dgamma.f32(), dbeta.f32());
     return;
   }

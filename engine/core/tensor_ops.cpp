@@ -152,12 +152,11 @@ template <>
 struct LayerOps<ConvShape> {
   static constexpr const char* forward = "conv2d_forward";
   static constexpr const char* backward = "conv2d_backward";
-  static constexpr auto forward_chunks = &OpTable::conv2d_forward_chunks;
+  static constexpr auto forward_op = &OpTable::conv2d_forward;
   static constexpr auto backward_chunks = &OpTable::conv2d_backward_chunks;
-  static constexpr auto whole_forward = &OpTable::conv2d_forward;
   static constexpr auto whole_backward = &OpTable::conv2d_backward;
-  static constexpr OpId forward_chunks_id = OpId::conv2d_forward_chunks, backward_chunks_id = OpId::conv2d_backward_chunks,
-                        whole_forward_id = OpId::conv2d_forward, whole_backward_id = OpId::conv2d_backward;
+  static constexpr OpId forward_id = OpId::conv2d_forward, backward_chunks_id = OpId::conv2d_backward_chunks,
+                        whole_backward_id = OpId::conv2d_backward;
   static int64_t weights(const ConvShape& s) { return static_cast<int64_t>(s.k) * s.c * s.r * s.s; }
   static int64_t biases(const ConvShape& s) { return s.k; }
   static bool valid(const ConvShape& s) {
@@ -169,12 +168,11 @@ template <>
 struct LayerOps<LinearShape> {
   static constexpr const char* forward = "linear_forward";
   static constexpr const char* backward = "linear_backward";
-  static constexpr auto forward_chunks = &OpTable::linear_forward_chunks;
+  static constexpr auto forward_op = &OpTable::linear_forward;
   static constexpr auto backward_chunks = &OpTable::linear_backward_chunks;
-  static constexpr auto whole_forward = &OpTable::linear_forward;
   static constexpr auto whole_backward = &OpTable::linear_backward;
-  static constexpr OpId forward_chunks_id = OpId::linear_forward_chunks, backward_chunks_id = OpId::linear_backward_chunks,
-                        whole_forward_id = OpId::linear_forward, whole_backward_id = OpId::linear_backward;
+  static constexpr OpId forward_id = OpId::linear_forward, backward_chunks_id = OpId::linear_backward_chunks,
+                        whole_backward_id = OpId::linear_backward;
   static int64_t weights(const LinearShape& s) { return static_cast<int64_t>(s.out) * s.in; }
   static int64_t biases(const LinearShape& s) { return s.out; }
   static bool valid(const LinearShape& s) { return s.n >= 0 && s.in > 0 && s.out > 0; }
@@ -208,17 +206,16 @@ void layer_forward(const BatchCompute& how, const Shape& s, const Tensor& x, con
   using L = LayerOps<Shape>;
   const Device d = forward_checks(L::forward, how, s, x, w, b, y).device();
   const OpTable& ops = detail::ops_on(d);
+  const auto op = ops.*L::forward_op;
+  const Precision p = precision_on(ops, L::forward_id, how.precision, d);
   if (by_chunks(how, d)) {
-    const auto op = ops.*L::forward_chunks;
-    const Precision p = precision_on(ops, L::forward_chunks_id, how.precision, d);
     std::optional<BatchChunks> whole;
     forward_blocks(plan_for(how, s.n, whole), s, x.f32(), y.f32(),
                    [&](const Shape& bs, int chunks, const int* bounds, const float* bx, float* by) {
-                     op(bs, p, chunks, bounds, bx, w.f32(), b.f32(), by);
+                     op(bs, p, kernels::BatchSplit{chunks, bounds}, bx, w.f32(), b.f32(), by);
                    });
   } else {
-    (ops.*L::whole_forward)(s, precision_on(ops, L::whole_forward_id, how.precision, d), x.f32(), w.f32(), b.f32(),
-                            y.f32());
+    op(s, p, kernels::BatchSplit{}, x.f32(), w.f32(), b.f32(), y.f32());
   }
 }
 

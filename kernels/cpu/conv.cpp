@@ -185,14 +185,14 @@ void backward_chunk_partials(const ConvShape& s, int chunks, const int* bounds, 
 
 }  // namespace
 
-void conv2d_forward(const ConvShape& s, Precision p, const float* x, const float* w, const float* b, float* y) {
+// The whole batch is computed as its standard chunks: a sample's outputs do not depend
+// on its chunk either way.
+void conv2d_forward(const ConvShape& s, Precision p, BatchSplit split, const float* x, const float* w,
+                    const float* b, float* y) {
   require_supported(cpu_op_supports, "cpu", OpId::conv2d_forward, p);
-  conv2d_forward_chunks(s, p, kTreeChunks, StandardBounds(s.n).b, x, w, b, y);
-}
-
-void conv2d_forward_chunks(const ConvShape& s, Precision p, int chunks, const int* bounds, const float* x,
-                           const float* w, const float* b, float* y) {
-  require_supported(cpu_op_supports, "cpu", OpId::conv2d_forward_chunks, p);
+  const StandardBounds standard(s.n);
+  const int chunks = split.whole() ? kTreeChunks : split.chunks;
+  const int* bounds = split.whole() ? standard.b : split.bounds;
   const int64_t ohw = static_cast<int64_t>(s.out_h()) * s.out_w();
   const int crs = s.c * s.r * s.s;
   const int64_t in_size = static_cast<int64_t>(s.c) * s.h * s.w;

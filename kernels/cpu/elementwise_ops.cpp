@@ -41,7 +41,8 @@ double plane_sum(int hw, F term) {
 
 }  // namespace
 
-void batchnorm_forward_train(const BatchNormShape& s, const float* x, const float* gamma,
+// Training-mode batch norm over the whole batch: each channel's sums in one pass.
+static void batchnorm_forward_train_whole(const BatchNormShape& s, const float* x, const float* gamma,
                              const float* beta, float eps, float momentum, float* running_mean,
                              float* running_var, float* save_mean, float* save_invstd, float* y) {
   const double m = static_cast<double>(s.n) * s.hw;
@@ -89,7 +90,7 @@ void batchnorm_forward_eval(const BatchNormShape& s, const float* x, const float
   }
 }
 
-void batchnorm_backward(const BatchNormShape& s, const float* x, const float* dy,
+static void batchnorm_backward_whole(const BatchNormShape& s, const float* x, const float* dy,
                         const float* gamma, const float* save_mean, const float* save_invstd,
                         float* dx, float* dgamma, float* dbeta) {
   const double m = static_cast<double>(s.n) * s.hw;
@@ -741,7 +742,9 @@ void batchnorm_backward_apply(const BatchNormShape& s, const float* x, const flo
   bn_backward_apply(s, x, dy, mean, k, mean_dy, proj, dx);
 }
 
-void batchnorm_forward_train_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
+// By chunks: the steps above fused per channel (one pass over memory per channel), with
+// kernels/batchnorm_math.h between them: the same bits as the steps with nothing exchanged.
+static void batchnorm_forward_train_by_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
                                     const float* gamma, const float* beta, float eps, float momentum,
                                     float* running_mean, float* running_var, float* save_mean,
                                     float* save_invstd, float* y) {
@@ -761,7 +764,7 @@ void batchnorm_forward_train_chunks(const BatchNormShape& s, int chunks, const i
   }
 }
 
-void batchnorm_backward_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
+static void batchnorm_backward_by_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
                                const float* dy, const float* gamma, const float* save_mean,
                                const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
   // The data-parallel steps' sums and dx with nothing exchanged in between: the same bits.
@@ -783,6 +786,25 @@ void batchnorm_backward_chunks(const BatchNormShape& s, int chunks, const int* b
     dbeta[c] = f.dbeta;
   }
   bn_backward_apply(all, x, dy, save_mean, k.data(), mean_dy.data(), proj.data(), dx);
+}
+
+
+void batchnorm_forward_train(const BatchNormShape& s, BatchSplit split, const float* x, const float* gamma,
+                             const float* beta, float eps, float momentum, float* running_mean,
+                             float* running_var, float* save_mean, float* save_invstd, float* y) {
+  if (split.whole())
+    return batchnorm_forward_train_whole(s, x, gamma, beta, eps, momentum, running_mean, running_var, save_mean,
+                                         save_invstd, y);
+  batchnorm_forward_train_by_chunks(s, split.chunks, split.bounds, x, gamma, beta, eps, momentum, running_mean,
+                                    running_var, save_mean, save_invstd, y);
+}
+
+void batchnorm_backward(const BatchNormShape& s, BatchSplit split, const float* x, const float* dy,
+                        const float* gamma, const float* save_mean, const float* save_invstd, float* dx,
+                        float* dgamma, float* dbeta) {
+  if (split.whole()) return batchnorm_backward_whole(s, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+  batchnorm_backward_by_chunks(s, split.chunks, split.bounds, x, dy, gamma, save_mean, save_invstd, dx, dgamma,
+                               dbeta);
 }
 
 }  // namespace engine::kernels::cpu

@@ -40,16 +40,14 @@ struct ThreadRows {
 bool split_columns(int columns) { return columns >= 32 * omp_get_num_threads(); }
 }  // namespace
 
-void linear_forward(const LinearShape& s, Precision p, const float* x, const float* w, const float* b, float* y) {
+// The whole batch is computed as its standard chunks.
+void linear_forward(const LinearShape& s, Precision p, BatchSplit split, const float* x, const float* w,
+                    const float* b, float* y) {
   require_supported(cpu_op_supports, "cpu", OpId::linear_forward, p);
-  int bounds[kTreeChunks + 1];
-  for (int c = 0; c <= kTreeChunks; ++c) bounds[c] = tree_chunk_begin(s.n, c);
-  linear_forward_chunks(s, p, kTreeChunks, bounds, x, w, b, y);
-}
-
-void linear_forward_chunks(const LinearShape& s, Precision p, int chunks, const int* bounds, const float* x,
-                           const float* w, const float* b, float* y) {
-  require_supported(cpu_op_supports, "cpu", OpId::linear_forward_chunks, p);
+  int standard[kTreeChunks + 1];
+  for (int c = 0; c <= kTreeChunks; ++c) standard[c] = tree_chunk_begin(s.n, c);
+  const int chunks = split.whole() ? kTreeChunks : split.chunks;
+  const int* bounds = split.whole() ? standard : split.bounds;
   // Each y element is its bias plus one chain over IN, whatever rows share a GEMM: so
   // one GEMM per thread (over its columns or rows: split_columns), not one per chunk.
   const int first = bounds[0], rows = bounds[chunks] - first;
@@ -108,7 +106,7 @@ void linear_backward(const LinearShape& s, Precision p, const float* x, const fl
 // layer's shape (never on the number of local chunks or threads), so every rank makes
 // the same GEMM calls; a block's chunk GEMMs pack only its slice of x and the chunk's
 // dy (a block of output rows would pack the whole x_c for every block).
-// dx per thread over its rows, as in linear_forward_chunks; db per chunk.
+// dx per thread over its rows, as in linear_forward; db per chunk.
 void linear_backward_chunks(const LinearShape& s, Precision p, int chunks, const int* bounds, const float* x,
                             const float* w, const float* dy, float* dx, float* dw_tree,
                             double* db_tree) {

@@ -25,6 +25,7 @@
 #include "kernels/batchnorm_math.h"
 #include "kernels/chunk_tree.h"
 #include "kernels/cuda/block_sum.h"
+#include "kernels/cuda/by_chunks.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/reduction_order.h"
 #include "kernels/cuda/settings.h"
@@ -165,7 +166,7 @@ struct ConvOps {
   static int out_channels(const Shape& s) { return s.k; }
   static int64_t weight_size(const Shape& s) { return static_cast<int64_t>(s.k) * s.c * s.r * s.s; }
   static void forward(Precision m, const Shape& s, const float* x, const float* w, const float* b, float* y) {
-    conv2d_forward(s, m, x, w, b, y);
+    conv2d_forward(s, m, BatchSplit{}, x, w, b, y);
   }
   static void backward(Precision m, const Shape& s, const float* x, const float* w, const float* dy, float* dx,
                        float* dw) {
@@ -181,7 +182,7 @@ struct LinearOps {
   static int out_channels(const Shape& s) { return s.out; }
   static int64_t weight_size(const Shape& s) { return static_cast<int64_t>(s.out) * s.in; }
   static void forward(Precision m, const Shape& s, const float* x, const float* w, const float* b, float* y) {
-    linear_forward(s, m, x, w, b, y);
+    linear_forward(s, m, BatchSplit{}, x, w, b, y);
   }
   static void backward(Precision m, const Shape& s, const float* x, const float* w, const float* dy, float* dx,
                        float* dw) {
@@ -269,12 +270,12 @@ void require_all_channels(const BatchNormShape& s, const char* op) {
 
 // ---- The ops ------------------------------------------------------------------------
 
-void conv2d_forward_chunks(const ConvShape& s, Precision p, int chunks, const int* bounds, const float* x,
-                           const float* w, const float* b, float* y) {
+void conv2d_forward_by_chunks(const ConvShape& s, Precision p, int chunks, const int* bounds, const float* x,
+                              const float* w, const float* b, float* y) {
   forward_chunks<ConvOps>(p, s, chunks, bounds, x, w, b, y);
 }
-void linear_forward_chunks(const LinearShape& s, Precision p, int chunks, const int* bounds, const float* x,
-                           const float* w, const float* b, float* y) {
+void linear_forward_by_chunks(const LinearShape& s, Precision p, int chunks, const int* bounds, const float* x,
+                              const float* w, const float* b, float* y) {
   forward_chunks<LinearOps>(p, s, chunks, bounds, x, w, b, y);
 }
 void conv2d_backward_chunks(const ConvShape& s, Precision p, int chunks, const int* bounds, const float* x,
@@ -333,12 +334,13 @@ void batchnorm_backward_apply(const BatchNormShape& s, const float* x, const flo
   ENGINE_CUDA_CHECK_LAUNCH("backward_apply_kernel");
 }
 
-// The fused ops: the steps above with the finish on the host, exactly what BatchNorm2d
-// does with exchanges in between (so W = 1 and W > 1 give the same bits).
-void batchnorm_forward_train_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
-                                    const float* gamma, const float* beta, float eps, float momentum,
-                                    float* running_mean, float* running_var, float* save_mean,
-                                    float* save_invstd, float* y) {
+// The Either batch-norm ops by chunks: the steps above with the finish on the host,
+// exactly what BatchNorm2d does with exchanges in between (so W = 1 and W > 1 give the
+// same bits).
+void batchnorm_forward_train_by_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
+                                       const float* gamma, const float* beta, float eps, float momentum,
+                                       float* running_mean, float* running_var, float* save_mean,
+                                       float* save_invstd, float* y) {
   if (s.c <= 0) return;
   const std::size_t c = static_cast<std::size_t>(s.c);
   const double m = static_cast<double>(s.n) * s.hw;
@@ -371,9 +373,9 @@ void batchnorm_forward_train_chunks(const BatchNormShape& s, int chunks, const i
   batchnorm_scale_shift(s, x, vecs.p + c, vecs.p + 2 * c, y);
 }
 
-void batchnorm_backward_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
-                               const float* dy, const float* gamma, const float* save_mean,
-                               const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
+void batchnorm_backward_by_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
+                                  const float* dy, const float* gamma, const float* save_mean,
+                                  const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
   if (s.c <= 0) return;
   const std::size_t c = static_cast<std::size_t>(s.c);
   const double m = static_cast<double>(s.n) * s.hw;

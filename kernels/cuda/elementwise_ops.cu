@@ -19,6 +19,7 @@
 
 #include "kernels/batchnorm_math.h"
 #include "kernels/cuda/block_sum.h"
+#include "kernels/cuda/by_chunks.h"
 #include "kernels/cuda/cast.h"
 #include "kernels/step_digest.h"
 #include "kernels/cuda/context.h"
@@ -632,9 +633,12 @@ void dropout_backward(int64_t n, const float* dy, const uint8_t* keep, float p, 
   ENGINE_CUDA_CHECK_LAUNCH("dropout_backward_kernel");
 }
 
-void batchnorm_forward_train(const BatchNormShape& s, const float* x, const float* gamma,
+void batchnorm_forward_train(const BatchNormShape& s, BatchSplit split, const float* x, const float* gamma,
                              const float* beta, float eps, float momentum, float* running_mean,
                              float* running_var, float* save_mean, float* save_invstd, float* y) {
+  if (!split.whole())
+    return batchnorm_forward_train_by_chunks(s, split.chunks, split.bounds, x, gamma, beta, eps, momentum,
+                                             running_mean, running_var, save_mean, save_invstd, y);
   const int64_t m = static_cast<int64_t>(s.n) * s.hw;
   if (s.c <= 0 || m <= 0) return;
   const int slices = channel_slices(m);
@@ -665,9 +669,12 @@ void batchnorm_forward_eval(const BatchNormShape& s, const float* x, const float
   ENGINE_CUDA_CHECK_LAUNCH("batchnorm_eval_kernel");
 }
 
-void batchnorm_backward(const BatchNormShape& s, const float* x, const float* dy,
+void batchnorm_backward(const BatchNormShape& s, BatchSplit split, const float* x, const float* dy,
                         const float* gamma, const float* save_mean, const float* save_invstd,
                         float* dx, float* dgamma, float* dbeta) {
+  if (!split.whole())
+    return batchnorm_backward_by_chunks(s, split.chunks, split.bounds, x, dy, gamma, save_mean, save_invstd, dx,
+                                        dgamma, dbeta);
   const int64_t m = static_cast<int64_t>(s.n) * s.hw;
   if (s.c <= 0 || m <= 0) return;
   const int slices = channel_slices(m);

@@ -43,6 +43,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/by_chunks.h"
 #include "kernels/cuda/cast.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/cublas_library.h"
@@ -233,7 +234,9 @@ namespace {
 const Format& format_of(Precision p) { return p == Precision::Fp16 ? kFp16 : kBf16; }
 }  // namespace
 
-void conv2d_forward(const ConvShape& s, Precision p, const float* x, const float* w, const float* b, float* y) {
+void conv2d_forward(const ConvShape& s, Precision p, BatchSplit split, const float* x, const float* w,
+                    const float* b, float* y) {
+  if (!split.whole()) return conv2d_forward_by_chunks(s, p, split.chunks, split.bounds, x, w, b, y);
   if (p == Precision::Fp32) return conv2d_forward_fp32(s, x, w, b, y);
   conv_forward_16(format_of(p), s, x, w, b, y);
 }
@@ -242,7 +245,9 @@ void conv2d_backward(const ConvShape& s, Precision p, const float* x, const floa
   if (p == Precision::Fp32) return conv2d_backward_fp32(s, x, w, dy, dx, dw, db);
   conv_backward_16(format_of(p), s, x, w, dy, dx, dw, db);
 }
-void linear_forward(const LinearShape& s, Precision p, const float* x, const float* w, const float* b, float* y) {
+void linear_forward(const LinearShape& s, Precision p, BatchSplit split, const float* x, const float* w,
+                    const float* b, float* y) {
+  if (!split.whole()) return linear_forward_by_chunks(s, p, split.chunks, split.bounds, x, w, b, y);
   if (p == Precision::Fp32) return linear_forward_fp32(s, x, w, b, y);
   linear_forward_16(format_of(p), s, x, w, b, y);
 }

@@ -95,7 +95,9 @@ Round rounding_of(Precision p) { return p == Precision::Fp16 ? round_to_f16 : ro
 
 }  // namespace
 
-void conv2d_forward(const ConvShape& s, Precision p, const float* x, const float* w, const float* b, float* y) {
+// The forward ops' split does not matter: a sample's outputs come from it alone.
+void conv2d_forward(const ConvShape& s, Precision p, BatchSplit, const float* x, const float* w, const float* b,
+                    float* y) {
   if (p == Precision::Fp32) return conv2d_forward_fp32(s, x, w, b, y);
   conv_forward_rounded(rounding_of(p), s, x, w, b, y);
 }
@@ -104,7 +106,8 @@ void conv2d_backward(const ConvShape& s, Precision p, const float* x, const floa
   if (p == Precision::Fp32) return conv2d_backward_fp32(s, x, w, dy, dx, dw, db);
   conv_backward_rounded(rounding_of(p), s, x, w, dy, dx, dw, db);
 }
-void linear_forward(const LinearShape& s, Precision p, const float* x, const float* w, const float* b, float* y) {
+void linear_forward(const LinearShape& s, Precision p, BatchSplit, const float* x, const float* w, const float* b,
+                    float* y) {
   if (p == Precision::Fp32) return linear_forward_fp32(s, x, w, b, y);
   linear_forward_rounded(rounding_of(p), s, x, w, b, y);
 }

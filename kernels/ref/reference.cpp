@@ -121,7 +121,8 @@ inline int64_t bn_index(const BatchNormShape& s, int n, int c, int i) {
 }
 }  // namespace
 
-void batchnorm_forward_train(const BatchNormShape& s, const float* x, const float* gamma,
+// Training-mode batch norm over the whole batch: each channel's sums in one pass.
+static void batchnorm_forward_train_whole(const BatchNormShape& s, const float* x, const float* gamma,
                              const float* beta, float eps, float momentum, float* running_mean,
                              float* running_var, float* save_mean, float* save_invstd, float* y) {
   const double m = static_cast<double>(s.n) * s.hw;
@@ -164,7 +165,7 @@ void batchnorm_forward_eval(const BatchNormShape& s, const float* x, const float
   }
 }
 
-void batchnorm_backward(const BatchNormShape& s, const float* x, const float* dy,
+static void batchnorm_backward_whole(const BatchNormShape& s, const float* x, const float* dy,
                         const float* gamma, const float* save_mean, const float* save_invstd,
                         float* dx, float* dgamma, float* dbeta) {
   const double m = static_cast<double>(s.n) * s.hw;
@@ -362,20 +363,8 @@ void tree_of_partials(const std::vector<float>& parts, int chunks, int64_t len, 
 }
 }  // namespace
 
-// The chunked forms, in fp32 (ref_op_supports): the CUDA ops' 16-bit chunked forms are
-// tested against the whole-batch 16-bit reference chunk by chunk.
-void conv2d_forward_chunks(const ConvShape& s, Precision p, int, const int*, const float* x, const float* w,
-                           const float* b, float* y) {
-  require_supported(ref_op_supports, "ref", OpId::conv2d_forward_chunks, p);
-  conv2d_forward_fp32(s, x, w, b, y);  // no cross-sample sum: chunks do not matter
-}
-
-void linear_forward_chunks(const LinearShape& s, Precision p, int, const int*, const float* x, const float* w,
-                           const float* b, float* y) {
-  require_supported(ref_op_supports, "ref", OpId::linear_forward_chunks, p);
-  linear_forward_fp32(s, x, w, b, y);
-}
-
+// The backward ops' chunked forms, in fp32 (ref_op_supports): the CUDA ops' 16-bit
+// chunked forms are tested against the whole-batch 16-bit reference chunk by chunk.
 void conv2d_backward_chunks(const ConvShape& s, Precision p, int chunks, const int* bounds, const float* x,
                             const float* w, const float* dy, float* dx, float* dw_tree,
                             double* db_tree) {
@@ -481,7 +470,8 @@ void batchnorm_backward_apply(const BatchNormShape& s, const float* x, const flo
       }
 }
 
-void batchnorm_forward_train_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
+// By chunks: the separate steps, with nothing exchanged between them.
+static void batchnorm_forward_train_by_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
                                     const float* gamma, const float* beta, float eps, float momentum,
                                     float* running_mean, float* running_var, float* save_mean,
                                     float* save_invstd, float* y) {
@@ -502,7 +492,7 @@ void batchnorm_forward_train_chunks(const BatchNormShape& s, int chunks, const i
   batchnorm_scale_shift(s, x, scale.data(), shift.data(), y);
 }
 
-void batchnorm_backward_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
+static void batchnorm_backward_by_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
                                const float* dy, const float* gamma, const float* save_mean,
                                const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
   const double m = static_cast<double>(s.n) * s.hw;
@@ -518,6 +508,24 @@ void batchnorm_backward_chunks(const BatchNormShape& s, int chunks, const int* b
     dbeta[c] = f.dbeta;
   }
   batchnorm_backward_apply(s, x, dy, save_mean, k.data(), mean_dy.data(), proj.data(), dx);
+}
+
+void batchnorm_forward_train(const BatchNormShape& s, BatchSplit split, const float* x, const float* gamma,
+                             const float* beta, float eps, float momentum, float* running_mean,
+                             float* running_var, float* save_mean, float* save_invstd, float* y) {
+  if (split.whole())
+    return batchnorm_forward_train_whole(s, x, gamma, beta, eps, momentum, running_mean, running_var, save_mean,
+                                         save_invstd, y);
+  batchnorm_forward_train_by_chunks(s, split.chunks, split.bounds, x, gamma, beta, eps, momentum, running_mean,
+                                    running_var, save_mean, save_invstd, y);
+}
+
+void batchnorm_backward(const BatchNormShape& s, BatchSplit split, const float* x, const float* dy,
+                        const float* gamma, const float* save_mean, const float* save_invstd, float* dx,
+                        float* dgamma, float* dbeta) {
+  if (split.whole()) return batchnorm_backward_whole(s, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+  batchnorm_backward_by_chunks(s, split.chunks, split.bounds, x, dy, gamma, save_mean, save_invstd, dx, dgamma,
+                               dbeta);
 }
 
 }  // namespace engine::kernels::ref

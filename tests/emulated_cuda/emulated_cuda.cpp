@@ -28,7 +28,7 @@
 //
 // Trace: when the environment variable ENGINE_EMULATED_CUDA_TRACE names a file, one line
 // per event is appended to it:
-//   op NAME arg=value ...   (pointers in hex; a chunked op's bounds as [b0,...,bchunks])
+//   op NAME arg=value ...   (pointers in hex; a chunked op's bounds as [b0,...,bchunks], a batch split as whole or chunks[b0,...,bchunks])
 //   alloc BYTES POINTER | copy_h2d BYTES | copy_d2h BYTES | copy_d2d BYTES | memset BYTES | sync
 //   copy_d2h BYTES result   (after an op that returns a value to the host: reduce_sum)
 // (pinned host memory: alloc_pinned BYTES, copy_d2h_async BYTES, copy_h2d_async BYTES, mark,
@@ -291,7 +291,8 @@ void cast_bf16_to_f32(int64_t n, const void* in, float* out) {
 #define ENGINE_EMU_RUN_CudaOnly(name, args) return emulated_##name args;
 // Conv and linear (AnyPrecision): in fp32 the CPU's op; the whole-batch fp16 and bf16 ops
 // run their reference (kernels/ref/mixed_precision.cpp), which rounds as the CUDA ops do;
-// the chunked ones run the CPU's op in fp32 (counted work, not 16-bit arithmetic).
+// the chunked ones (a Chunks op, or an Either op given chunks) run the CPU's op in fp32
+// (counted work, not 16-bit arithmetic).
 #define ENGINE_EMU_RUN_Fp32Only_Whole(name, backends, args) ENGINE_EMU_RUN_##backends(name, args)
 #define ENGINE_EMU_RUN_Fp32Only_Chunks(name, backends, args) ENGINE_EMU_RUN_##backends(name, args)
 #define ENGINE_EMU_RUN_AnyPrecision_Whole(name, backends, args) \
@@ -302,6 +303,10 @@ void cast_bf16_to_f32(int64_t n, const void* in, float* out) {
     const Precision p = Precision::Fp32;                          \
     return cpu::name args;                                        \
   }
+#define ENGINE_EMU_RUN_Fp32Only_Either(name, backends, args) ENGINE_EMU_RUN_##backends(name, args)
+#define ENGINE_EMU_RUN_AnyPrecision_Either(name, backends, args) \
+  if (!split.whole()) ENGINE_EMU_RUN_AnyPrecision_Chunks(name, backends, args) \
+  ENGINE_EMU_RUN_AnyPrecision_Whole(name, backends, args)
 
 namespace {
 void emulated_tree_sum_parts(int count, int64_t len, const float* parts, float* out) {
@@ -340,5 +345,7 @@ void emulated_tree_sum_parts_f64(int count, int64_t len, const double* parts, do
 #undef ENGINE_EMU_RUN_Fp32Only_Chunks
 #undef ENGINE_EMU_RUN_AnyPrecision_Whole
 #undef ENGINE_EMU_RUN_AnyPrecision_Chunks
+#undef ENGINE_EMU_RUN_Fp32Only_Either
+#undef ENGINE_EMU_RUN_AnyPrecision_Either
 
 }  // namespace engine::kernels::cuda

@@ -65,8 +65,9 @@ SCALED_ADAM = ["adam_prepare_step"] + ADAM + ["loss_scale_update"] + DIGESTS
 
 
 def rename(ops, chunks, suffix):
-    """The ops of a variant: the chunked forms with `chunks`, and the conv/linear ops of
-    a precision ("", "_f16", "_bf16")."""
+    """The ops of a variant: the chunked forms with `chunks` (op_name: a chunked-only op,
+    or an op given its batch by chunks), and the conv/linear ops of a precision ("",
+    "_f16", "_bf16")."""
     out = []
     for op in ops:
         if op.startswith(("conv2d_", "linear_")):
@@ -138,13 +139,18 @@ def run(args, env=None, check=True):
 
 
 def op_name(words):
-    """An op line's op, with the precision it was given (`p=fp16`: "conv2d_forward_f16";
-    fp32 adds nothing), so that each variant's expected list names the precision too."""
+    """An op line's op, with the batch split and the precision it was given, so that each
+    variant's expected list names them too: an op given chunks (`split=chunks[...]`) is
+    "NAME_chunks", as the chunked-only ops are named; `p=fp16` adds "_f16" ("conv2d_forward_f16"),
+    fp32 nothing."""
     suffix = {"p=fp32": "", "p=fp16": "_f16", "p=bf16": "_bf16"}  # not dropout's p=0x1p-2
+    name = words[1]
+    if any(w.startswith("split=chunks") for w in words[2:]):
+        name += "_chunks"
     for w in words[2:]:
         if w in suffix:
-            return words[1] + suffix[w]
-    return words[1]
+            return name + suffix[w]
+    return name
 
 
 def parse(path):

@@ -440,7 +440,7 @@ inline ChunkedLayerCase chunked_case(const ConvShape& s, std::mt19937& g, float 
   c.dx_ref.resize(c.x.size());
   c.dw_ref.resize(c.w.size());
   c.db_ref.resize(s.k);
-  ref::conv2d_forward_chunks(s, engine::Precision::Fp32, kTreeChunks, c.bounds.data(), c.x.data(), c.w.data(), c.bias.data(), c.y_ref.data());
+  ref::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{kTreeChunks, c.bounds.data()}, c.x.data(), c.w.data(), c.bias.data(), c.y_ref.data());
   ref::conv2d_backward_chunks(s, engine::Precision::Fp32, kTreeChunks, c.bounds.data(), c.x.data(), c.w.data(), c.dy.data(), c.dx_ref.data(),
                               c.dw_ref.data(), c.db_ref.data());
   return c;
@@ -456,7 +456,7 @@ inline ChunkedLayerCase chunked_case(const LinearShape& s, std::mt19937& g, floa
   c.dx_ref.resize(c.x.size());
   c.dw_ref.resize(c.w.size());
   c.db_ref.resize(s.out);
-  ref::linear_forward_chunks(s, engine::Precision::Fp32, kTreeChunks, c.bounds.data(), c.x.data(), c.w.data(), c.bias.data(), c.y_ref.data());
+  ref::linear_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{kTreeChunks, c.bounds.data()}, c.x.data(), c.w.data(), c.bias.data(), c.y_ref.data());
   ref::linear_backward_chunks(s, engine::Precision::Fp32, kTreeChunks, c.bounds.data(), c.x.data(), c.w.data(), c.dy.data(), c.dx_ref.data(),
                               c.dw_ref.data(), c.db_ref.data());
   return c;

@@ -2,8 +2,8 @@
 // that record what they are asked (tests/test_op_trace.cpp's recording table, the
 // emulated CUDA device of tests/emulated_cuda/). Arguments are written without spaces:
 // pointers in hex, floats exactly (%a), shapes and structs field by field; a chunked op's
-// `bounds` (a host array read when the op is called) by its values, since its values,
-// not its address, are what a replayed CUDA graph would keep.
+// `bounds` and a BatchSplit's (host arrays read when the op is called) by their values,
+// since their values, not their address, are what a replayed CUDA graph would keep.
 #pragma once
 #include <cstdio>
 #include <string>
@@ -41,6 +41,13 @@ inline std::string describe(const engine::kernels::LinearShape& s) {
 inline std::string describe(const engine::kernels::BatchNormShape& s) {
   return "bn{n=" + std::to_string(s.n) + ",c=" + std::to_string(s.c) + ",hw=" + std::to_string(s.hw) +
          ",channels=" + std::to_string(s.c_begin) + ".." + std::to_string(s.c_end) + "}";
+}
+// The whole batch, or the chunks by their bounds' values (a host array read at the call).
+inline std::string describe(const engine::kernels::BatchSplit& split) {
+  if (split.whole()) return "whole";
+  std::string v;
+  for (int c = 0; c <= split.chunks; ++c) v += (c ? "," : "chunks[") + std::to_string(split.bounds[c]);
+  return v + "]";
 }
 inline std::string describe(const engine::kernels::PoolShape& s) {
   return "pool{n=" + std::to_string(s.n) + ",c=" + std::to_string(s.c) + ",h=" + std::to_string(s.h) +
