@@ -77,25 +77,25 @@ TEST_CASE("bf16 linear: operands rounded, the product summed exactly, no result 
   const float one = 1.0f;
   // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: ties to even gives 1.
   const float halfway = 1.0f + std::ldexp(1.0f, -8);
-  ref::linear_forward(s, engine::Precision::Bf16, engine::kernels::BatchSplit{}, &halfway, &one, nullptr, &y);
+  ref::linear_forward(s, engine::Precision::Bf16, BatchSplit{}, &halfway, &one, nullptr, &y);
   CHECK(y == 1.0f);
   // 1 + 3 * 2^-8 lies halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even).
   const float halfway_up = 1.0f + 3.0f * std::ldexp(1.0f, -8);
-  ref::linear_forward(s, engine::Precision::Bf16, engine::kernels::BatchSplit{}, &halfway_up, &one, nullptr, &y);
+  ref::linear_forward(s, engine::Precision::Bf16, BatchSplit{}, &halfway_up, &one, nullptr, &y);
   CHECK(y == 1.0f + std::ldexp(1.0f, -6));
   // fp16 would keep 1 + 2^-8 (10 mantissa bits); the fp32 op keeps it too.
-  ref::linear_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, &halfway, &one, nullptr, &y);
+  ref::linear_forward(s, engine::Precision::Fp32, BatchSplit{}, &halfway, &one, nullptr, &y);
   CHECK(y == halfway);
 
   // 257 ones: 257 is not a bf16 value (spacing 2 above 256), and linear's result is not
   // rounded to bf16.
   const LinearShape wide{1, 257, 1};
   const std::vector<float> ones(257, 1.0f);
-  ref::linear_forward(wide, engine::Precision::Bf16, engine::kernels::BatchSplit{}, ones.data(), ones.data(), nullptr, &y);
+  ref::linear_forward(wide, engine::Precision::Bf16, BatchSplit{}, ones.data(), ones.data(), nullptr, &y);
   CHECK(y == 257.0f);
   // The bias is added in fp32, after the product.
   const float bias = 0.25f;
-  ref::linear_forward(wide, engine::Precision::Bf16, engine::kernels::BatchSplit{}, ones.data(), ones.data(), &bias, &y);
+  ref::linear_forward(wide, engine::Precision::Bf16, BatchSplit{}, ones.data(), ones.data(), &bias, &y);
   CHECK(y == 257.25f);
 }
 
@@ -105,12 +105,12 @@ TEST_CASE("bf16 conv: the result rounded to bf16 before the fp32 bias") {
   const ConvShape s{1, 257, 1, 1, 1, 1, 1, 0};
   const std::vector<float> ones(257, 1.0f);
   float y = 0.0f;
-  ref::conv2d_forward(s, engine::Precision::Bf16, engine::kernels::BatchSplit{}, ones.data(), ones.data(), nullptr, &y);
+  ref::conv2d_forward(s, engine::Precision::Bf16, BatchSplit{}, ones.data(), ones.data(), nullptr, &y);
   CHECK(y == 256.0f);
   const float bias = 0.5f;
-  ref::conv2d_forward(s, engine::Precision::Bf16, engine::kernels::BatchSplit{}, ones.data(), ones.data(), &bias, &y);
+  ref::conv2d_forward(s, engine::Precision::Bf16, BatchSplit{}, ones.data(), ones.data(), &bias, &y);
   CHECK(y == 256.5f);
-  ref::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, ones.data(), ones.data(), &bias, &y);
+  ref::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{}, ones.data(), ones.data(), &bias, &y);
   CHECK(y == 257.5f);
 
   // Backward: dx and dw rounded to bf16 too; db from the fp32 dy.
@@ -142,7 +142,7 @@ TEST_CASE("the CPU does not run bf16: refused in one line before any kernel runs
   float y = 0.0f;
   CHECK_FALSE(engine::kernels::supports_op(cpu_ops(), engine::kernels::OpId::linear_forward, engine::Precision::Bf16));
   CHECK(engine::kernels::supports_op(cpu_ops(), engine::kernels::OpId::linear_forward, engine::Precision::Fp32));
-  CHECK(test_support::error_of([&] { cpu_ops().linear_forward(s, engine::Precision::Bf16, engine::kernels::BatchSplit{}, &x, &x, nullptr, &y); }) ==
+  CHECK(test_support::error_of([&] { cpu_ops().linear_forward(s, engine::Precision::Bf16, BatchSplit{}, &x, &x, nullptr, &y); }) ==
         "kernels: linear_forward in bf16 is not supported by the cpu backend");
   CHECK(y == 0.0f);
 }

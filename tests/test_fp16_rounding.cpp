@@ -68,24 +68,24 @@ TEST_CASE("fp16 linear: operands rounded, the product summed exactly, no result 
   const float one = 1.0f;
   // 1 + 2^-11 lies halfway between 1 and 1 + 2^-10: ties to even gives 1.
   const float halfway = 1.0f + std::ldexp(1.0f, -11);
-  ref::linear_forward(s, engine::Precision::Fp16, engine::kernels::BatchSplit{}, &halfway, &one, nullptr, &y);
+  ref::linear_forward(s, engine::Precision::Fp16, BatchSplit{}, &halfway, &one, nullptr, &y);
   CHECK(y == 1.0f);
   // 1 + 3 * 2^-11 lies halfway between 1 + 2^-10 (odd) and 1 + 2^-9 (even).
   const float halfway_up = 1.0f + 3.0f * std::ldexp(1.0f, -11);
-  ref::linear_forward(s, engine::Precision::Fp16, engine::kernels::BatchSplit{}, &halfway_up, &one, nullptr, &y);
+  ref::linear_forward(s, engine::Precision::Fp16, BatchSplit{}, &halfway_up, &one, nullptr, &y);
   CHECK(y == 1.0f + std::ldexp(1.0f, -9));
   // The fp32 op keeps the operand.
-  ref::linear_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, &halfway, &one, nullptr, &y);
+  ref::linear_forward(s, engine::Precision::Fp32, BatchSplit{}, &halfway, &one, nullptr, &y);
   CHECK(y == halfway);
 
   // 2049 ones: 2049 is exact in fp32, and linear's result is not rounded to fp16.
   const LinearShape wide{1, 2049, 1};
   const std::vector<float> ones(2049, 1.0f);
-  ref::linear_forward(wide, engine::Precision::Fp16, engine::kernels::BatchSplit{}, ones.data(), ones.data(), nullptr, &y);
+  ref::linear_forward(wide, engine::Precision::Fp16, BatchSplit{}, ones.data(), ones.data(), nullptr, &y);
   CHECK(y == 2049.0f);
   // The bias is added in fp32, after the product.
   const float bias = 0.25f;
-  ref::linear_forward(wide, engine::Precision::Fp16, engine::kernels::BatchSplit{}, ones.data(), ones.data(), &bias, &y);
+  ref::linear_forward(wide, engine::Precision::Fp16, BatchSplit{}, ones.data(), ones.data(), &bias, &y);
   CHECK(y == 2049.25f);
 }
 
@@ -95,12 +95,12 @@ TEST_CASE("fp16 conv: the result rounded to fp16 before the fp32 bias") {
   const ConvShape s{1, 2049, 1, 1, 1, 1, 1, 0};
   const std::vector<float> ones(2049, 1.0f);
   float y = 0.0f;
-  ref::conv2d_forward(s, engine::Precision::Fp16, engine::kernels::BatchSplit{}, ones.data(), ones.data(), nullptr, &y);
+  ref::conv2d_forward(s, engine::Precision::Fp16, BatchSplit{}, ones.data(), ones.data(), nullptr, &y);
   CHECK(y == 2048.0f);
   const float bias = 0.5f;
-  ref::conv2d_forward(s, engine::Precision::Fp16, engine::kernels::BatchSplit{}, ones.data(), ones.data(), &bias, &y);
+  ref::conv2d_forward(s, engine::Precision::Fp16, BatchSplit{}, ones.data(), ones.data(), &bias, &y);
   CHECK(y == 2048.5f);
-  ref::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, ones.data(), ones.data(), &bias, &y);
+  ref::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{}, ones.data(), ones.data(), &bias, &y);
   CHECK(y == 2049.5f);
 
   // Backward: dx and dw rounded to fp16 too; db from the fp32 dy.
@@ -131,7 +131,7 @@ TEST_CASE("the CPU does not run fp16: refused in one line before any kernel runs
   float y = 0.0f;
   CHECK_FALSE(engine::kernels::supports_op(cpu_ops(), engine::kernels::OpId::linear_forward, engine::Precision::Fp16));
   CHECK(engine::kernels::supports_op(cpu_ops(), engine::kernels::OpId::linear_forward, engine::Precision::Fp32));
-  CHECK(test_support::error_of([&] { cpu_ops().linear_forward(s, engine::Precision::Fp16, engine::kernels::BatchSplit{}, &x, &x, nullptr, &y); }) ==
+  CHECK(test_support::error_of([&] { cpu_ops().linear_forward(s, engine::Precision::Fp16, BatchSplit{}, &x, &x, nullptr, &y); }) ==
         "kernels: linear_forward in fp16 is not supported by the cpu backend");
   CHECK(y == 0.0f);
 }

@@ -55,6 +55,7 @@ const float kScale1 = 1.0f;
 namespace ref = engine::kernels::ref;
 namespace cpu = engine::kernels::cpu;
 using engine::kernels::BatchNormShape;
+using engine::kernels::BatchSplit;
 using engine::kernels::ConvShape;
 using engine::kernels::LinearShape;
 using engine::kernels::PoolShape;
@@ -84,7 +85,7 @@ struct ConvProblem {
   }
   double loss() const {
     std::vector<float> y(r.size());
-    ref::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, x.data(), w.data(), b.data(), y.data());
+    ref::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{}, x.data(), w.data(), b.data(), y.data());
     return gradcheck::dot(y, r);
   }
 };
@@ -102,7 +103,7 @@ struct LinearProblem {
   }
   double loss() const {
     std::vector<float> y(r.size());
-    ref::linear_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, x.data(), w.data(), b.data(), y.data());
+    ref::linear_forward(s, engine::Precision::Fp32, BatchSplit{}, x.data(), w.data(), b.data(), y.data());
     return gradcheck::dot(y, r);
   }
   void grads(std::vector<float>& dx, std::vector<float>& dw, std::vector<float>& db) const {
@@ -250,7 +251,7 @@ TEST_CASE("ref batchnorm_backward (training mode): dx, dgamma, dbeta match finit
       y.assign(nx, 0.0f);
       mean.assign(s.c, 0.0f);
       invstd.assign(s.c, 0.0f);
-      ref::batchnorm_forward_train(s, engine::kernels::BatchSplit{}, x.data(), gamma.data(), beta.data(), eps, 0.1f, rm.data(),
+      ref::batchnorm_forward_train(s, BatchSplit{}, x.data(), gamma.data(), beta.data(), eps, 0.1f, rm.data(),
                                    rv.data(), mean.data(), invstd.data(), y.data());
     };
     auto loss = [&] {
@@ -261,7 +262,7 @@ TEST_CASE("ref batchnorm_backward (training mode): dx, dgamma, dbeta match finit
     std::vector<float> y, mean, invstd;
     forward(y, mean, invstd);
     std::vector<float> dx(nx), dgamma(s.c), dbeta(s.c);
-    ref::batchnorm_backward(s, engine::kernels::BatchSplit{}, x.data(), r.data(), gamma.data(), mean.data(), invstd.data(), dx.data(),
+    ref::batchnorm_backward(s, BatchSplit{}, x.data(), r.data(), gamma.data(), mean.data(), invstd.data(), dx.data(),
                             dgamma.data(), dbeta.data());
     CHECK_GRAD("bn dx", gradcheck::check(loss, x.data(), static_cast<int64_t>(nx), dx.data()));
     CHECK_GRAD("bn dgamma", gradcheck::check(loss, gamma.data(), s.c, dgamma.data()));
@@ -706,19 +707,19 @@ TEST_CASE("FashionCnn: gradients equal the reference-op chain (forward and backw
   std::vector<int32_t> am1(y4.size()), am2(y8.size());
   auto rm1 = vec(32), rv1 = vec(32), sm1 = vec(32), si1 = vec(32);
   auto rm2 = vec(64), rv2 = vec(64), sm2 = vec(64), si2 = vec(64);
-  ref::conv2d_forward(c1, engine::Precision::Fp32, engine::kernels::BatchSplit{}, x.data(), value["conv1.weight"].data(), value["conv1.bias"].data(), y1.data());
-  ref::batchnorm_forward_train(b1, engine::kernels::BatchSplit{}, y1.data(), value["bn1.weight"].data(), value["bn1.bias"].data(), eps,
+  ref::conv2d_forward(c1, engine::Precision::Fp32, BatchSplit{}, x.data(), value["conv1.weight"].data(), value["conv1.bias"].data(), y1.data());
+  ref::batchnorm_forward_train(b1, BatchSplit{}, y1.data(), value["bn1.weight"].data(), value["bn1.bias"].data(), eps,
                                momentum, rm1.data(), rv1.data(), sm1.data(), si1.data(), y2.data());
   ref::relu_forward(static_cast<int64_t>(y2.size()), y2.data(), y3.data());
   ref::maxpool2x2_forward(p1, y3.data(), y4.data(), am1.data());
-  ref::conv2d_forward(c2, engine::Precision::Fp32, engine::kernels::BatchSplit{}, y4.data(), value["conv2.weight"].data(), value["conv2.bias"].data(), y5.data());
-  ref::batchnorm_forward_train(b2, engine::kernels::BatchSplit{}, y5.data(), value["bn2.weight"].data(), value["bn2.bias"].data(), eps,
+  ref::conv2d_forward(c2, engine::Precision::Fp32, BatchSplit{}, y4.data(), value["conv2.weight"].data(), value["conv2.bias"].data(), y5.data());
+  ref::batchnorm_forward_train(b2, BatchSplit{}, y5.data(), value["bn2.weight"].data(), value["bn2.bias"].data(), eps,
                                momentum, rm2.data(), rv2.data(), sm2.data(), si2.data(), y6.data());
   ref::relu_forward(static_cast<int64_t>(y6.size()), y6.data(), y7.data());
   ref::maxpool2x2_forward(p2, y7.data(), y8.data(), am2.data());
-  ref::linear_forward(f1, engine::Precision::Fp32, engine::kernels::BatchSplit{}, y8.data(), value["fc1.weight"].data(), value["fc1.bias"].data(), y9.data());
+  ref::linear_forward(f1, engine::Precision::Fp32, BatchSplit{}, y8.data(), value["fc1.weight"].data(), value["fc1.bias"].data(), y9.data());
   ref::relu_forward(static_cast<int64_t>(y9.size()), y9.data(), y10.data());
-  ref::linear_forward(f2, engine::Precision::Fp32, engine::kernels::BatchSplit{}, y10.data(), value["fc2.weight"].data(), value["fc2.bias"].data(), z.data());
+  ref::linear_forward(f2, engine::Precision::Fp32, BatchSplit{}, y10.data(), value["fc2.weight"].data(), value["fc2.bias"].data(), z.data());
   double zscale = 0.0;
   for (float v : z) zscale = std::max(zscale, static_cast<double>(std::fabs(v)));
   for (std::size_t k = 0; k < z.size(); ++k)
@@ -738,13 +739,13 @@ TEST_CASE("FashionCnn: gradients equal the reference-op chain (forward and backw
                        want["fc1.weight"].data(), want["fc1.bias"].data());
   ref::maxpool2x2_backward(p2, d8.data(), am2.data(), d7.data());
   ref::relu_backward(static_cast<int64_t>(d7.size()), y7.data(), d7.data(), d6.data());
-  ref::batchnorm_backward(b2, engine::kernels::BatchSplit{}, y5.data(), d6.data(), value["bn2.weight"].data(), sm2.data(), si2.data(),
+  ref::batchnorm_backward(b2, BatchSplit{}, y5.data(), d6.data(), value["bn2.weight"].data(), sm2.data(), si2.data(),
                           d5.data(), want["bn2.weight"].data(), want["bn2.bias"].data());
   ref::conv2d_backward(c2, engine::Precision::Fp32, y4.data(), value["conv2.weight"].data(), d5.data(), d4.data(),
                        want["conv2.weight"].data(), want["conv2.bias"].data());
   ref::maxpool2x2_backward(p1, d4.data(), am1.data(), d3.data());
   ref::relu_backward(static_cast<int64_t>(d3.size()), y3.data(), d3.data(), d2.data());
-  ref::batchnorm_backward(b1, engine::kernels::BatchSplit{}, y1.data(), d2.data(), value["bn1.weight"].data(), sm1.data(), si1.data(),
+  ref::batchnorm_backward(b1, BatchSplit{}, y1.data(), d2.data(), value["bn1.weight"].data(), sm1.data(), si1.data(),
                           d1.data(), want["bn1.weight"].data(), want["bn1.bias"].data());
   ref::conv2d_backward(c1, engine::Precision::Fp32, x.data(), value["conv1.weight"].data(), d1.data(), nullptr,
                        want["conv1.weight"].data(), want["conv1.bias"].data());

@@ -19,6 +19,7 @@
 namespace ref = engine::kernels::ref;
 namespace rb = reduction_bounds;
 using engine::kernels::BatchNormShape;
+using engine::kernels::BatchSplit;
 
 namespace {
 
@@ -61,9 +62,9 @@ BatchNormCase make_case(const BatchNormShape& s, uint32_t seed) {
   c.rm = c.rm0, c.rv = c.rv0;
   c.mean.resize(ch), c.invstd.resize(ch), c.y.resize(total), c.dx.resize(total);
   c.dgamma.resize(ch), c.dbeta.resize(ch);
-  ref::batchnorm_forward_train(s, engine::kernels::BatchSplit{}, c.x.data(), c.gamma.data(), c.beta.data(), c.eps, c.momentum,
+  ref::batchnorm_forward_train(s, BatchSplit{}, c.x.data(), c.gamma.data(), c.beta.data(), c.eps, c.momentum,
                                c.rm.data(), c.rv.data(), c.mean.data(), c.invstd.data(), c.y.data());
-  ref::batchnorm_backward(s, engine::kernels::BatchSplit{}, c.x.data(), c.dy.data(), c.gamma.data(), c.mean.data(), c.invstd.data(),
+  ref::batchnorm_backward(s, BatchSplit{}, c.x.data(), c.dy.data(), c.gamma.data(), c.mean.data(), c.invstd.data(),
                           c.dx.data(), c.dgamma.data(), c.dbeta.data());
   return c;
 }

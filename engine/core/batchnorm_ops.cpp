@@ -217,8 +217,9 @@ void batchnorm_forward_train(const BatchCompute& how, const BatchNormShape& s, c
                        .exact("y", y, DType::F32, elements(s))
                        .device();
   if (!by_chunks(how, d)) {
-    detail::ops_on(d).batchnorm_forward_train(s, kernels::BatchSplit{}, x.f32(), gamma.f32(), beta.f32(), eps, momentum, running_mean.f32(),
-                                           running_var.f32(), save_mean.f32(), save_invstd.f32(), y.f32());
+    detail::ops_on(d).batchnorm_forward_train(s, kernels::BatchSplit{}, x.f32(), gamma.f32(), beta.f32(), eps,
+                                              momentum, running_mean.f32(), running_var.f32(), save_mean.f32(),
+                                              save_invstd.f32(), y.f32());
     return;
   }
   std::optional<BatchChunks> whole;
@@ -249,16 +250,17 @@ void batchnorm_backward(const BatchCompute& how, const BatchNormShape& s, const 
                        .exact("dbeta", dbeta, DType::F32, s.c)
                        .device();
   if (!by_chunks(how, d)) {
-    detail::ops_on(d).batchnorm_backward(s, kernels::BatchSplit{}, x.f32(), dy.f32(), gamma.f32(), save_mean.f32(), save_invstd.f32(),
-                                      dx.f32(), dgamma.f32(), dbeta.f32());
+    detail::ops_on(d).batchnorm_backward(s, kernels::BatchSplit{}, x.f32(), dy.f32(), gamma.f32(), save_mean.f32(),
+                                         save_invstd.f32(), dx.f32(), dgamma.f32(), dbeta.f32());
     return;
   }
   std::optional<BatchChunks> whole;
   const BatchChunks& plan = plan_for(how, s.n, whole);
   if (!plan.needs_completion()) {
     const BatchChunks::Block& b = plan.blocks()[0];
-    detail::ops_on(d).batchnorm_backward(s, kernels::BatchSplit{b.chunks, b.bounds.data()}, x.f32(), dy.f32(), gamma.f32(),
-                    save_mean.f32(), save_invstd.f32(), dx.f32(), dgamma.f32(), dbeta.f32());
+    detail::ops_on(d).batchnorm_backward(s, kernels::BatchSplit{b.chunks, b.bounds.data()}, x.f32(), dy.f32(),
+                                         gamma.f32(), save_mean.f32(), save_invstd.f32(), dx.f32(), dgamma.f32(),
+                                         dbeta.f32());
     return;
   }
   backward_steps(s, plan, complete_over(plan), x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta);

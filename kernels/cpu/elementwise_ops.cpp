@@ -43,8 +43,8 @@ double plane_sum(int hw, F term) {
 
 // Training-mode batch norm over the whole batch: each channel's sums in one pass.
 static void batchnorm_forward_train_whole(const BatchNormShape& s, const float* x, const float* gamma,
-                             const float* beta, float eps, float momentum, float* running_mean,
-                             float* running_var, float* save_mean, float* save_invstd, float* y) {
+                                          const float* beta, float eps, float momentum, float* running_mean,
+                                          float* running_var, float* save_mean, float* save_invstd, float* y) {
   const double m = static_cast<double>(s.n) * s.hw;
 #pragma omp parallel for schedule(static)
   for (int c = 0; c < s.c; ++c) {
@@ -91,8 +91,8 @@ void batchnorm_forward_eval(const BatchNormShape& s, const float* x, const float
 }
 
 static void batchnorm_backward_whole(const BatchNormShape& s, const float* x, const float* dy,
-                        const float* gamma, const float* save_mean, const float* save_invstd,
-                        float* dx, float* dgamma, float* dbeta) {
+                                     const float* gamma, const float* save_mean, const float* save_invstd,
+                                     float* dx, float* dgamma, float* dbeta) {
   const double m = static_cast<double>(s.n) * s.hw;
 #pragma omp parallel for schedule(static)
   for (int c = 0; c < s.c; ++c) {
@@ -744,10 +744,10 @@ void batchnorm_backward_apply(const BatchNormShape& s, const float* x, const flo
 
 // By chunks: the steps above fused per channel (one pass over memory per channel), with
 // kernels/batchnorm_math.h between them: the same bits as the steps with nothing exchanged.
-static void batchnorm_forward_train_by_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
-                                    const float* gamma, const float* beta, float eps, float momentum,
-                                    float* running_mean, float* running_var, float* save_mean,
-                                    float* save_invstd, float* y) {
+static void batchnorm_forward_train_by_chunks(const BatchNormShape& s, int chunks, const int* bounds,
+                                              const float* x, const float* gamma, const float* beta, float eps,
+                                              float momentum, float* running_mean, float* running_var,
+                                              float* save_mean, float* save_invstd, float* y) {
   // A channel at a time (its three passes, the last two from L2): image by image, as the
   // backward runs, took bn1's forward from 0.85 to 1.00 ms (bn2's from 0.52 to 0.49).
   const double m = static_cast<double>(s.n) * s.hw;
@@ -765,8 +765,8 @@ static void batchnorm_forward_train_by_chunks(const BatchNormShape& s, int chunk
 }
 
 static void batchnorm_backward_by_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
-                               const float* dy, const float* gamma, const float* save_mean,
-                               const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
+                                         const float* dy, const float* gamma, const float* save_mean,
+                                         const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
   // The data-parallel steps' sums and dx with nothing exchanged in between: the same bits.
   // Image by image (kernel_bench, 2 threads: bn1's backward 1.41-1.44 -> 1.27-1.29 ms,
   // bn2's 0.72-0.74 -> 0.59-0.62, against a channel at a time).
@@ -787,7 +787,6 @@ static void batchnorm_backward_by_chunks(const BatchNormShape& s, int chunks, co
   }
   bn_backward_apply(all, x, dy, save_mean, k.data(), mean_dy.data(), proj.data(), dx);
 }
-
 
 void batchnorm_forward_train(const BatchNormShape& s, BatchSplit split, const float* x, const float* gamma,
                              const float* beta, float eps, float momentum, float* running_mean,

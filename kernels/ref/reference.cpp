@@ -123,8 +123,8 @@ inline int64_t bn_index(const BatchNormShape& s, int n, int c, int i) {
 
 // Training-mode batch norm over the whole batch: each channel's sums in one pass.
 static void batchnorm_forward_train_whole(const BatchNormShape& s, const float* x, const float* gamma,
-                             const float* beta, float eps, float momentum, float* running_mean,
-                             float* running_var, float* save_mean, float* save_invstd, float* y) {
+                                          const float* beta, float eps, float momentum, float* running_mean,
+                                          float* running_var, float* save_mean, float* save_invstd, float* y) {
   const double m = static_cast<double>(s.n) * s.hw;
   for (int c = 0; c < s.c; ++c) {
     double sum = 0.0;
@@ -166,8 +166,8 @@ void batchnorm_forward_eval(const BatchNormShape& s, const float* x, const float
 }
 
 static void batchnorm_backward_whole(const BatchNormShape& s, const float* x, const float* dy,
-                        const float* gamma, const float* save_mean, const float* save_invstd,
-                        float* dx, float* dgamma, float* dbeta) {
+                                     const float* gamma, const float* save_mean, const float* save_invstd,
+                                     float* dx, float* dgamma, float* dbeta) {
   const double m = static_cast<double>(s.n) * s.hw;
   for (int c = 0; c < s.c; ++c) {
     const double mean = save_mean[c], invstd = save_invstd[c];
@@ -471,10 +471,10 @@ void batchnorm_backward_apply(const BatchNormShape& s, const float* x, const flo
 }
 
 // By chunks: the separate steps, with nothing exchanged between them.
-static void batchnorm_forward_train_by_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
-                                    const float* gamma, const float* beta, float eps, float momentum,
-                                    float* running_mean, float* running_var, float* save_mean,
-                                    float* save_invstd, float* y) {
+static void batchnorm_forward_train_by_chunks(const BatchNormShape& s, int chunks, const int* bounds,
+                                              const float* x, const float* gamma, const float* beta, float eps,
+                                              float momentum, float* running_mean, float* running_var,
+                                              float* save_mean, float* save_invstd, float* y) {
   const double m = static_cast<double>(s.n) * s.hw;
   std::vector<double> sum(s.c), sq(s.c);
   std::vector<float> mean(s.c), scale(s.c), shift(s.c);
@@ -493,8 +493,8 @@ static void batchnorm_forward_train_by_chunks(const BatchNormShape& s, int chunk
 }
 
 static void batchnorm_backward_by_chunks(const BatchNormShape& s, int chunks, const int* bounds, const float* x,
-                               const float* dy, const float* gamma, const float* save_mean,
-                               const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
+                                         const float* dy, const float* gamma, const float* save_mean,
+                                         const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
   const double m = static_cast<double>(s.n) * s.hw;
   std::vector<double> sum_dy(s.c), sum_dy_xc(s.c);
   std::vector<float> k(s.c), mean_dy(s.c), proj(s.c);

@@ -67,6 +67,7 @@ namespace gpu = engine::kernels::cuda;
 namespace ref = engine::kernels::ref;
 using engine::PhiloxStream;
 using engine::kernels::BatchNormShape;
+using engine::kernels::BatchSplit;
 using engine::kernels::ConvShape;
 using engine::kernels::LinearShape;
 using engine::kernels::PoolShape;
@@ -287,7 +288,7 @@ void run_conv_checks(const char* mode) {
                             " s=" + std::to_string(s.s) + " pad=" + std::to_string(s.pad);
     std::vector<float> y_ref(c.dy.size()), dx_ref(c.x.size()), dw_ref(c.w.size()),
         db_ref(c.b.size());
-    ref::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, c.x.data(), c.w.data(), c.b.data(), y_ref.data());
+    ref::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{}, c.x.data(), c.w.data(), c.b.data(), y_ref.data());
     ref::conv2d_backward(s, engine::Precision::Fp32, c.x.data(), c.w.data(), c.dy.data(), dx_ref.data(), dw_ref.data(),
                          db_ref.data());
 
@@ -297,7 +298,7 @@ void run_conv_checks(const char* mode) {
     dx.poison();
     dw.poison();
     db.poison();
-    gpu::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, x.get(), w.get(), b.get(), y.get());
+    gpu::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{}, x.get(), w.get(), b.get(), y.get());
     check_gemm_like(y.download(), y_ref, tag + " forward");
 
     gpu::conv2d_backward(s, engine::Precision::Fp32, x.get(), w.get(), dy.get(), dx.get(), dw.get(), db.get());
@@ -365,9 +366,9 @@ TEST_CASE("backward ops give identical bits when run twice") {
     const auto gh = uniform(32, rng), mh = uniform(32, rng), ih = uniform(32, rng, 0.5f, 2.0f);
     DeviceArray<float> x(xh), dy(dyh), g(gh), m(mh), inv(ih), dx1(total), dg1(32), db1(32),
         dx2(total), dg2(32), db2(32);
-    gpu::batchnorm_backward(s, engine::kernels::BatchSplit{}, x.get(), dy.get(), g.get(), m.get(), inv.get(), dx1.get(),
+    gpu::batchnorm_backward(s, BatchSplit{}, x.get(), dy.get(), g.get(), m.get(), inv.get(), dx1.get(),
                             dg1.get(), db1.get());
-    gpu::batchnorm_backward(s, engine::kernels::BatchSplit{}, x.get(), dy.get(), g.get(), m.get(), inv.get(), dx2.get(),
+    gpu::batchnorm_backward(s, BatchSplit{}, x.get(), dy.get(), g.get(), m.get(), inv.get(), dx2.get(),
                             dg2.get(), db2.get());
     check_bits(dx2.download(), dx1.download(), "batchnorm dx twice");
     check_bits(dg2.download(), dg1.download(), "batchnorm dgamma twice");
@@ -376,9 +377,9 @@ TEST_CASE("backward ops give identical bits when run twice") {
     // (mh and ih stand in for beta and the running variance).
     DeviceArray<float> rm1(mh), rv1(ih), rm2(mh), rv2(ih), sm1(32), si1(32), sm2(32), si2(32),
         y1(total), y2(total);
-    gpu::batchnorm_forward_train(s, engine::kernels::BatchSplit{}, x.get(), g.get(), m.get(), 1e-5f, 0.1f, rm1.get(), rv1.get(),
+    gpu::batchnorm_forward_train(s, BatchSplit{}, x.get(), g.get(), m.get(), 1e-5f, 0.1f, rm1.get(), rv1.get(),
                                  sm1.get(), si1.get(), y1.get());
-    gpu::batchnorm_forward_train(s, engine::kernels::BatchSplit{}, x.get(), g.get(), m.get(), 1e-5f, 0.1f, rm2.get(), rv2.get(),
+    gpu::batchnorm_forward_train(s, BatchSplit{}, x.get(), g.get(), m.get(), 1e-5f, 0.1f, rm2.get(), rv2.get(),
                                  sm2.get(), si2.get(), y2.get());
     check_bits(y2.download(), y1.download(), "batchnorm train y twice");
     check_bits(sm2.download(), sm1.download(), "batchnorm save_mean twice");
@@ -514,7 +515,7 @@ void run_conv_f16_checks(const char* mode) {
     const auto bh = uniform(static_cast<std::size_t>(s.k), rng);
     const auto dyh = uniform(y_size(s), rng);
     std::vector<float> y_ref(dyh.size()), dx_ref(xh.size()), dw_ref(wh.size()), db_ref(bh.size());
-    ref::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, xh.data(), wh.data(), bh.data(), y_ref.data());
+    ref::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{}, xh.data(), wh.data(), bh.data(), y_ref.data());
     ref::conv2d_backward(s, engine::Precision::Fp32, xh.data(), wh.data(), dyh.data(), dx_ref.data(), dw_ref.data(),
                          db_ref.data());
     const double mx = magnitude(xh), mw = magnitude(wh), mb = magnitude(bh), mdy = magnitude(dyh);
@@ -528,7 +529,7 @@ void run_conv_f16_checks(const char* mode) {
     dx.poison();
     dw.poison();
     db.poison();
-    gpu::conv2d_forward(s, engine::Precision::Fp16, engine::kernels::BatchSplit{}, x.get(), w.get(), b.get(), y.get());
+    gpu::conv2d_forward(s, engine::Precision::Fp16, BatchSplit{}, x.get(), w.get(), b.get(), y.get());
     check_f16(y.download(), y_ref, k_fwd, mx, mw, mb, tag + " forward");
 
     gpu::conv2d_backward(s, engine::Precision::Fp16, x.get(), w.get(), dy.get(), dx.get(), dw.get(), db.get());
@@ -555,8 +556,8 @@ void run_conv_f16_checks(const char* mode) {
 
     // Without a bias: the convolution alone.
     std::vector<float> y_nobias_ref(dyh.size());
-    ref::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, xh.data(), wh.data(), nullptr, y_nobias_ref.data());
-    gpu::conv2d_forward(s, engine::Precision::Fp16, engine::kernels::BatchSplit{}, x.get(), w.get(), nullptr, y.get());
+    ref::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{}, xh.data(), wh.data(), nullptr, y_nobias_ref.data());
+    gpu::conv2d_forward(s, engine::Precision::Fp16, BatchSplit{}, x.get(), w.get(), nullptr, y.get());
     check_f16(y.download(), y_nobias_ref, k_fwd, mx, mw, 0.0, tag + " forward (no bias)");
   }
 }

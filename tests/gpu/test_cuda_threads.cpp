@@ -37,6 +37,7 @@
 
 using namespace test_util;
 namespace gpu = engine::kernels::cuda;
+using engine::kernels::BatchSplit;
 
 #if defined(ENGINE_WITH_CUDA)
 namespace {
@@ -98,9 +99,9 @@ std::vector<std::vector<float>> op_mix(int scale) {
   const std::size_t bn_total = static_cast<std::size_t>(bn.n) * bn.c * bn.hw;
   DeviceArray<float> x(make(bn_total)), dy(make(bn_total)), g(make(64)), b(make(64)), rm(make(64)),
       rv(std::vector<float>(64, 1.0f)), sm(64), si(64), y(bn_total), dx(bn_total), dg(64), db(64);
-  gpu::batchnorm_forward_train(bn, engine::kernels::BatchSplit{}, x.get(), g.get(), b.get(), 1e-5f, 0.1f, rm.get(), rv.get(), sm.get(), si.get(),
+  gpu::batchnorm_forward_train(bn, BatchSplit{}, x.get(), g.get(), b.get(), 1e-5f, 0.1f, rm.get(), rv.get(), sm.get(), si.get(),
                                y.get());
-  gpu::batchnorm_backward(bn, engine::kernels::BatchSplit{}, x.get(), dy.get(), g.get(), sm.get(), si.get(), dx.get(), dg.get(), db.get());
+  gpu::batchnorm_backward(bn, BatchSplit{}, x.get(), dy.get(), g.get(), sm.get(), si.get(), dx.get(), dg.get(), db.get());
   for (auto* a : {&y, &dx, &dg, &db, &sm, &si}) out.push_back(a->download());
 
   ConvShape cs;
@@ -109,9 +110,9 @@ std::vector<std::vector<float>> op_mix(int scale) {
   const std::size_t ny = static_cast<std::size_t>(cs.n) * cs.k * cs.out_h() * cs.out_w();
   DeviceArray<float> cx(make(nx)), cw(make(nw)), cb(make(64)), cy(ny), cdy(make(ny)), cdx(nx), cdw(nw), cdb(64),
       hy(ny), hdx(nx), hdw(nw), hdb(64);
-  gpu::conv2d_forward(cs, engine::Precision::Fp32, engine::kernels::BatchSplit{}, cx.get(), cw.get(), cb.get(), cy.get());
+  gpu::conv2d_forward(cs, engine::Precision::Fp32, BatchSplit{}, cx.get(), cw.get(), cb.get(), cy.get());
   gpu::conv2d_backward(cs, engine::Precision::Fp32, cx.get(), cw.get(), cdy.get(), cdx.get(), cdw.get(), cdb.get());
-  gpu::conv2d_forward(cs, engine::Precision::Fp16, engine::kernels::BatchSplit{}, cx.get(), cw.get(), cb.get(), hy.get());
+  gpu::conv2d_forward(cs, engine::Precision::Fp16, BatchSplit{}, cx.get(), cw.get(), cb.get(), hy.get());
   gpu::conv2d_backward(cs, engine::Precision::Fp16, cx.get(), cw.get(), cdy.get(), hdx.get(), hdw.get(), hdb.get());
   for (auto* a : {&cy, &cdx, &cdw, &cdb, &hy, &hdx, &hdw, &hdb}) out.push_back(a->download());
 
@@ -120,9 +121,9 @@ std::vector<std::vector<float>> op_mix(int scale) {
   const std::size_t ly = static_cast<std::size_t>(ls.n) * ls.out;
   DeviceArray<float> ix(make(lx)), iw(make(lw)), ib(make(128)), iy(ly), idy(make(ly)), idx(lx), idw(lw), idb(128),
       fy(ly), fdx(lx), fdw(lw), fdb(128);
-  gpu::linear_forward(ls, engine::Precision::Fp32, engine::kernels::BatchSplit{}, ix.get(), iw.get(), ib.get(), iy.get());
+  gpu::linear_forward(ls, engine::Precision::Fp32, BatchSplit{}, ix.get(), iw.get(), ib.get(), iy.get());
   gpu::linear_backward(ls, engine::Precision::Fp32, ix.get(), iw.get(), idy.get(), idx.get(), idw.get(), idb.get());
-  gpu::linear_forward(ls, engine::Precision::Fp16, engine::kernels::BatchSplit{}, ix.get(), iw.get(), ib.get(), fy.get());
+  gpu::linear_forward(ls, engine::Precision::Fp16, BatchSplit{}, ix.get(), iw.get(), ib.get(), fy.get());
   gpu::linear_backward(ls, engine::Precision::Fp16, ix.get(), iw.get(), idy.get(), fdx.get(), fdw.get(), fdb.get());
   for (auto* a : {&iy, &idx, &idw, &idb, &fy, &fdx, &fdw, &fdb}) out.push_back(a->download());
   return out;

@@ -42,13 +42,13 @@ void check_batchnorm(const Backend& b, const BatchNormShape& s, std::mt19937& g)
   const double m = static_cast<double>(s.n) * s.hw;
 
   std::vector<float> rm_ref = rm0, rv_ref = rv0, sm_ref(nc), si_ref(nc), y_ref(nx);
-  ref::batchnorm_forward_train(s, engine::kernels::BatchSplit{}, x.data(), gamma.data(), beta.data(), eps, momentum, rm_ref.data(), rv_ref.data(),
+  ref::batchnorm_forward_train(s, BatchSplit{}, x.data(), gamma.data(), beta.data(), eps, momentum, rm_ref.data(), rv_ref.data(),
                                sm_ref.data(), si_ref.data(), y_ref.data());
   Mem mem(b);
   const float *xd = mem.in(x), *gd = mem.in(gamma), *bd = mem.in(beta), *dyd = mem.in(dy);
   float *rm = mem.in(rm0), *rv = mem.in(rv0), *sm = mem.out<float>(nc), *si = mem.out<float>(nc),
         *y = mem.out<float>(nx);
-  b.ops->batchnorm_forward_train(s, engine::kernels::BatchSplit{}, xd, gd, bd, eps, momentum, rm, rv, sm, si, y);
+  b.ops->batchnorm_forward_train(s, BatchSplit{}, xd, gd, bd, eps, momentum, rm, rv, sm, si, y);
   if (b.cuda) {
     const rb::ForwardTolerances ft =
         rb::forward_tolerances(s, x.data(), gamma.data(), beta.data(), eps, momentum, y_ref, rm_ref, rv_ref, sm_ref, si_ref);
@@ -102,11 +102,11 @@ void check_batchnorm(const Backend& b, const BatchNormShape& s, std::mt19937& g)
 
   // Backward from the reference's saved statistics, so only the op itself is compared.
   std::vector<float> dx_ref(nx), dg_ref(nc), db_ref(nc);
-  ref::batchnorm_backward(s, engine::kernels::BatchSplit{}, x.data(), dy.data(), gamma.data(), sm_ref.data(), si_ref.data(), dx_ref.data(),
+  ref::batchnorm_backward(s, BatchSplit{}, x.data(), dy.data(), gamma.data(), sm_ref.data(), si_ref.data(), dx_ref.data(),
                           dg_ref.data(), db_ref.data());
   const float *smd = mem.in(sm_ref), *sid = mem.in(si_ref);
   float *dx = mem.out<float>(nx), *dg = mem.out<float>(nc), *db = mem.out<float>(nc);
-  b.ops->batchnorm_backward(s, engine::kernels::BatchSplit{}, xd, dyd, gd, smd, sid, dx, dg, db);
+  b.ops->batchnorm_backward(s, BatchSplit{}, xd, dyd, gd, smd, sid, dx, dg, db);
   const auto dx1 = mem.get(dx), dg1 = mem.get(dg), db1 = mem.get(db);
   if (b.cuda) {
     const rb::BackwardTolerances bt = rb::backward_tolerances(s, x.data(), dy.data(), gamma.data(), sm_ref.data(),
@@ -150,7 +150,7 @@ void check_batchnorm(const Backend& b, const BatchNormShape& s, std::mt19937& g)
   // equals out of place, bit for bit.
   float* inplace = mem.in(dy);
   float *dg2 = mem.out<float>(nc), *db2 = mem.out<float>(nc);
-  b.ops->batchnorm_backward(s, engine::kernels::BatchSplit{}, xd, inplace, gd, smd, sid, inplace, dg2, db2);
+  b.ops->batchnorm_backward(s, BatchSplit{}, xd, inplace, gd, smd, sid, inplace, dg2, db2);
   check_bits("bn dx in place", mem.get(inplace), dx1);
   check_bits("bn dgamma (in-place call)", mem.get(dg2), dg1);
   check_bits("bn dbeta (in-place call)", mem.get(db2), db1);

@@ -29,11 +29,11 @@ TEST_CASE("ref bf16 conv against the ref fp32 conv, every conv shape: the bf16 b
                       ny = static_cast<std::size_t>(s.n) * s.k * s.out_h() * s.out_w();
     const auto x = uniform(nx, rng), w = uniform(nw, rng, -0.5f, 0.5f), bias = uniform(s.k, rng), dy = uniform(ny, rng);
     std::vector<float> y_ref(ny), dx_ref(nx), dw_ref(nw), db_ref(s.k);
-    ref::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, x.data(), w.data(), bias.data(), y_ref.data());
+    ref::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{}, x.data(), w.data(), bias.data(), y_ref.data());
     ref::conv2d_backward(s, engine::Precision::Fp32, x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(), db_ref.data());
     std::vector<float> y(ny), y_nb(ny), dx(nx), dw(nw), db(s.k);
-    ref::conv2d_forward(s, engine::Precision::Bf16, engine::kernels::BatchSplit{}, x.data(), w.data(), bias.data(), y.data());
-    ref::conv2d_forward(s, engine::Precision::Bf16, engine::kernels::BatchSplit{}, x.data(), w.data(), nullptr, y_nb.data());
+    ref::conv2d_forward(s, engine::Precision::Bf16, BatchSplit{}, x.data(), w.data(), bias.data(), y.data());
+    ref::conv2d_forward(s, engine::Precision::Bf16, BatchSplit{}, x.data(), w.data(), nullptr, y_nb.data());
     ref::conv2d_backward(s, engine::Precision::Bf16, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data());
     const double mx = magnitude(x), mw = magnitude(w), mdy = magnitude(dy);
     check_bf16("ref bf16 conv forward", y, y_ref, static_cast<int64_t>(s.c) * s.r * s.s, mx, mw, magnitude(bias));
@@ -63,10 +63,10 @@ TEST_CASE("ref bf16 linear against the ref fp32 linear, every linear shape: the 
                w = uniform(static_cast<std::size_t>(s.out) * s.in, rng, -0.1f, 0.1f), bias = uniform(s.out, rng),
                dy = uniform(static_cast<std::size_t>(s.n) * s.out, rng);
     std::vector<float> y_ref(dy.size()), dx_ref(x.size()), dw_ref(w.size()), db_ref(bias.size());
-    ref::linear_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, x.data(), w.data(), bias.data(), y_ref.data());
+    ref::linear_forward(s, engine::Precision::Fp32, BatchSplit{}, x.data(), w.data(), bias.data(), y_ref.data());
     ref::linear_backward(s, engine::Precision::Fp32, x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(), db_ref.data());
     std::vector<float> y(dy.size()), dx(x.size()), dw(w.size()), db(bias.size());
-    ref::linear_forward(s, engine::Precision::Bf16, engine::kernels::BatchSplit{}, x.data(), w.data(), bias.data(), y.data());
+    ref::linear_forward(s, engine::Precision::Bf16, BatchSplit{}, x.data(), w.data(), bias.data(), y.data());
     ref::linear_backward(s, engine::Precision::Bf16, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data());
     const double mx = magnitude(x), mw = magnitude(w), mdy = magnitude(dy);
     check_bf16("ref bf16 linear forward", y, y_ref, s.in, mx, mw, magnitude(bias));

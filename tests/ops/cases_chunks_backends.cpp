@@ -38,7 +38,7 @@ OP_CASE("against the ref chunked ops, every chunk shape (empty chunks too); dete
     const float *xd = m.in(x), *wd = m.in(w), *dyd = m.in(dy);
     float *y = m.out<float>(yn), *dx = m.out<float>(xn), *dw = m.out<float>(wn);
     double* db = m.out<double>(s.k);
-    b.ops->conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{kTreeChunks, bd.data()}, xd, wd, m.in(bias), y);
+    b.ops->conv2d_forward(s, engine::Precision::Fp32, BatchSplit{kTreeChunks, bd.data()}, xd, wd, m.in(bias), y);
     b.ops->conv2d_backward_chunks(s, engine::Precision::Fp32, kTreeChunks, bd.data(), xd, wd, dyd, dx, dw, db);
     check_scaled("conv y", m.get(y), y_ref, 1e-4);
     check_scaled("conv dx", m.get(dx), dx_ref, 1e-4);
@@ -63,7 +63,7 @@ OP_CASE("against the ref chunked ops, every chunk shape (empty chunks too); dete
     const float *xd = m.in(x), *wd = m.in(w);
     float *y = m.out<float>(dy.size()), *dx = m.out<float>(x.size()), *dw = m.out<float>(w.size());
     double* db = m.out<double>(s.out);
-    b.ops->linear_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{kTreeChunks, bd.data()}, xd, wd, m.in(bias), y);
+    b.ops->linear_forward(s, engine::Precision::Fp32, BatchSplit{kTreeChunks, bd.data()}, xd, wd, m.in(bias), y);
     b.ops->linear_backward_chunks(s, engine::Precision::Fp32, kTreeChunks, bd.data(), xd, wd, m.in(dy), dx, dw, db);
     check_scaled("linear y", m.get(y), y_ref, 1e-4);
     check_scaled("linear dx", m.get(dx), dx_ref, 1e-4);
@@ -123,17 +123,17 @@ OP_CASE("sums, centred squares, backward sums, scale/shift, apply and the fused 
         db_ref(5);
     float *rm = m.in(rm_ref), *rv = m.in(rv_ref), *sm = m.out<float>(5), *si = m.out<float>(5), *yf = m.out<float>(total),
           *dxf = m.out<float>(total), *dg = m.out<float>(5), *db = m.out<float>(5);
-    ref::batchnorm_forward_train(s, engine::kernels::BatchSplit{kTreeChunks, bd.data()}, x.data(), gamma.data(), beta.data(), 1e-5f, 0.1f,
+    ref::batchnorm_forward_train(s, BatchSplit{kTreeChunks, bd.data()}, x.data(), gamma.data(), beta.data(), 1e-5f, 0.1f,
                                         rm_ref.data(), rv_ref.data(), sm_ref.data(), si_ref.data(), yf_ref.data());
-    b.ops->batchnorm_forward_train(s, engine::kernels::BatchSplit{kTreeChunks, bd.data()}, xd, gd, m.in(beta), 1e-5f, 0.1f, rm, rv, sm, si, yf);
+    b.ops->batchnorm_forward_train(s, BatchSplit{kTreeChunks, bd.data()}, xd, gd, m.in(beta), 1e-5f, 0.1f, rm, rv, sm, si, yf);
     check_scaled("bn y", m.get(yf), yf_ref, 1e-5);
     check_scaled("running mean", m.get(rm), rm_ref, 1e-6);
     check_scaled("running var", m.get(rv), rv_ref, 1e-6);
     check_scaled("save mean", m.get(sm), sm_ref, 1e-6);
     check_scaled("save invstd", m.get(si), si_ref, 1e-6);
-    ref::batchnorm_backward(s, engine::kernels::BatchSplit{kTreeChunks, bd.data()}, x.data(), dy.data(), gamma.data(), sm_ref.data(),
+    ref::batchnorm_backward(s, BatchSplit{kTreeChunks, bd.data()}, x.data(), dy.data(), gamma.data(), sm_ref.data(),
                                    si_ref.data(), dxf_ref.data(), dg_ref.data(), db_ref.data());
-    b.ops->batchnorm_backward(s, engine::kernels::BatchSplit{kTreeChunks, bd.data()}, xd, dyd, gd, sm, si, dxf, dg, db);
+    b.ops->batchnorm_backward(s, BatchSplit{kTreeChunks, bd.data()}, xd, dyd, gd, sm, si, dxf, dg, db);
     check_scaled("bn dx", m.get(dxf), dxf_ref, 1e-5);
     check_scaled("bn dgamma", m.get(dg), dg_ref, 1e-5);
     check_scaled("bn dbeta", m.get(db), db_ref, 1e-5);
@@ -155,7 +155,7 @@ OP_CASE("rank shares plus the top of the tree give the whole batch, bit for bit 
   float *y_whole = m.out<float>(n * out), *dw_whole = m.out<float>(wn);
   double *db_whole = m.out<double>(3), *bn_whole = m.out<double>(2);
   const std::vector<int> bd = whole(n).bounds;
-  b.ops->conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{kTreeChunks, bd.data()}, xd, wd, bdv, y_whole);
+  b.ops->conv2d_forward(s, engine::Precision::Fp32, BatchSplit{kTreeChunks, bd.data()}, xd, wd, bdv, y_whole);
   b.ops->conv2d_backward_chunks(s, engine::Precision::Fp32, kTreeChunks, bd.data(), xd, wd, dyd, nullptr, dw_whole, db_whole);
   const BatchNormShape bs{n, 2, 36};
   b.ops->batchnorm_chunk_sums(bs, kTreeChunks, bd.data(), xd, bn_whole);
@@ -169,7 +169,7 @@ OP_CASE("rank shares plus the top of the tree give the whole batch, bit for bit 
       ConvShape part = s;
       part.n = sh.count;
       float* y_part = m.out<float>(std::max<int64_t>(1, sh.count * out));
-      b.ops->conv2d_forward(part, engine::Precision::Fp32, engine::kernels::BatchSplit{sh.chunks, sh.bounds.data()}, xd + sh.first * in, wd, bdv, y_part);
+      b.ops->conv2d_forward(part, engine::Precision::Fp32, BatchSplit{sh.chunks, sh.bounds.data()}, xd + sh.first * in, wd, bdv, y_part);
       const auto yp = m.get(y_part);
       CHECK(std::memcmp(yp.data(), y_all.data() + sh.first * out, sizeof(float) * sh.count * out) == 0);
       b.ops->conv2d_backward_chunks(part, engine::Precision::Fp32, sh.chunks, sh.bounds.data(), xd + sh.first * in, wd, dyd + sh.first * out,

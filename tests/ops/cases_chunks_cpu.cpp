@@ -16,6 +16,7 @@
 using namespace ops_test;
 namespace cpu = engine::kernels::cpu;
 using engine::kernels::tree_chunk_begin;
+using engine::kernels::BatchSplit;
 
 namespace {
 std::vector<ConvShape> chunk_conv_shapes() {
@@ -58,10 +59,10 @@ CPU_CASE("cpu matches ref; ref matches the unchunked ref; ranks' subtrees give t
     const Share all = whole(s.n);
 
     std::vector<float> y(out * s.n), y_ref(out * s.n);
-    cpu::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{all.chunks, all.bounds.data()}, x.data(), w.data(), b.data(), y.data());
-    ref::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, x.data(), w.data(), b.data(), y_ref.data());
+    cpu::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{all.chunks, all.bounds.data()}, x.data(), w.data(), b.data(), y.data());
+    ref::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{}, x.data(), w.data(), b.data(), y_ref.data());
     std::vector<float> y_plain(out * s.n);
-    cpu::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, x.data(), w.data(), b.data(), y_plain.data());
+    cpu::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{}, x.data(), w.data(), b.data(), y_plain.data());
     check_bits("conv forward chunks = conv2d_forward", y, y_plain);
 
     std::vector<float> dx(in * s.n), dw(nw);
@@ -101,7 +102,7 @@ CPU_CASE("cpu matches ref; ref matches the unchunked ref; ranks' subtrees give t
         const auto xl = slice(x, in, sh.first, sh.count), dyl = slice(dy, out, sh.first, sh.count);
         std::vector<float> yl(out * sh.count), dxl(in * sh.count), dwl(nw);
         std::vector<double> dbl(s.k);
-        cpu::conv2d_forward(sl, engine::Precision::Fp32, engine::kernels::BatchSplit{sh.chunks, sh.bounds.data()}, xl.data(), w.data(), b.data(), yl.data());
+        cpu::conv2d_forward(sl, engine::Precision::Fp32, BatchSplit{sh.chunks, sh.bounds.data()}, xl.data(), w.data(), b.data(), yl.data());
         cpu::conv2d_backward_chunks(sl, engine::Precision::Fp32, sh.chunks, sh.bounds.data(), xl.data(), w.data(), dyl.data(), dxl.data(),
                                     dwl.data(), dbl.data());
         std::copy(yl.begin(), yl.end(), y_all.begin() + sh.first * out);
@@ -128,8 +129,8 @@ CPU_CASE("cpu matches ref; ranks' subtrees give the whole batch's bits", linear_
     const auto b = uniform(s.out, g, -1, 1), dy = uniform(static_cast<std::size_t>(s.n) * s.out, g, -1, 1);
     const Share all = whole(s.n);
     std::vector<float> y(static_cast<std::size_t>(s.n) * s.out), y_plain(y.size());
-    cpu::linear_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{all.chunks, all.bounds.data()}, x.data(), w.data(), b.data(), y.data());
-    cpu::linear_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, x.data(), w.data(), b.data(), y_plain.data());
+    cpu::linear_forward(s, engine::Precision::Fp32, BatchSplit{all.chunks, all.bounds.data()}, x.data(), w.data(), b.data(), y.data());
+    cpu::linear_forward(s, engine::Precision::Fp32, BatchSplit{}, x.data(), w.data(), b.data(), y_plain.data());
     check_bits("linear forward chunks = linear_forward", y, y_plain);
 
     std::vector<float> dx(x.size()), dw(nw);
@@ -160,7 +161,7 @@ CPU_CASE("cpu matches ref; ranks' subtrees give the whole batch's bits", linear_
         const auto xl = slice(x, s.in, sh.first, sh.count), dyl = slice(dy, s.out, sh.first, sh.count);
         std::vector<float> yl(static_cast<std::size_t>(sh.count) * s.out), dxl(xl.size()), dwl(nw);
         std::vector<double> dbl(s.out);
-        cpu::linear_forward(sl, engine::Precision::Fp32, engine::kernels::BatchSplit{sh.chunks, sh.bounds.data()}, xl.data(), w.data(), b.data(), yl.data());
+        cpu::linear_forward(sl, engine::Precision::Fp32, BatchSplit{sh.chunks, sh.bounds.data()}, xl.data(), w.data(), b.data(), yl.data());
         cpu::linear_backward_chunks(sl, engine::Precision::Fp32, sh.chunks, sh.bounds.data(), xl.data(), w.data(), dyl.data(), dxl.data(),
                                     dwl.data(), dbl.data());
         std::copy(yl.begin(), yl.end(), y_all.begin() + static_cast<std::size_t>(sh.first) * s.out);
@@ -466,7 +467,7 @@ TEST_CASE("ref chunked backward ops match finite differences") {
     const auto r = uniform(out * s.n, g, -1, 1);
     auto loss = [&] {
       std::vector<float> y(out * s.n);
-      ref::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{all.chunks, all.bounds.data()}, x.data(), w.data(), b.data(), y.data());
+      ref::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{all.chunks, all.bounds.data()}, x.data(), w.data(), b.data(), y.data());
       return gradcheck::dot(y, r);
     };
     std::vector<float> dx(x.size()), dw(w.size()), db(s.k);
@@ -486,7 +487,7 @@ TEST_CASE("ref chunked backward ops match finite differences") {
     const auto r = uniform(static_cast<std::size_t>(s.n) * s.out, g, -1, 1);
     auto loss = [&] {
       std::vector<float> y(r.size());
-      ref::linear_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{all.chunks, all.bounds.data()}, x.data(), w.data(), b.data(), y.data());
+      ref::linear_forward(s, engine::Precision::Fp32, BatchSplit{all.chunks, all.bounds.data()}, x.data(), w.data(), b.data(), y.data());
       return gradcheck::dot(y, r);
     };
     std::vector<float> dx(x.size()), dw(w.size()), db(s.out);
@@ -568,7 +569,7 @@ CPU_CASE("fused one-process batch norm = its separate steps with kernels/batchno
     const float eps = 1e-5f, momentum = 0.1f;
 
     std::vector<float> rm(s.c, 0.1f), rv(s.c, 0.9f), sm(s.c), si(s.c), y(nx);
-    cpu::batchnorm_forward_train(s, engine::kernels::BatchSplit{all.chunks, all.bounds.data()}, x.data(), gamma.data(), beta.data(), eps,
+    cpu::batchnorm_forward_train(s, BatchSplit{all.chunks, all.bounds.data()}, x.data(), gamma.data(), beta.data(), eps,
                                         momentum, rm.data(), rv.data(), sm.data(), si.data(), y.data());
     // The steps, as BatchNorm2d runs them across ranks.
     std::vector<double> sum(s.c), sq(s.c);
@@ -591,12 +592,12 @@ CPU_CASE("fused one-process batch norm = its separate steps with kernels/batchno
     check_bits("bn fused save invstd", si, si2);
     // Against the reference batch norm (the unchunked definition).
     std::vector<float> rm3(s.c, 0.1f), rv3(s.c, 0.9f), sm3(s.c), si3(s.c), y3(nx);
-    ref::batchnorm_forward_train(s, engine::kernels::BatchSplit{}, x.data(), gamma.data(), beta.data(), eps, momentum, rm3.data(), rv3.data(),
+    ref::batchnorm_forward_train(s, BatchSplit{}, x.data(), gamma.data(), beta.data(), eps, momentum, rm3.data(), rv3.data(),
                                  sm3.data(), si3.data(), y3.data());
     check_close("bn fused y vs ref", y, y3, [&](std::size_t j) { return 1e-5 * (1.0 + std::fabs(y3[j])); });
 
     std::vector<float> dx(nx), dg(s.c), db(s.c), dx2(nx), dg2(s.c), db2(s.c);
-    cpu::batchnorm_backward(s, engine::kernels::BatchSplit{all.chunks, all.bounds.data()}, x.data(), dy.data(), gamma.data(), sm.data(),
+    cpu::batchnorm_backward(s, BatchSplit{all.chunks, all.bounds.data()}, x.data(), dy.data(), gamma.data(), sm.data(),
                                    si.data(), dx.data(), dg.data(), db.data());
     std::vector<double> sdy(s.c), sxc(s.c);
     std::vector<float> k(s.c), mdy(s.c), proj(s.c);
@@ -615,12 +616,12 @@ CPU_CASE("fused one-process batch norm = its separate steps with kernels/batchno
     check_bits("bn fused dgamma", dg, dg2);
     check_bits("bn fused dbeta", db, db2);
     std::vector<float> dx3(nx), dg3(s.c), db3(s.c);
-    ref::batchnorm_backward(s, engine::kernels::BatchSplit{}, x.data(), dy.data(), gamma.data(), sm.data(), si.data(), dx3.data(), dg3.data(),
+    ref::batchnorm_backward(s, BatchSplit{}, x.data(), dy.data(), gamma.data(), sm.data(), si.data(), dx3.data(), dg3.data(),
                             db3.data());
     check_close("bn fused dx vs ref", dx, dx3, [&](std::size_t j) { return 1e-5 * (1.0 + std::fabs(dx3[j])); });
     // The ref fused op is the ref steps: close to the cpu one.
     std::vector<float> rdx(nx), rdg(s.c), rdb(s.c);
-    ref::batchnorm_backward(s, engine::kernels::BatchSplit{all.chunks, all.bounds.data()}, x.data(), dy.data(), gamma.data(), sm.data(),
+    ref::batchnorm_backward(s, BatchSplit{all.chunks, all.bounds.data()}, x.data(), dy.data(), gamma.data(), sm.data(),
                                    si.data(), rdx.data(), rdg.data(), rdb.data());
     check_close("bn ref fused dx", rdx, dx3, [&](std::size_t j) { return 1e-5 * (1.0 + std::fabs(dx3[j])); });
   }
@@ -657,9 +658,9 @@ CPU_CASE("chunked conv, linear and batch norm give the same bits with 1, 2 and 3
     add(ldw);
     a = whole(bs.n);
     std::vector<float> rm(bs.c, 0), rv(bs.c, 1), sm(bs.c), si(bs.c), y(bx.size()), bdx(bx.size()), dg(bs.c), dbb(bs.c);
-    cpu::batchnorm_forward_train(bs, engine::kernels::BatchSplit{a.chunks, a.bounds.data()}, bx.data(), gamma.data(), beta.data(), 1e-5f, 0.1f,
+    cpu::batchnorm_forward_train(bs, BatchSplit{a.chunks, a.bounds.data()}, bx.data(), gamma.data(), beta.data(), 1e-5f, 0.1f,
                                         rm.data(), rv.data(), sm.data(), si.data(), y.data());
-    cpu::batchnorm_backward(bs, engine::kernels::BatchSplit{a.chunks, a.bounds.data()}, bx.data(), bdy.data(), gamma.data(), sm.data(), si.data(),
+    cpu::batchnorm_backward(bs, BatchSplit{a.chunks, a.bounds.data()}, bx.data(), bdy.data(), gamma.data(), sm.data(), si.data(),
                                    bdx.data(), dg.data(), dbb.data());
     add(y);
     add(rv);

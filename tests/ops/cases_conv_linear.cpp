@@ -13,7 +13,7 @@ TEST_CASE("ref conv2d is a zero-padded cross-correlation in NCHW/OIHW layout") {
   const std::vector<float> w = {1, 10, 100, 1000, /* second output channel */ 0, 0, 0, 1};
   const std::vector<float> b = {0.5f, -1.0f};
   std::vector<float> y(2 * 3 * 4);
-  ref::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, x.data(), w.data(), b.data(), y.data());
+  ref::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{}, x.data(), w.data(), b.data(), y.data());
   const std::vector<float> want = {
       1000.5f, 2100.5f, 3200.5f, 300.5f,  // oh = 0: only the kernel's bottom row reads x
       4010.5f, 5421.5f, 6532.5f, 603.5f,  // oh = 1
@@ -29,7 +29,7 @@ TEST_CASE("ref linear uses [out, in] weights") {
   const std::vector<float> w = {1, 10, 100, 0, 1, 0};
   const std::vector<float> bias = {0.5f, 2.0f};
   std::vector<float> y(4);
-  ref::linear_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, x.data(), w.data(), bias.data(), y.data());
+  ref::linear_forward(s, engine::Precision::Fp32, BatchSplit{}, x.data(), w.data(), bias.data(), y.data());
   check_bits("hand-computed linear", y, std::vector<float>{321.5f, 4.0f, 99.5f, 2.0f});
 }
 
@@ -49,15 +49,15 @@ OP_CASE("every conv shape, with and without bias", conv2d_forward) {
     for (const bool with_bias : {true, false}) {
       CAPTURE(with_bias);
       std::vector<float> y_ref(ny), y_sq(ny);
-      ref::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, x.data(), w.data(), with_bias ? bias.data() : nullptr, y_ref.data());
+      ref::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{}, x.data(), w.data(), with_bias ? bias.data() : nullptr, y_ref.data());
       float* y = m.out<float>(ny);
-      b.ops->conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, dx, dw, with_bias ? db : nullptr, y);
+      b.ops->conv2d_forward(s, engine::Precision::Fp32, BatchSplit{}, dx, dw, with_bias ? db : nullptr, y);
       const auto got = m.get(y);
       if (b.cuda) {
         check_gemm_like("conv y", got, y_ref);
       } else {
         const auto b2 = squared(bias);
-        ref::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, squared(x).data(), squared(w).data(), with_bias ? b2.data() : nullptr, y_sq.data());
+        ref::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{}, squared(x).data(), squared(w).data(), with_bias ? b2.data() : nullptr, y_sq.data());
         check_close("conv y", got, y_ref, [&](std::size_t i) { return gemm_tol(y_ref[i], y_sq[i], terms); });
       }
     }
@@ -177,14 +177,14 @@ OP_CASE("every linear shape, with and without bias", linear_forward) {
     for (const bool with_bias : {true, false}) {
       CAPTURE(with_bias);
       std::vector<float> y_ref(ny), y_sq(ny);
-      ref::linear_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, x.data(), w.data(), with_bias ? bias.data() : nullptr, y_ref.data());
+      ref::linear_forward(s, engine::Precision::Fp32, BatchSplit{}, x.data(), w.data(), with_bias ? bias.data() : nullptr, y_ref.data());
       float* y = m.out<float>(ny);
-      b.ops->linear_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, xd, wd, with_bias ? bd : nullptr, y);
+      b.ops->linear_forward(s, engine::Precision::Fp32, BatchSplit{}, xd, wd, with_bias ? bd : nullptr, y);
       if (b.cuda) {
         check_gemm_like("linear y", m.get(y), y_ref);
       } else {
         const auto b2 = squared(bias);
-        ref::linear_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, squared(x).data(), squared(w).data(), with_bias ? b2.data() : nullptr, y_sq.data());
+        ref::linear_forward(s, engine::Precision::Fp32, BatchSplit{}, squared(x).data(), squared(w).data(), with_bias ? b2.data() : nullptr, y_sq.data());
         check_close("linear y", m.get(y), y_ref, [&](std::size_t i) { return gemm_tol(y_ref[i], y_sq[i], s.in + 1); });
       }
     }

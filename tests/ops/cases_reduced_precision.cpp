@@ -48,8 +48,8 @@ void conv_cases(const Backend& b, const Format& f, uint32_t seed) {
                       ny = static_cast<std::size_t>(s.n) * s.k * s.out_h() * s.out_w();
     const auto xh = uniform(nx, rng), wh = uniform(nw, rng, -0.5f, 0.5f), bh = uniform(s.k, rng), dyh = uniform(ny, rng);
     std::vector<float> y_ref(ny), y_nb(ny), dx_ref(nx), dw_ref(nw), db_ref(s.k);
-    ref::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, xh.data(), wh.data(), bh.data(), y_ref.data());
-    ref::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, xh.data(), wh.data(), nullptr, y_nb.data());
+    ref::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{}, xh.data(), wh.data(), bh.data(), y_ref.data());
+    ref::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{}, xh.data(), wh.data(), nullptr, y_nb.data());
     ref::conv2d_backward(s, engine::Precision::Fp32, xh.data(), wh.data(), dyh.data(), dx_ref.data(), dw_ref.data(), db_ref.data());
     const double mx = magnitude(xh), mw = magnitude(wh), mb = magnitude(bh), mdy = magnitude(dyh);
     const int64_t k_fwd = static_cast<int64_t>(s.c) * s.r * s.s, k_dx = static_cast<int64_t>(s.k) * s.r * s.s,
@@ -59,12 +59,12 @@ void conv_cases(const Backend& b, const Format& f, uint32_t seed) {
     float *y = m.out<float>(ny), *y2 = m.out<float>(ny), *dx = m.out<float>(nx), *dw = m.out<float>(nw),
           *db = m.out<float>(s.k);
     std::vector<float> y16_ref(ny), dx16_ref(nx), dw16_ref(nw), db16_ref(s.k);
-    ref::conv2d_forward(s, f.precision, engine::kernels::BatchSplit{}, xh.data(), wh.data(), bh.data(), y16_ref.data());
+    ref::conv2d_forward(s, f.precision, BatchSplit{}, xh.data(), wh.data(), bh.data(), y16_ref.data());
     ref::conv2d_backward(s, f.precision, xh.data(), wh.data(), dyh.data(), dx16_ref.data(), dw16_ref.data(), db16_ref.data());
-    b.ops->conv2d_forward(s, f.precision, engine::kernels::BatchSplit{}, x, w, m.in(bh), y);
+    b.ops->conv2d_forward(s, f.precision, BatchSplit{}, x, w, m.in(bh), y);
     f.bound(n + " conv forward", m.get(y), y_ref, k_fwd, mx, mw, mb);
     check_own_ref(n + " conv forward against the " + n + " reference", m.get(y), y16_ref, f.result_step);
-    b.ops->conv2d_forward(s, f.precision, engine::kernels::BatchSplit{}, x, w, nullptr, y2);
+    b.ops->conv2d_forward(s, f.precision, BatchSplit{}, x, w, nullptr, y2);
     f.bound(n + " conv forward (no bias)", m.get(y2), y_nb, k_fwd, mx, mw, 0.0);
     b.ops->conv2d_backward(s, f.precision, x, w, dy, dx, dw, db);
     f.bound(n + " conv dx", m.get(dx), dx_ref, k_dx, mw, mdy, 0.0);
@@ -93,17 +93,17 @@ void linear_cases(const Backend& b, const Format& f, uint32_t seed) {
     const auto xh = uniform(static_cast<std::size_t>(s.n) * s.in, rng), wh = uniform(static_cast<std::size_t>(s.out) * s.in, rng, -0.1f, 0.1f),
                bh = uniform(s.out, rng), dyh = uniform(static_cast<std::size_t>(s.n) * s.out, rng);
     std::vector<float> y_ref(dyh.size()), dx_ref(xh.size()), dw_ref(wh.size()), db_ref(bh.size());
-    ref::linear_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, xh.data(), wh.data(), bh.data(), y_ref.data());
+    ref::linear_forward(s, engine::Precision::Fp32, BatchSplit{}, xh.data(), wh.data(), bh.data(), y_ref.data());
     ref::linear_backward(s, engine::Precision::Fp32, xh.data(), wh.data(), dyh.data(), dx_ref.data(), dw_ref.data(), db_ref.data());
     const double mx = magnitude(xh), mw = magnitude(wh), mb = magnitude(bh), mdy = magnitude(dyh);
     Mem m(b);
     const float *x = m.in(xh), *w = m.in(wh), *dy = m.in(dyh);
     float *y = m.out<float>(dyh.size()), *dx = m.out<float>(xh.size()), *dw = m.out<float>(wh.size()),
           *db = m.out<float>(bh.size());
-    b.ops->linear_forward(s, f.precision, engine::kernels::BatchSplit{}, x, w, m.in(bh), y);
+    b.ops->linear_forward(s, f.precision, BatchSplit{}, x, w, m.in(bh), y);
     b.ops->linear_backward(s, f.precision, x, w, dy, dx, dw, db);
     std::vector<float> y16_ref(dyh.size()), dx16_ref(xh.size()), dw16_ref(wh.size()), db16_ref(bh.size());
-    ref::linear_forward(s, f.precision, engine::kernels::BatchSplit{}, xh.data(), wh.data(), bh.data(), y16_ref.data());
+    ref::linear_forward(s, f.precision, BatchSplit{}, xh.data(), wh.data(), bh.data(), y16_ref.data());
     ref::linear_backward(s, f.precision, xh.data(), wh.data(), dyh.data(), dx16_ref.data(), dw16_ref.data(), db16_ref.data());
     // Linear results are fp32 (cuBLAS writes them so): no step of the format.
     check_own_ref(n + " linear forward against the " + n + " reference", m.get(y), y16_ref, 0.0);
@@ -123,7 +123,7 @@ void linear_cases(const Backend& b, const Format& f, uint32_t seed) {
   const std::vector<float> bh = {1.0f, -2.0f, 0.5f, 3.0f};
   Mem m(b);
   float *y = m.out<float>(12), *db = m.out<float>(4);
-  b.ops->linear_forward(s, f.precision, engine::kernels::BatchSplit{}, nullptr, nullptr, m.in(bh), y);
+  b.ops->linear_forward(s, f.precision, BatchSplit{}, nullptr, nullptr, m.in(bh), y);
   std::vector<float> want;
   for (int i = 0; i < s.n; ++i) want.insert(want.end(), bh.begin(), bh.end());
   check_bits(n + " linear in=0 forward", m.get(y), want);
@@ -144,7 +144,7 @@ void chunk_cases(const Backend& b, const Format& f, uint32_t seed) {
     float *y = m.out<float>(c.dy.size()), *dx = m.out<float>(c.x.size()), *dw = m.out<float>(c.w.size());
     double* db = m.out<double>(s.k);
     const float *xd = m.in(c.x), *wd = m.in(c.w);
-    b.ops->conv2d_forward(s, f.precision, engine::kernels::BatchSplit{kTreeChunks, c.bounds.data()}, xd, wd, m.in(c.bias), y);
+    b.ops->conv2d_forward(s, f.precision, BatchSplit{kTreeChunks, c.bounds.data()}, xd, wd, m.in(c.bias), y);
     b.ops->conv2d_backward_chunks(s, f.precision, kTreeChunks, c.bounds.data(), xd, wd, m.in(c.dy), dx, dw, db);
     const double mx = magnitude(c.x), mw = magnitude(c.w), mdy = magnitude(c.dy);
     f.bound(n + " chunks conv y", m.get(y), c.y_ref, static_cast<int64_t>(s.c) * s.r * s.s, mx, mw, magnitude(c.bias));
@@ -163,7 +163,7 @@ void chunk_cases(const Backend& b, const Format& f, uint32_t seed) {
     float *y = m.out<float>(c.dy.size()), *dx = m.out<float>(c.x.size()), *dw = m.out<float>(c.w.size());
     double* db = m.out<double>(s.out);
     const float *xd = m.in(c.x), *wd = m.in(c.w);
-    b.ops->linear_forward(s, f.precision, engine::kernels::BatchSplit{kTreeChunks, c.bounds.data()}, xd, wd, m.in(c.bias), y);
+    b.ops->linear_forward(s, f.precision, BatchSplit{kTreeChunks, c.bounds.data()}, xd, wd, m.in(c.bias), y);
     b.ops->linear_backward_chunks(s, f.precision, kTreeChunks, c.bounds.data(), xd, wd, m.in(c.dy), dx, dw, db);
     const double mx = magnitude(c.x), mw = magnitude(c.w), mdy = magnitude(c.dy);
     f.bound(n + " chunks linear y", m.get(y), c.y_ref, s.in, mx, mw, magnitude(c.bias));

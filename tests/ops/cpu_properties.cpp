@@ -111,7 +111,7 @@ CPU_CASE("conv2d, linear and batch norm give the same bits with 1, 2 and 3 threa
     const auto x = uniform(nx, g, -1.0f, 1.0f), w = uniform(nw, g, -0.2f, 0.2f),
                b = uniform(s.k, g, -0.2f, 0.2f), dy = uniform(ny, g, -1.0f, 1.0f);
     check_bits_across_thread_counts("conv", {ny, nx, nw, static_cast<std::size_t>(s.k)}, [&](Outputs& o) {
-      cpu::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, x.data(), w.data(), b.data(), o[0].data());
+      cpu::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{}, x.data(), w.data(), b.data(), o[0].data());
       cpu::conv2d_backward(s, engine::Precision::Fp32, x.data(), w.data(), dy.data(), o[1].data(), o[2].data(), o[3].data());
     });
   }
@@ -125,7 +125,7 @@ CPU_CASE("conv2d, linear and batch norm give the same bits with 1, 2 and 3 threa
     const auto x = uniform(nx, g, -1.0f, 1.0f), w = uniform(nw, g, -0.1f, 0.1f),
                b = uniform(s.out, g, -0.1f, 0.1f), dy = uniform(ny, g, -1.0f, 1.0f);
     check_bits_across_thread_counts("linear", {ny, nx, nw, static_cast<std::size_t>(s.out)}, [&](Outputs& o) {
-      cpu::linear_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{}, x.data(), w.data(), b.data(), o[0].data());
+      cpu::linear_forward(s, engine::Precision::Fp32, BatchSplit{}, x.data(), w.data(), b.data(), o[0].data());
       cpu::linear_backward(s, engine::Precision::Fp32, x.data(), w.data(), dy.data(), o[1].data(), o[2].data(), o[3].data());
     });
   }
@@ -140,9 +140,9 @@ CPU_CASE("conv2d, linear and batch norm give the same bits with 1, 2 and 3 threa
     omp_set_num_threads(threads);
     std::vector<float> rm(bs.c, 0.0f), rv(bs.c, 1.0f), sm(bs.c), si(bs.c), y(x.size()), dx(x.size()),
         dg(bs.c), dbeta(bs.c);
-    cpu::batchnorm_forward_train(bs, engine::kernels::BatchSplit{}, x.data(), gamma.data(), beta.data(), 1e-5f, 0.1f, rm.data(),
+    cpu::batchnorm_forward_train(bs, BatchSplit{}, x.data(), gamma.data(), beta.data(), 1e-5f, 0.1f, rm.data(),
                                  rv.data(), sm.data(), si.data(), y.data());
-    cpu::batchnorm_backward(bs, engine::kernels::BatchSplit{}, x.data(), dy.data(), gamma.data(), sm.data(), si.data(), dx.data(),
+    cpu::batchnorm_backward(bs, BatchSplit{}, x.data(), dy.data(), gamma.data(), sm.data(), si.data(), dx.data(),
                             dg.data(), dbeta.data());
     if (threads == 1) {
       y1 = y, dx1 = dx, dg1 = dg;

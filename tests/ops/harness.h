@@ -86,6 +86,7 @@ using engine::kernels::LossScaleState;
 using engine::kernels::adam_factors_at;
 using engine::kernels::loss_scale_factors;
 using engine::kernels::BatchNormShape;
+using engine::kernels::BatchSplit;
 using engine::kernels::ConvShape;
 using engine::kernels::LinearShape;
 using engine::kernels::OpTable;
@@ -440,7 +441,7 @@ inline ChunkedLayerCase chunked_case(const ConvShape& s, std::mt19937& g, float 
   c.dx_ref.resize(c.x.size());
   c.dw_ref.resize(c.w.size());
   c.db_ref.resize(s.k);
-  ref::conv2d_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{kTreeChunks, c.bounds.data()}, c.x.data(), c.w.data(), c.bias.data(), c.y_ref.data());
+  ref::conv2d_forward(s, engine::Precision::Fp32, BatchSplit{kTreeChunks, c.bounds.data()}, c.x.data(), c.w.data(), c.bias.data(), c.y_ref.data());
   ref::conv2d_backward_chunks(s, engine::Precision::Fp32, kTreeChunks, c.bounds.data(), c.x.data(), c.w.data(), c.dy.data(), c.dx_ref.data(),
                               c.dw_ref.data(), c.db_ref.data());
   return c;
@@ -456,7 +457,7 @@ inline ChunkedLayerCase chunked_case(const LinearShape& s, std::mt19937& g, floa
   c.dx_ref.resize(c.x.size());
   c.dw_ref.resize(c.w.size());
   c.db_ref.resize(s.out);
-  ref::linear_forward(s, engine::Precision::Fp32, engine::kernels::BatchSplit{kTreeChunks, c.bounds.data()}, c.x.data(), c.w.data(), c.bias.data(), c.y_ref.data());
+  ref::linear_forward(s, engine::Precision::Fp32, BatchSplit{kTreeChunks, c.bounds.data()}, c.x.data(), c.w.data(), c.bias.data(), c.y_ref.data());
   ref::linear_backward_chunks(s, engine::Precision::Fp32, kTreeChunks, c.bounds.data(), c.x.data(), c.w.data(), c.dy.data(), c.dx_ref.data(),
                               c.dw_ref.data(), c.db_ref.data());
   return c;

@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
   auto bn_forward = [&](const BatchNormShape& s, const Vec& in, const Vec& gamma, const Vec& beta, Vec& mean,
                         Vec& invstd, Vec& out) {
     if (ranks == 1) {
-      cpu::batchnorm_forward_train(s, engine::kernels::BatchSplit{chunks, bounds}, in.data(), gamma.data(), beta.data(), 1e-5f, 0.1f,
+      cpu::batchnorm_forward_train(s, BatchSplit{chunks, bounds}, in.data(), gamma.data(), beta.data(), 1e-5f, 0.1f,
                                           rm.data(), rv.data(), mean.data(), invstd.data(), out.data());
       return;
     }
@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
   auto bn_backward = [&](const BatchNormShape& s, const Vec& in, const Vec& dy, const Vec& gamma, const Vec& mean,
                          const Vec& invstd, Vec& dx, Vec& dgamma, Vec& dbeta) {
     if (ranks == 1) {
-      cpu::batchnorm_backward(s, engine::kernels::BatchSplit{chunks, bounds}, in.data(), dy.data(), gamma.data(), mean.data(),
+      cpu::batchnorm_backward(s, BatchSplit{chunks, bounds}, in.data(), dy.data(), gamma.data(), mean.data(),
                                      invstd.data(), dx.data(), dgamma.data(), dbeta.data());
       return;
     }
@@ -169,22 +169,22 @@ int main(int argc, char** argv) {
 
   Bench b{iters, {}};
   // ---- forward
-  b.op("conv1 forward", conv_gflop(c1), [&] { cpu::conv2d_forward(c1, engine::Precision::Fp32, engine::kernels::BatchSplit{chunks, bounds}, x.data(), w1.data(), b1.data(), y1.data()); });
+  b.op("conv1 forward", conv_gflop(c1), [&] { cpu::conv2d_forward(c1, engine::Precision::Fp32, BatchSplit{chunks, bounds}, x.data(), w1.data(), b1.data(), y1.data()); });
   b.op("bn1 forward (train)", 0, [&] { bn_forward(bn1, y1, g1, be1, sm1, si1, a1); });
   b.op("pool1 forward", 0, [&] { cpu::maxpool2x2_forward(p1, a1.data(), m1.data(), am1.data()); });
   b.op("relu1 forward", 0, [&] { cpu::relu_forward(n * 32 * 196, m1.data(), r1.data()); });
-  b.op("conv2 forward", conv_gflop(c2), [&] { cpu::conv2d_forward(c2, engine::Precision::Fp32, engine::kernels::BatchSplit{chunks, bounds}, r1.data(), w2.data(), b2.data(), y2.data()); });
+  b.op("conv2 forward", conv_gflop(c2), [&] { cpu::conv2d_forward(c2, engine::Precision::Fp32, BatchSplit{chunks, bounds}, r1.data(), w2.data(), b2.data(), y2.data()); });
   b.op("bn2 forward (train)", 0, [&] { bn_forward(bn2, y2, g2, be2, sm2, si2, a2); });
   b.op("pool2 forward", 0, [&] { cpu::maxpool2x2_forward(p2, a2.data(), m2.data(), am2.data()); });
   b.op("relu2 forward", 0, [&] { cpu::relu_forward(n * 3136, m2.data(), r2.data()); });
-  b.op("fc1 forward", 2.0 * n * 3136 * 128 * 1e-9, [&] { cpu::linear_forward(f1, engine::Precision::Fp32, engine::kernels::BatchSplit{chunks, bounds}, r2.data(), wf1.data(), bf1.data(), h1.data()); });
+  b.op("fc1 forward", 2.0 * n * 3136 * 128 * 1e-9, [&] { cpu::linear_forward(f1, engine::Precision::Fp32, BatchSplit{chunks, bounds}, r2.data(), wf1.data(), bf1.data(), h1.data()); });
   b.op("relu3 forward", 0, [&] { cpu::relu_forward(n * 128, h1.data(), hr.data()); });
   // The per-step values the ops read from (here host) memory.
   const uint64_t zero_u64 = 0;
   const int64_t zero_i64 = 0;
   const float one_f32 = 1.0f;
   b.op("dropout forward", 0, [&] { cpu::dropout_forward(n * 128, hr.data(), 0.25f, engine::PhiloxStream{0, 1}, &zero_u64, 0, hd.data(), keep.data()); });
-  b.op("fc2 forward", 2.0 * n * 128 * 10 * 1e-9, [&] { cpu::linear_forward(f2, engine::Precision::Fp32, engine::kernels::BatchSplit{chunks, bounds}, hd.data(), wf2.data(), bf2.data(), logits.data()); });
+  b.op("fc2 forward", 2.0 * n * 128 * 10 * 1e-9, [&] { cpu::linear_forward(f2, engine::Precision::Fp32, BatchSplit{chunks, bounds}, hd.data(), wf2.data(), bf2.data(), logits.data()); });
   b.op("cross-entropy", 0, [&] { cpu::cross_entropy(n, n, classes, logits.data(), labels.data(), &one_f32, &zero_i64, dlogits.data(), loss.data(), correct.data()); });
   // ---- backward
   b.op("fc2 backward", 4.0 * n * 128 * 10 * 1e-9, [&] { cpu::linear_backward_chunks(f2, engine::Precision::Fp32, chunks, bounds, hd.data(), wf2.data(), dlogits.data(), dh.data(), dwf2.data(), dbf2.data()); });
